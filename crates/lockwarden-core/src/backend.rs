@@ -1,0 +1,107 @@
+//! The two lock stores behind a client, and what their operations answer.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::BackendError;
+use crate::holder::Holder;
+use crate::key::Key;
+use crate::memory::MemoryBackend;
+use crate::redis::RedisBackend;
+
+/// Answer of one acquire attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Attempt {
+    /// Was free; now held with one entry and a fresh fencing token.
+    Taken { token: u64 },
+    /// Was held by the same holder; its count went up by one.
+    Reentered { token: u64 },
+    /// Held by another holder; `ttl` is its remaining lease (`None`: no expiry set).
+    Busy { ttl: Option<Duration> },
+}
+
+/// Answer of one release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Released {
+    /// The count reached zero: the lock is gone and waiters were told.
+    Freed,
+    /// The holder still holds it this many times.
+    Remaining(u64),
+    /// The holder did not hold it.
+    NotHeld,
+}
+
+/// One lock for the watchdog to renew.
+#[derive(Debug, Clone)]
+pub(crate) struct Renewal {
+    pub key: Key,
+    pub holder: Holder,
+    pub lease: Duration,
+}
+
+#[derive(Clone)]
+pub(crate) enum Backend {
+    Redis(RedisBackend),
+    Memory(Arc<MemoryBackend>),
+}
+
+impl Backend {
+    pub(crate) async fn attempt(
+        &self,
+        key: &Key,
+        holder: &Holder,
+        lease: Duration,
+    ) -> Result<Attempt, BackendError> {
+        match self {
+            Backend::Redis(r) => r.attempt(key, holder, lease).await,
+            Backend::Memory(m) => Ok(m.attempt(key, holder, lease)),
+        }
+    }
+
+    pub(crate) async fn release(
+        &self,
+        key: &Key,
+        holder: &Holder,
+    ) -> Result<Released, BackendError> {
+        match self {
+            Backend::Redis(r) => r.release(key, holder).await,
+            Backend::Memory(m) => Ok(m.release(key, holder)),
+        }
+    }
+
+    /// Renews each lock if its holder still holds it; `Ok(false)` means it is gone.
+    pub(crate) async fn renew_many(&self, renewals: &[Renewal]) -> Result<Vec<bool>, BackendError> {
+        match self {
+            Backend::Redis(r) => r.renew_many(renewals).await,
+            Backend::Memory(m) => Ok(renewals.iter().map(|r| m.renew(r)).collect()),
+        }
+    }
+
+    pub(crate) async fn force_unlock(&self, key: &Key) -> Result<bool, BackendError> {
+        match self {
+            Backend::Redis(r) => r.force_unlock(key).await,
+            Backend::Memory(m) => Ok(m.force_unlock(key)),
+        }
+    }
+
+    pub(crate) async fn hold_count(&self, key: &Key, holder: &Holder) -> Result<u64, BackendError> {
+        match self {
+            Backend::Redis(r) => r.hold_count(key, holder).await,
+            Backend::Memory(m) => Ok(m.hold_count(key, holder)),
+        }
+    }
+
+    pub(crate) async fn is_locked(&self, key: &Key) -> Result<bool, BackendError> {
+        match self {
+            Backend::Redis(r) => r.is_locked(key).await,
+            Backend::Memory(m) => Ok(m.remaining_ttl(key).is_some()),
+        }
+    }
+
+    pub(crate) async fn remaining_ttl(&self, key: &Key) -> Result<Option<Duration>, BackendError> {
+        match self {
+            Backend::Redis(r) => r.remaining_ttl(key).await,
+            Backend::Memory(m) => Ok(m.remaining_ttl(key)),
+        }
+    }
+}

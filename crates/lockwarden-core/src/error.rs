@@ -1,0 +1,94 @@
+//! Errors returned by the lock engine.
+
+use std::time::Duration;
+
+/// Why a lock operation failed.
+///
+/// Every variant says what happened and what the caller can do about it:
+///
+/// ```
+/// # use lockwarden_core::{LockClient, LockError};
+/// # use std::time::Duration;
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let client = LockClient::in_memory();
+/// let _held = client.acquire("report").await.unwrap();
+/// match client.try_acquire("report", Duration::ZERO).await {
+///     Err(LockError::Timeout { retry_after, .. }) => assert!(retry_after > Duration::ZERO),
+///     other => panic!("expected a timeout, got {other:?}"),
+/// }
+/// # }
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LockError {
+    /// Another holder kept the lock for the whole wait budget.
+    #[error("lock `{key}` is held by another holder and the wait budget is spent; retry after {retry_after:?}")]
+    Timeout {
+        /// The lock's name.
+        key: String,
+        /// How long the current holder's lease still runs (a hint; it may be released sooner).
+        retry_after: Duration,
+    },
+    /// The caller does not hold this lock (never did, already released it, or lost it).
+    #[error("lock `{key}` is not held by this holder (released already, expired or taken over)")]
+    NotHeld {
+        /// The lock's name.
+        key: String,
+    },
+    /// The lock was lost while held: its lease ran out or it was deleted or taken over.
+    #[error("lock `{key}` was lost while held; the protected work may have overlapped with another holder")]
+    Lost {
+        /// The lock's name.
+        key: String,
+    },
+    /// The lock name was rejected.
+    #[error("invalid lock key: {0}")]
+    InvalidKey(#[from] KeyError),
+    /// The lock store could not be reached or answered with an error.
+    #[error("lock backend failed: {0}")]
+    Backend(#[from] BackendError),
+}
+
+/// Why a lock name was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum KeyError {
+    /// The name is empty.
+    #[error("the key is empty")]
+    Empty,
+    /// The name is longer than the configured limit.
+    #[error("the key is {len} bytes long; at most {max} are allowed")]
+    TooLong {
+        /// The name's length in bytes.
+        len: usize,
+        /// The configured limit in bytes.
+        max: usize,
+    },
+    /// The name contains a control character (newline, NUL, DEL, ...).
+    #[error("the key contains a control character at byte {at}")]
+    ControlCharacter {
+        /// Byte offset of the first control character.
+        at: usize,
+    },
+}
+
+/// A failure of the lock store (Redis): connection, protocol, script or timeout.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BackendError {
+    /// Redis returned an error or the connection failed.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// Redis did not answer within the command timeout.
+    #[error("redis did not answer within {0:?}")]
+    TimedOut(Duration),
+    /// Redis answered with something the scripts never return.
+    #[error("unexpected reply from redis: {0}")]
+    Protocol(String),
+}
+
+impl From<redis::RedisError> for LockError {
+    fn from(e: redis::RedisError) -> Self {
+        LockError::Backend(BackendError::Redis(e))
+    }
+}

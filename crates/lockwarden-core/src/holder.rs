@@ -1,0 +1,71 @@
+//! Holder identities: who holds a lock, and which task acts as whom.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+
+tokio::task_local! {
+    static CURRENT: Holder;
+}
+
+/// The identity a lock is held by: `<client uuid>:<holder number>`.
+///
+/// Acquiring a lock again with the same holder re-enters it instead of deadlocking; each
+/// release undoes one acquisition and the lock is free when the count reaches zero. A task
+/// (or an HTTP request) carries one holder through [`Holder::scope`]; inside the scope every
+/// acquisition that names no holder uses it. Outside any scope each acquisition gets a fresh
+/// holder, so two acquisitions of one key exclude each other like a `Mutex`.
+///
+/// The client uuid is random (v4), so holder ids cannot be guessed from another process.
+///
+/// ```
+/// # use lockwarden_core::LockClient;
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden_core::LockError> {
+/// let client = LockClient::in_memory();
+/// let me = client.holder();
+/// me.clone().scope(async {
+///     let outer = client.acquire("cart:7").await?;
+///     let inner = client.acquire("cart:7").await?; // re-enters: same holder
+///     assert_eq!(client.lock("cart:7").hold_count(&me).await?, 2);
+///     inner.release().await?;
+///     outer.release().await
+/// }).await?;
+/// assert!(!client.lock("cart:7").is_locked().await?);
+/// # Ok(()) }
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Holder(Arc<str>);
+
+impl Holder {
+    pub(crate) fn new(client_id: &str, number: u64) -> Self {
+        Holder(format!("{client_id}:{number}").into())
+    }
+
+    /// The holder id as stored in Redis.
+    pub fn id(&self) -> &str {
+        &self.0
+    }
+
+    /// Runs `fut` with this holder as the current one: acquisitions inside it that name
+    /// no holder use this one (and so re-enter locks it already holds).
+    pub fn scope<F: Future>(self, fut: F) -> impl Future<Output = F::Output> {
+        CURRENT.scope(self, fut)
+    }
+
+    /// The holder set by the enclosing [`Holder::scope`], if any.
+    pub fn current() -> Option<Holder> {
+        CURRENT.try_with(Holder::clone).ok()
+    }
+}
+
+impl fmt::Debug for Holder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Holder").field(&self.id()).finish()
+    }
+}
+
+impl fmt::Display for Holder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.id())
+    }
+}

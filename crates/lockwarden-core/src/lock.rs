@@ -1,0 +1,226 @@
+//! A handle on one named lock: configure it, acquire it, inspect it.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::backend::Attempt;
+use crate::client::LockClient;
+use crate::error::{KeyError, LockError};
+use crate::guard::LockGuard;
+use crate::holder::Holder;
+use crate::key::Key;
+
+/// Used when Redis reports a lock without expiry: re-check this often.
+const NO_TTL_RECHECK: Duration = Duration::from_secs(1);
+
+/// One named lock, made by [`LockClient::lock`]. Set options, then acquire or inspect.
+///
+/// ```
+/// # use lockwarden_core::LockClient;
+/// # use std::time::Duration;
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden_core::LockError> {
+/// let client = LockClient::in_memory();
+/// let guard = client
+///     .lock("export:2026-11")
+///     .lease(Duration::from_secs(60)) // fixed lease: expires by itself, no watchdog
+///     .try_acquire(Duration::from_millis(500))
+///     .await?;
+/// assert!(client.lock("export:2026-11").is_locked().await?);
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+#[must_use = "a Lock does nothing until it is acquired or inspected"]
+pub struct Lock {
+    client: LockClient,
+    key: Result<Key, KeyError>,
+    lease: Option<Duration>,
+    max_hold: Option<Duration>,
+    holder: Option<Holder>,
+}
+
+impl Lock {
+    pub(crate) fn new(client: LockClient, key: Result<Key, KeyError>) -> Self {
+        Self {
+            client,
+            key,
+            lease: None,
+            max_hold: None,
+            holder: None,
+        }
+    }
+
+    /// Holds the lock for a fixed lease instead of keeping it alive with the watchdog:
+    /// it expires `lease` after acquisition unless released sooner.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// Caps how long the watchdog keeps the lock alive; after `max_hold` it expires even
+    /// if the guard still lives (and the guard reports it lost).
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = Some(max_hold);
+        self
+    }
+
+    /// Acquires as `holder` (re-entering if it already holds the lock). Without this, the
+    /// holder of the enclosing [`Holder::scope`] is used, or else a fresh one.
+    pub fn holder(mut self, holder: &Holder) -> Self {
+        self.holder = Some(holder.clone());
+        self
+    }
+
+    /// The validated key.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidKey`] if the name was rejected.
+    pub fn key(&self) -> Result<&Key, LockError> {
+        self.key
+            .as_ref()
+            .map_err(|e| LockError::InvalidKey(e.clone()))
+    }
+
+    /// Acquires the lock, waiting as long as it takes.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidKey`] or [`LockError::Backend`].
+    pub async fn acquire(&self) -> Result<LockGuard, LockError> {
+        self.acquire_until(None).await
+    }
+
+    /// Acquires the lock, waiting at most `wait` (zero: one attempt). Waiting sleeps until
+    /// a release notice or the holder's lease end; it never polls.
+    ///
+    /// Dropping the returned future at any point never leaves the lock held.
+    ///
+    /// # Errors
+    /// [`LockError::Timeout`] with the holder's remaining lease once `wait` is spent,
+    /// [`LockError::InvalidKey`] or [`LockError::Backend`].
+    pub async fn try_acquire(&self, wait: Duration) -> Result<LockGuard, LockError> {
+        self.acquire_until(Instant::now().checked_add(wait)).await
+    }
+
+    async fn acquire_until(&self, deadline: Option<Instant>) -> Result<LockGuard, LockError> {
+        let key = self.key()?;
+        let holder = self
+            .holder
+            .clone()
+            .or_else(Holder::current)
+            .unwrap_or_else(|| self.client.holder());
+        let inner = &self.client.inner;
+        let lease = self.lease.unwrap_or(inner.config.watchdog_timeout);
+        let started = Instant::now();
+        let outcome = |outcome: &'static str| {
+            tracing::debug!(%key, waited_ms = started.elapsed().as_millis() as u64, outcome, "lock acquire");
+        };
+
+        let mut sent = Instant::now();
+        let mut attempt = inner.backend.attempt(key, &holder, lease).await;
+        let mut waiting = None;
+        let mut ready = false;
+        loop {
+            let ttl = match attempt {
+                Ok(Attempt::Taken { token } | Attempt::Reentered { token }) => {
+                    outcome("acquired");
+                    return Ok(self.guard(key, holder, token, sent));
+                }
+                Ok(Attempt::Busy { ttl }) => ttl.unwrap_or(NO_TTL_RECHECK),
+                Err(error) => {
+                    outcome("backend error");
+                    return Err(error.into());
+                }
+            };
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                outcome("timeout");
+                return Err(LockError::Timeout {
+                    key: key.name().to_owned(),
+                    retry_after: ttl,
+                });
+            }
+            let wake_at = deadline.map_or(now + ttl, |d| d.min(now + ttl));
+            match &waiting {
+                // First wait: subscribe to release notices, then retry at once, so a
+                // release between the attempt and the subscription is not missed.
+                None => {
+                    let w = inner.waiters.register(key.channel());
+                    ready = w.ready_by(wake_at).await;
+                    waiting = Some(w);
+                }
+                Some(w) => {
+                    tokio::select! {
+                        _ = w.notified() => {}
+                        _ = w.ready_by(wake_at), if !ready => ready = true,
+                        _ = tokio::time::sleep_until(wake_at) => {}
+                    }
+                }
+            }
+            sent = Instant::now();
+            attempt = inner.backend.attempt(key, &holder, lease).await;
+        }
+    }
+
+    fn guard(&self, key: &Key, holder: Holder, token: u64, sent: Instant) -> LockGuard {
+        LockGuard::new(
+            self.client.clone(),
+            key.clone(),
+            holder,
+            token,
+            self.lease,
+            self.max_hold,
+            sent,
+        )
+    }
+
+    /// Whether anyone holds the lock.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidKey`] or [`LockError::Backend`].
+    pub async fn is_locked(&self) -> Result<bool, LockError> {
+        Ok(self.client.inner.backend.is_locked(self.key()?).await?)
+    }
+
+    /// Whether `holder` holds the lock.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidKey`] or [`LockError::Backend`].
+    pub async fn is_held_by(&self, holder: &Holder) -> Result<bool, LockError> {
+        Ok(self.hold_count(holder).await? > 0)
+    }
+
+    /// How many times `holder` holds the lock (0 if not at all).
+    ///
+    /// # Errors
+    /// [`LockError::InvalidKey`] or [`LockError::Backend`].
+    pub async fn hold_count(&self, holder: &Holder) -> Result<u64, LockError> {
+        Ok(self
+            .client
+            .inner
+            .backend
+            .hold_count(self.key()?, holder)
+            .await?)
+    }
+
+    /// The lease the current holder has left, `None` if the lock is free.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidKey`] or [`LockError::Backend`].
+    pub async fn remaining_ttl(&self) -> Result<Option<Duration>, LockError> {
+        Ok(self.client.inner.backend.remaining_ttl(self.key()?).await?)
+    }
+
+    /// Deletes the lock whoever holds it and wakes its waiters. An admin action: the
+    /// holder learns of it at its next renewal (its guard reports the lock lost).
+    /// Returns whether there was a lock to delete.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidKey`] or [`LockError::Backend`].
+    pub async fn force_unlock(&self) -> Result<bool, LockError> {
+        let key = self.key()?;
+        let deleted = self.client.inner.backend.force_unlock(key).await?;
+        tracing::warn!(%key, deleted, "lock force-unlocked");
+        Ok(deleted)
+    }
+}

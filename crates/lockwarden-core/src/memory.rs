@@ -1,0 +1,152 @@
+//! The in-process lock store: the same semantics as the Lua scripts, under one mutex.
+//! For single-process apps, tests and zero-setup examples.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::time::Instant;
+
+use crate::backend::{Attempt, Released, Renewal};
+use crate::holder::Holder;
+use crate::key::Key;
+use crate::waiters::Waiters;
+
+/// Operations between sweeps of expired entries.
+const SWEEP_EVERY: u32 = 1024;
+
+pub(crate) struct MemoryBackend {
+    state: Mutex<State>,
+    waiters: Arc<Waiters>,
+}
+
+#[derive(Default)]
+struct State {
+    locks: HashMap<Key, Held>,
+    last_token: u64,
+    ops: u32,
+}
+
+struct Held {
+    holder: Holder,
+    count: u64,
+    token: u64,
+    expires: Instant,
+}
+
+impl State {
+    /// The live entry for `key`; an expired one is dropped first, as Redis would have.
+    fn live(&mut self, key: &Key, now: Instant) -> Option<&mut Held> {
+        if self.locks.get(key).is_some_and(|h| h.expires <= now) {
+            self.locks.remove(key);
+        }
+        self.locks.get_mut(key)
+    }
+
+    fn sweep(&mut self, now: Instant) {
+        self.ops += 1;
+        if self.ops >= SWEEP_EVERY {
+            self.ops = 0;
+            self.locks.retain(|_, h| h.expires > now);
+        }
+    }
+}
+
+impl MemoryBackend {
+    pub(crate) fn new(waiters: Arc<Waiters>) -> Self {
+        Self {
+            state: Mutex::default(),
+            waiters,
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // Every critical section leaves the map consistent, so a poisoned lock is usable.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn attempt(&self, key: &Key, holder: &Holder, lease: Duration) -> Attempt {
+        let now = Instant::now();
+        let mut state = self.state();
+        state.sweep(now);
+        if let Some(held) = state.live(key, now) {
+            if held.holder == *holder {
+                held.count += 1;
+                held.expires = now + lease;
+                return Attempt::Reentered { token: held.token };
+            }
+            return Attempt::Busy {
+                ttl: Some(held.expires - now),
+            };
+        }
+        // Same rule as the script: the clock in µs, never at or below the last token.
+        let clock = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+        let token = clock.max(state.last_token + 1);
+        state.last_token = token;
+        state.locks.insert(
+            key.clone(),
+            Held {
+                holder: holder.clone(),
+                count: 1,
+                token,
+                expires: now + lease,
+            },
+        );
+        Attempt::Taken { token }
+    }
+
+    pub(crate) fn release(&self, key: &Key, holder: &Holder) -> Released {
+        let now = Instant::now();
+        let mut state = self.state();
+        let Some(held) = state.live(key, now).filter(|h| h.holder == *holder) else {
+            return Released::NotHeld;
+        };
+        held.count -= 1;
+        if held.count > 0 {
+            return Released::Remaining(held.count);
+        }
+        state.locks.remove(key);
+        drop(state);
+        self.waiters.notify_one(key.channel());
+        Released::Freed
+    }
+
+    pub(crate) fn renew(&self, renewal: &Renewal) -> bool {
+        let now = Instant::now();
+        let mut state = self.state();
+        match state.live(&renewal.key, now) {
+            Some(held) if held.holder == renewal.holder => {
+                held.expires = now + renewal.lease;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    pub(crate) fn force_unlock(&self, key: &Key) -> bool {
+        let now = Instant::now();
+        let mut state = self.state();
+        let existed = state.live(key, now).is_some();
+        state.locks.remove(key);
+        drop(state);
+        if existed {
+            self.waiters.notify_one(key.channel());
+        }
+        existed
+    }
+
+    pub(crate) fn hold_count(&self, key: &Key, holder: &Holder) -> u64 {
+        let now = Instant::now();
+        match self.state().live(key, now) {
+            Some(held) if held.holder == *holder => held.count,
+            _ => 0,
+        }
+    }
+
+    pub(crate) fn remaining_ttl(&self, key: &Key) -> Option<Duration> {
+        let now = Instant::now();
+        self.state().live(key, now).map(|h| h.expires - now)
+    }
+}

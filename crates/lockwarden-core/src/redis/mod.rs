@@ -1,0 +1,311 @@
+//! The Redis lock store: the Lua scripts in `lua/`, run over one auto-reconnecting
+//! multiplexed connection, plus the client's pub/sub connection (`pubsub.rs`).
+
+pub(crate) mod pubsub;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::LazyLock;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use redis::{RedisResult, Script};
+
+use crate::backend::{Attempt, Released, Renewal};
+use crate::error::BackendError;
+use crate::holder::Holder;
+use crate::key::Key;
+
+static ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../../lua/acquire.lua")));
+static RENEW: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../../lua/renew.lua")));
+static RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../../lua/release.lua")));
+static FORCE_RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../../lua/force_release.lua")));
+
+/// Commands per pipeline when renewing or releasing in bulk.
+const BATCH: usize = 1024;
+
+#[derive(Clone)]
+pub(crate) struct RedisBackend {
+    conn: ConnectionManager,
+    timeout: Duration,
+}
+
+impl RedisBackend {
+    pub(crate) async fn connect(
+        client: &redis::Client,
+        timeout: Duration,
+    ) -> Result<Self, BackendError> {
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_response_timeout(Some(timeout))
+            .set_connection_timeout(Some(timeout))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500));
+        let conn = bounded(timeout, client.get_connection_manager_with_config(config)).await?;
+        Ok(Self { conn, timeout })
+    }
+
+    pub(crate) async fn attempt(
+        &self,
+        key: &Key,
+        holder: &Holder,
+        lease: Duration,
+    ) -> Result<Attempt, BackendError> {
+        let mut conn = self.conn.clone();
+        let mut call = ACQUIRE.prepare_invoke();
+        call.key(key.redis_key())
+            .key(key.fence_key())
+            .arg(holder.id())
+            .arg(millis(lease));
+        let reply = Box::pin(async move { call.invoke_async::<(i64, i64)>(&mut conn).await });
+        let orphan = Orphan {
+            backend: self.clone(),
+            key: key.clone(),
+            holder: holder.clone(),
+        };
+        let (state, value) = bounded(self.timeout, Unclaimed::new(reply, orphan)).await?;
+        match state {
+            1 => Ok(Attempt::Taken {
+                token: value as u64,
+            }),
+            2 => Ok(Attempt::Reentered {
+                token: value as u64,
+            }),
+            0 => Ok(Attempt::Busy {
+                // -1: no expiry set; -2: gone since the check. Both mean "retry later/now".
+                ttl: match value {
+                    -2 => Some(Duration::ZERO),
+                    ms if ms < 0 => None,
+                    ms => Some(Duration::from_millis(ms as u64)),
+                },
+            }),
+            _ => Err(BackendError::Protocol(format!(
+                "acquire script returned {{{state}, {value}}}"
+            ))),
+        }
+    }
+
+    pub(crate) async fn release(
+        &self,
+        key: &Key,
+        holder: &Holder,
+    ) -> Result<Released, BackendError> {
+        let mut conn = self.conn.clone();
+        let left: i64 = bounded(
+            self.timeout,
+            RELEASE
+                .key(key.redis_key())
+                .arg(holder.id())
+                .arg(key.channel())
+                .invoke_async(&mut conn),
+        )
+        .await?;
+        Ok(released(left))
+    }
+
+    /// Releases in bulk (guards dropped without `release().await`), one round trip per batch.
+    pub(crate) async fn release_many(
+        &self,
+        items: &[(Key, Holder)],
+    ) -> Result<Vec<Released>, BackendError> {
+        let replies = self
+            .pipelined(&RELEASE, items, |pipe, (key, holder)| {
+                pipe.arg(1)
+                    .arg(key.redis_key())
+                    .arg(holder.id())
+                    .arg(key.channel());
+            })
+            .await?;
+        Ok(replies.into_iter().map(released).collect())
+    }
+
+    pub(crate) async fn renew_many(&self, renewals: &[Renewal]) -> Result<Vec<bool>, BackendError> {
+        let replies = self
+            .pipelined(&RENEW, renewals, |pipe, r| {
+                pipe.arg(2)
+                    .arg(r.key.redis_key())
+                    .arg(r.key.fence_key())
+                    .arg(r.holder.id())
+                    .arg(millis(r.lease));
+            })
+            .await?;
+        Ok(replies.into_iter().map(|r| r == 1).collect())
+    }
+
+    pub(crate) async fn force_unlock(&self, key: &Key) -> Result<bool, BackendError> {
+        let mut conn = self.conn.clone();
+        let deleted: i64 = bounded(
+            self.timeout,
+            FORCE_RELEASE
+                .key(key.redis_key())
+                .arg(key.channel())
+                .invoke_async(&mut conn),
+        )
+        .await?;
+        Ok(deleted == 1)
+    }
+
+    pub(crate) async fn hold_count(&self, key: &Key, holder: &Holder) -> Result<u64, BackendError> {
+        let mut conn = self.conn.clone();
+        let count: Option<u64> = bounded(
+            self.timeout,
+            redis::cmd("HGET")
+                .arg(key.redis_key())
+                .arg(holder.id())
+                .query_async(&mut conn),
+        )
+        .await?;
+        Ok(count.unwrap_or(0))
+    }
+
+    pub(crate) async fn is_locked(&self, key: &Key) -> Result<bool, BackendError> {
+        let mut conn = self.conn.clone();
+        let n: i64 = bounded(
+            self.timeout,
+            redis::cmd("EXISTS")
+                .arg(key.redis_key())
+                .query_async(&mut conn),
+        )
+        .await?;
+        Ok(n == 1)
+    }
+
+    pub(crate) async fn remaining_ttl(&self, key: &Key) -> Result<Option<Duration>, BackendError> {
+        let mut conn = self.conn.clone();
+        let ms: i64 = bounded(
+            self.timeout,
+            redis::cmd("PTTL")
+                .arg(key.redis_key())
+                .query_async(&mut conn),
+        )
+        .await?;
+        // -2: no lock; -1: a lock without expiry (not one of ours).
+        Ok(match ms {
+            -2 => None,
+            -1 => Some(Duration::MAX),
+            ms => Some(Duration::from_millis(ms.max(0) as u64)),
+        })
+    }
+
+    /// Runs `script` once per item as EVALSHA commands pipelined in batches; loads the
+    /// script and retries once if Redis lost it (e.g. after a restart).
+    async fn pipelined<T>(
+        &self,
+        script: &Script,
+        items: &[T],
+        args: impl Fn(&mut redis::Pipeline, &T),
+    ) -> Result<Vec<i64>, BackendError> {
+        let mut conn = self.conn.clone();
+        let mut out = Vec::with_capacity(items.len());
+        for chunk in items.chunks(BATCH) {
+            let mut pipe = redis::pipe();
+            for item in chunk {
+                pipe.cmd("EVALSHA").arg(script.get_hash());
+                args(&mut pipe, item);
+            }
+            let replies = match bounded(self.timeout, pipe.query_async::<Vec<i64>>(&mut conn)).await
+            {
+                Err(BackendError::Redis(e))
+                    if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                {
+                    bounded(self.timeout, script.prepare_invoke().load_async(&mut conn)).await?;
+                    bounded(self.timeout, pipe.query_async::<Vec<i64>>(&mut conn)).await?
+                }
+                other => other?,
+            };
+            out.extend(replies);
+        }
+        Ok(out)
+    }
+}
+
+fn released(left: i64) -> Released {
+    match left {
+        n if n < 0 => Released::NotHeld,
+        0 => Released::Freed,
+        n => Released::Remaining(n as u64),
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+async fn bounded<T>(
+    timeout: Duration,
+    fut: impl Future<Output = RedisResult<T>>,
+) -> Result<T, BackendError> {
+    match tokio::time::timeout(timeout, fut).await {
+        Ok(reply) => Ok(reply?),
+        Err(_) => Err(BackendError::TimedOut(timeout)),
+    }
+}
+
+type Reply = Pin<Box<dyn Future<Output = RedisResult<(i64, i64)>> + Send>>;
+
+/// What to undo if an acquire's reply arrives after nobody waits for it any more.
+struct Orphan {
+    backend: RedisBackend,
+    key: Key,
+    holder: Holder,
+}
+
+/// An acquire call whose caller may go away (cancellation or a local timeout) while the
+/// script is in flight. If it does, the call is finished in the background and an
+/// acquisition it made is released, so a dropped acquire never leaves a lock held.
+struct Unclaimed {
+    reply: Option<Reply>,
+    orphan: Option<Orphan>,
+}
+
+impl Unclaimed {
+    fn new(reply: Reply, orphan: Orphan) -> Self {
+        Self {
+            reply: Some(reply),
+            orphan: Some(orphan),
+        }
+    }
+}
+
+impl Future for Unclaimed {
+    type Output = RedisResult<(i64, i64)>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let Some(reply) = self.reply.as_mut() else {
+            return Poll::Pending;
+        };
+        let out = std::task::ready!(reply.as_mut().poll(cx));
+        self.reply = None;
+        Poll::Ready(out)
+    }
+}
+
+impl Drop for Unclaimed {
+    fn drop(&mut self) {
+        let (Some(reply), Some(orphan)) = (self.reply.take(), self.orphan.take()) else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
+            // Taken or re-entered: one count is ours and nobody will release it.
+            if let Ok((1 | 2, _)) = reply.await {
+                let Orphan {
+                    backend,
+                    key,
+                    holder,
+                } = orphan;
+                match backend.release(&key, &holder).await {
+                    Ok(_) => tracing::debug!(%key, "released a lock whose acquire was abandoned"),
+                    Err(error) => tracing::warn!(%key, %error,
+                        "could not release a lock whose acquire was abandoned; it expires with its lease"),
+                }
+            }
+        });
+    }
+}

@@ -1,0 +1,169 @@
+//! Local waiters per release channel: who is waiting, and waking one of them.
+//!
+//! Both backends use this registry. The Redis backend adds one pub/sub connection per
+//! client (see `redis/pubsub.rs`) that subscribes to a channel while it has waiters here
+//! and calls [`Waiters::notify_one`] for each release notice; the in-process backend calls
+//! it directly on release.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use tokio::sync::{mpsc, watch, Notify};
+use tokio::time::Instant;
+
+#[derive(Default)]
+pub(crate) struct Waiters {
+    channels: Mutex<HashMap<Arc<str>, Entry>>,
+    /// Told the name of each channel that gained its first or lost its last waiter.
+    changes: Option<mpsc::UnboundedSender<Arc<str>>>,
+}
+
+struct Entry {
+    name: Arc<str>,
+    shared: Arc<Channel>,
+    waiters: usize,
+}
+
+struct Channel {
+    notify: Notify,
+    /// Whether release notices for this channel are being received.
+    ready: watch::Sender<bool>,
+}
+
+impl Waiters {
+    /// A registry whose channels are always ready (notices are delivered in-process).
+    pub(crate) fn local() -> Self {
+        Self::default()
+    }
+
+    /// A registry that reports subscription changes to a pub/sub task.
+    pub(crate) fn remote(changes: mpsc::UnboundedSender<Arc<str>>) -> Self {
+        Self {
+            channels: Mutex::default(),
+            changes: Some(changes),
+        }
+    }
+
+    fn channels(&self) -> MutexGuard<'_, HashMap<Arc<str>, Entry>> {
+        // The map is left consistent at every await-free step, so a poisoned lock is usable.
+        self.channels.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Registers one waiter on `channel` until the returned handle is dropped.
+    pub(crate) fn register(self: &Arc<Self>, channel: &str) -> Waiting {
+        let mut channels = self.channels();
+        let (name, shared) = match channels.get_mut(channel) {
+            Some(entry) => {
+                entry.waiters += 1;
+                (entry.name.clone(), entry.shared.clone())
+            }
+            None => {
+                let name: Arc<str> = channel.into();
+                let shared = Arc::new(Channel {
+                    notify: Notify::new(),
+                    ready: watch::Sender::new(self.changes.is_none()),
+                });
+                channels.insert(
+                    name.clone(),
+                    Entry {
+                        name: name.clone(),
+                        shared: shared.clone(),
+                        waiters: 1,
+                    },
+                );
+                if let Some(changes) = &self.changes {
+                    let _ = changes.send(name.clone());
+                }
+                (name, shared)
+            }
+        };
+        Waiting {
+            registry: self.clone(),
+            name,
+            shared,
+        }
+    }
+
+    /// Wakes one local waiter of `channel`, if any (others wait for their own notice).
+    pub(crate) fn notify_one(&self, channel: &str) {
+        if let Some(entry) = self.channels().get(channel) {
+            entry.shared.notify.notify_one();
+        }
+    }
+
+    /// Whether `channel` currently has waiters.
+    pub(crate) fn is_wanted(&self, channel: &str) -> bool {
+        self.channels().contains_key(channel)
+    }
+
+    /// Every channel that has waiters.
+    pub(crate) fn wanted(&self) -> Vec<Arc<str>> {
+        self.channels().keys().cloned().collect()
+    }
+
+    pub(crate) fn set_ready(&self, channel: &str, ready: bool) {
+        if let Some(entry) = self.channels().get(channel) {
+            entry.shared.ready.send_replace(ready);
+        }
+    }
+
+    /// Marks every channel not ready (the connection is gone).
+    pub(crate) fn set_all_unready(&self) {
+        for entry in self.channels().values() {
+            entry.shared.ready.send_replace(false);
+        }
+    }
+
+    /// Wakes every waiter so each retries (notices may have been missed).
+    pub(crate) fn wake_all(&self) {
+        for entry in self.channels().values() {
+            entry.shared.notify.notify_waiters();
+        }
+    }
+
+    /// Number of channels with waiters (for tests and metrics).
+    pub(crate) fn len(&self) -> usize {
+        self.channels().len()
+    }
+}
+
+/// One registered waiter; deregisters on drop.
+pub(crate) struct Waiting {
+    registry: Arc<Waiters>,
+    name: Arc<str>,
+    shared: Arc<Channel>,
+}
+
+impl Waiting {
+    /// Resolves on a release notice for this channel.
+    pub(crate) async fn notified(&self) {
+        self.shared.notify.notified().await;
+    }
+
+    /// Waits until release notices for this channel are being received, or `until`.
+    /// Returns whether they are.
+    pub(crate) async fn ready_by(&self, until: Instant) -> bool {
+        let mut rx = self.shared.ready.subscribe();
+        tokio::select! {
+            ready = rx.wait_for(|ready| *ready) => ready.is_ok(),
+            _ = tokio::time::sleep_until(until) => false,
+        }
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        let mut channels = self.registry.channels();
+        let Some(entry) = channels.get_mut(&self.name) else {
+            return;
+        };
+        entry.waiters -= 1;
+        if entry.waiters == 0 {
+            channels.remove(&self.name);
+            drop(channels);
+            if let Some(changes) = &self.registry.changes {
+                let _ = changes.send(self.name.clone());
+            }
+        }
+    }
+}

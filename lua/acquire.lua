@@ -1,0 +1,27 @@
+-- Take or re-enter a lock in one step.
+-- KEYS[1] lock hash (field = holder id, value = re-entry count)
+-- KEYS[2] fencing key (last token issued for this lock; lives as long as the lock)
+-- ARGV[1] holder id, ARGV[2] lease in ms
+-- Returns {1, token} taken, {2, token} re-entered, {0, pttl} held by another.
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  -- Tokens come from the server clock (µs) and never repeat the last one, so a lost
+  -- fencing key cannot make tokens go backwards.
+  local now = redis.call('TIME')
+  local token = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  local last = tonumber(redis.call('GET', KEYS[2]))
+  if last and last >= token then
+    token = last + 1
+  end
+  redis.call('HSET', KEYS[1], ARGV[1], 1)
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  -- %.0f: a plain number would be written as 1.7e+15 by Lua's tostring.
+  redis.call('SET', KEYS[2], string.format('%.0f', token), 'PX', ARGV[2])
+  return {1, token}
+end
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
+  redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+  return {2, tonumber(redis.call('GET', KEYS[2])) or 0}
+end
+return {0, redis.call('PTTL', KEYS[1])}
