@@ -8,6 +8,9 @@ tokio::task_local! {
     static CURRENT: Holder;
 }
 
+/// A future running with a current [`Holder`] (see [`Holder::scope`]).
+pub type Scoped<F> = tokio::task::futures::TaskLocalFuture<Holder, F>;
+
 /// The identity a lock is held by: `<client uuid>:<holder number>`.
 ///
 /// Acquiring a lock again with the same holder re-enters it instead of deadlocking; each
@@ -48,7 +51,7 @@ impl Holder {
 
     /// Runs `fut` with this holder as the current one: acquisitions inside it that name
     /// no holder use this one (and so re-enter locks it already holds).
-    pub fn scope<F: Future>(self, fut: F) -> impl Future<Output = F::Output> {
+    pub fn scope<F: Future>(self, fut: F) -> Scoped<F> {
         CURRENT.scope(self, fut)
     }
 

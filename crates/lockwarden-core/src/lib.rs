@@ -38,7 +38,7 @@ mod watchdog;
 pub use client::{ClientStats, LockClient, LockClientBuilder};
 pub use error::{BackendError, KeyError, LockError};
 pub use guard::{LockGuard, LockInfo};
-pub use holder::Holder;
+pub use holder::{Holder, Scoped};
 pub use key::{Key, DEFAULT_MAX_KEY_LEN, DEFAULT_NAMESPACE};
 pub use lock::Lock;
 pub use lost::LostSignal;
