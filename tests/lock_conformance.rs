@@ -57,7 +57,11 @@ async fn reentry_counts_per_holder(env: Env) {
     assert_eq!(client.lock("reentry").hold_count(&me).await.unwrap(), 3);
     assert_eq!(first.fencing_token(), third.fencing_token());
     assert_eq!(
-        client.lock("reentry").hold_count(&client.holder()).await.unwrap(),
+        client
+            .lock("reentry")
+            .hold_count(&client.holder())
+            .await
+            .unwrap(),
         0
     );
 
@@ -89,12 +93,13 @@ async fn fixed_lease_expires(env: Env) {
         .try_acquire("lease", Duration::ZERO)
         .await
         .expect("free after the lease");
-    assert!(matches!(
-        guard.release().await,
-        Err(LockError::Lost { .. })
-    ));
+    assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
     assert!(
-        client.lock("lease").is_held_by(other.holder()).await.unwrap(),
+        client
+            .lock("lease")
+            .is_held_by(other.holder())
+            .await
+            .unwrap(),
         "a late release must not free another holder's lock"
     );
     other.release().await.unwrap();
@@ -107,7 +112,12 @@ async fn watchdog_keeps_lock_past_three_leases_and_stops_after_release(env: Env)
     assert_eq!(client.stats().watched_locks, 1);
     tokio::time::sleep(lease * 4).await;
     assert!(!guard.is_lost());
-    let ttl = client.lock("watched").remaining_ttl().await.unwrap().unwrap();
+    let ttl = client
+        .lock("watched")
+        .remaining_ttl()
+        .await
+        .unwrap()
+        .unwrap();
     assert!(ttl > Duration::ZERO && ttl <= lease, "{ttl:?}");
     guard.release().await.unwrap();
     assert_eq!(client.stats().watched_locks, 0);
@@ -137,7 +147,11 @@ async fn lost_signal_fires_when_lock_is_force_unlocked(env: Env) {
     assert!(guard.is_lost());
     assert_eq!(client.stats().watched_locks, 0);
     assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
-    assert!(admin.lock("forced").is_held_by(thief.holder()).await.unwrap());
+    assert!(admin
+        .lock("forced")
+        .is_held_by(thief.holder())
+        .await
+        .unwrap());
     thief.release().await.unwrap();
     assert!(!admin.lock("forced").force_unlock().await.unwrap());
 }
@@ -149,9 +163,15 @@ async fn wait_budget_is_honoured(env: Env) {
     let started = Instant::now();
     let result = client.try_acquire("budget", budget).await;
     let waited = started.elapsed();
-    assert!(matches!(result, Err(LockError::Timeout { .. })), "{result:?}");
+    assert!(
+        matches!(result, Err(LockError::Timeout { .. })),
+        "{result:?}"
+    );
     assert!(waited >= budget, "gave up early: {waited:?}");
-    assert!(waited < budget + Duration::from_millis(250), "overran: {waited:?}");
+    assert!(
+        waited < budget + Duration::from_millis(250),
+        "overran: {waited:?}"
+    );
     assert_eq!(client.stats().waited_channels, 0);
 }
 
@@ -161,7 +181,11 @@ async fn zero_budget_is_one_attempt(env: Env) {
     let started = Instant::now();
     assert!(client.try_acquire("zero", Duration::ZERO).await.is_err());
     assert!(started.elapsed() < Duration::from_millis(200));
-    assert_eq!(client.stats().waited_channels, 0, "no subscription for one attempt");
+    assert_eq!(
+        client.stats().waited_channels,
+        0,
+        "no subscription for one attempt"
+    );
 }
 
 async fn waiter_is_woken_by_release_not_by_lease(env: Env) {
@@ -208,11 +232,8 @@ async fn cancelled_acquires_leave_nothing_behind(env: Env) {
         let _ = tokio::time::timeout(cut, client.acquire(format!("cancel:{}", i % 5))).await;
         if i % 50 == 0 {
             let busy = other.acquire("cancel:busy").await.unwrap();
-            let _ = tokio::time::timeout(
-                Duration::from_millis(20),
-                client.acquire("cancel:busy"),
-            )
-            .await;
+            let _ = tokio::time::timeout(Duration::from_millis(20), client.acquire("cancel:busy"))
+                .await;
             busy.release().await.unwrap();
         }
     }
@@ -221,7 +242,12 @@ async fn cancelled_acquires_leave_nothing_behind(env: Env) {
     loop {
         let mut held = Vec::new();
         for k in 0..5 {
-            if client.lock(format!("cancel:{k}")).is_locked().await.unwrap() {
+            if client
+                .lock(format!("cancel:{k}"))
+                .is_locked()
+                .await
+                .unwrap()
+            {
                 held.push(k);
             }
         }
@@ -252,7 +278,11 @@ async fn release_of_a_lock_no_longer_held_is_typed_error(env: Env) {
         Err(LockError::NotHeld { key }) => assert_eq!(key, "notheld"),
         other => panic!("expected NotHeld, got {other:?}"),
     }
-    assert!(admin.lock("notheld").is_held_by(next.holder()).await.unwrap());
+    assert!(admin
+        .lock("notheld")
+        .is_held_by(next.holder())
+        .await
+        .unwrap());
     next.release().await.unwrap();
 }
 

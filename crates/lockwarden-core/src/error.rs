@@ -87,6 +87,23 @@ pub enum BackendError {
     Protocol(String),
 }
 
+impl BackendError {
+    /// Whether retrying may help: the connection failed or Redis was slow, as opposed to
+    /// Redis rejecting the command (a wrong type, a script error).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            BackendError::Redis(e) => {
+                e.is_io_error()
+                    || e.is_connection_dropped()
+                    || e.is_connection_refusal()
+                    || e.is_timeout()
+            }
+            BackendError::TimedOut(_) => true,
+            BackendError::Protocol(_) => false,
+        }
+    }
+}
+
 impl From<redis::RedisError> for LockError {
     fn from(e: redis::RedisError) -> Self {
         LockError::Backend(BackendError::Redis(e))

@@ -13,6 +13,9 @@ use crate::key::Key;
 
 /// Used when Redis reports a lock without expiry: re-check this often.
 const NO_TTL_RECHECK: Duration = Duration::from_secs(1);
+/// Retry pacing while the store is unreachable during a wait.
+const MIN_BACKOFF: Duration = Duration::from_millis(20);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 /// One named lock, made by [`LockClient::lock`]. Set options, then acquire or inspect.
 ///
@@ -82,7 +85,8 @@ impl Lock {
             .map_err(|e| LockError::InvalidKey(e.clone()))
     }
 
-    /// Acquires the lock, waiting as long as it takes.
+    /// Acquires the lock, waiting as long as it takes (also through a Redis outage, retrying
+    /// with backoff: use [`try_acquire`](Self::try_acquire) for a bound).
     ///
     /// # Errors
     /// [`LockError::InvalidKey`] or [`LockError::Backend`].
@@ -119,6 +123,7 @@ impl Lock {
         let mut sent = Instant::now();
         let mut attempt = inner.backend.attempt(key, &holder, lease).await;
         let mut waiting = None;
+        let mut backoff = MIN_BACKOFF;
         let mut ready = false;
         loop {
             let ttl = match attempt {
@@ -127,6 +132,19 @@ impl Lock {
                     return Ok(self.guard(key, holder, token, sent));
                 }
                 Ok(Attempt::Busy { ttl }) => ttl.unwrap_or(NO_TTL_RECHECK),
+                // Ride out a reconnect within the budget; the store being down is
+                // reported once the budget is spent.
+                Err(error)
+                    if error.is_transient()
+                        && deadline.is_none_or(|d| Instant::now() + backoff < d) =>
+                {
+                    tracing::debug!(%key, %error, "acquire failed; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                    sent = Instant::now();
+                    attempt = inner.backend.attempt(key, &holder, lease).await;
+                    continue;
+                }
                 Err(error) => {
                     outcome("backend error");
                     return Err(error.into());

@@ -1,0 +1,278 @@
+//! Promises that only the Redis store can break: connection sharing, wake-one
+//! notification, and behaviour under real server faults (pause, restart, killed pub/sub).
+
+use std::time::{Duration, Instant};
+
+use lockwarden::{LockClient, LockError};
+use lockwarden_testkit::RedisServer;
+
+fn connections(server: &RedisServer) -> usize {
+    let list: String = server.query(&["CLIENT", "LIST"]).unwrap();
+    list.lines().count()
+}
+
+fn numsub(server: &RedisServer, channel: &str) -> i64 {
+    let reply: (String, i64) = server.query(&["PUBSUB", "NUMSUB", channel]).unwrap();
+    reply.1
+}
+
+fn evalsha_calls(server: &RedisServer) -> u64 {
+    let info: String = server.query(&["INFO", "commandstats"]).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+async fn wait_until(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_waiters_share_one_pubsub_connection() {
+    let server = RedisServer::start().unwrap();
+    let before = connections(&server);
+    let holder = LockClient::connect(&server.url()).await.unwrap();
+    let waiter = LockClient::connect(&server.url()).await.unwrap();
+    let mut guards = Vec::new();
+    for k in 0..20 {
+        guards.push(holder.acquire(format!("shared:{k}")).await.unwrap());
+    }
+    let mut tasks = Vec::new();
+    for i in 0..500 {
+        let w = waiter.clone();
+        tasks.push(tokio::spawn(async move {
+            w.try_acquire(format!("shared:{}", i % 20), Duration::from_secs(20))
+                .await
+                .map(drop)
+        }));
+    }
+    wait_until("every waiter subscribed", Duration::from_secs(5), || {
+        (0..20).all(|k| numsub(&server, &format!("lockwarden:{{shared:{k}}}:released")) == 1)
+    })
+    .await;
+    // Two clients: one command and one pub/sub connection each, however many waiters.
+    assert_eq!(connections(&server), before + 4);
+    assert_eq!(waiter.stats().waited_channels, 20);
+
+    drop(guards);
+    for task in tasks {
+        task.await.unwrap().expect("every waiter gets its lock");
+    }
+    wait_until("subscriptions dropped", Duration::from_secs(5), || {
+        let channels: Vec<String> = server.query(&["PUBSUB", "CHANNELS"]).unwrap();
+        channels.is_empty()
+    })
+    .await;
+    assert_eq!(waiter.stats().waited_channels, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_one_local_waiter_not_all() {
+    let server = RedisServer::start().unwrap();
+    let holder = LockClient::connect(&server.url()).await.unwrap();
+    let waiter = LockClient::connect(&server.url()).await.unwrap();
+    let guard = holder.acquire("herd").await.unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..50 {
+        let w = waiter.clone();
+        tasks.push(tokio::spawn(async move {
+            let g = w.try_acquire("herd", Duration::from_secs(30)).await?;
+            // Hold until the test has counted, so the next handoff does not blur the count.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            g.release().await
+        }));
+    }
+    wait_until("waiters subscribed", Duration::from_secs(5), || {
+        numsub(&server, "lockwarden:{herd}:released") == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let before = evalsha_calls(&server);
+    guard.release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let calls = evalsha_calls(&server) - before;
+    // One release plus the woken waiter's acquire; a thundering herd would be ~51.
+    assert!(calls <= 4, "{calls} scripts ran for one handoff");
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(40), task)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_recover_when_the_pubsub_connection_is_killed() {
+    let server = RedisServer::start().unwrap();
+    let holder = LockClient::connect(&server.url()).await.unwrap();
+    let waiter = LockClient::connect(&server.url()).await.unwrap();
+    let guard = holder.acquire("killed-pubsub").await.unwrap();
+    let w = waiter.clone();
+    let task = tokio::spawn(async move {
+        w.try_acquire("killed-pubsub", Duration::from_secs(10))
+            .await
+    });
+    wait_until("waiter subscribed", Duration::from_secs(5), || {
+        numsub(&server, "lockwarden:{killed-pubsub}:released") == 1
+    })
+    .await;
+    let killed: i64 = server.query(&["CLIENT", "KILL", "TYPE", "pubsub"]).unwrap();
+    assert!(killed >= 1);
+    wait_until("resubscribed", Duration::from_secs(5), || {
+        numsub(&server, "lockwarden:{killed-pubsub}:released") == 1
+    })
+    .await;
+    let released = Instant::now();
+    guard.release().await.unwrap();
+    let g = task
+        .await
+        .unwrap()
+        .expect("waiter acquires after reconnect");
+    assert!(
+        released.elapsed() < Duration::from_secs(2),
+        "woken by notice, not by the 30 s lease"
+    );
+    g.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_failures_are_retried_then_reported_lost() {
+    let server = RedisServer::start().unwrap();
+    let lease = Duration::from_millis(600);
+    let client = LockClient::builder()
+        .watchdog_timeout(lease)
+        .command_timeout(Duration::from_millis(100))
+        .connect(&server.url())
+        .await
+        .unwrap();
+    let guard = client.acquire("paused").await.unwrap();
+    server.pause();
+    let paused_at = Instant::now();
+    tokio::time::timeout(Duration::from_secs(3), guard.lost())
+        .await
+        .expect("lost once renewals failed for a whole lease");
+    let after = paused_at.elapsed();
+    server.resume();
+    // Not given up before the lease could have run out; not long after it.
+    assert!(after >= lease / 2, "gave up after {after:?}");
+    assert!(
+        after <= lease + Duration::from_millis(700),
+        "noticed after {after:?}"
+    );
+    assert!(matches!(
+        guard.release().await,
+        Err(LockError::Lost { .. } | LockError::Backend(_))
+    ));
+    // The client recovers without being rebuilt.
+    let g = client
+        .try_acquire("after-pause", Duration::from_secs(5))
+        .await
+        .expect("works again after SIGCONT");
+    g.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn try_acquire_on_a_paused_server_ends_within_budget_plus_command_timeout() {
+    let server = RedisServer::start().unwrap();
+    let timeout = Duration::from_millis(200);
+    let client = LockClient::builder()
+        .command_timeout(timeout)
+        .connect(&server.url())
+        .await
+        .unwrap();
+    server.pause();
+    let budget = Duration::from_millis(300);
+    let started = Instant::now();
+    let result = client.try_acquire("stuck", budget).await;
+    let took = started.elapsed();
+    server.resume();
+    assert!(matches!(result, Err(LockError::Backend(_))), "{result:?}");
+    assert!(
+        took <= budget + timeout + Duration::from_millis(200),
+        "took {took:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_reports_loss_and_keeps_tokens_increasing() {
+    let mut server = RedisServer::start().unwrap();
+    let lease = Duration::from_millis(600);
+    let client = LockClient::builder()
+        .watchdog_timeout(lease)
+        .connect(&server.url())
+        .await
+        .unwrap();
+    let guard = client.acquire("restart").await.unwrap();
+    let token_before = guard.fencing_token();
+
+    let other = LockClient::connect(&server.url()).await.unwrap();
+    let waiter = {
+        let other = other.clone();
+        tokio::spawn(async move { other.try_acquire("restart", Duration::from_secs(10)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    server.restart().unwrap(); // all data gone
+
+    tokio::time::timeout(lease * 2, guard.lost())
+        .await
+        .expect("holder told within a renewal period or two");
+    // The watchdog must not have recreated the lock it lost.
+    let got = waiter
+        .await
+        .unwrap()
+        .expect("waiter reconnects and acquires");
+    assert!(
+        got.fencing_token() > token_before,
+        "tokens went backwards after restart"
+    );
+    assert_eq!(client.stats().watched_locks, 0);
+    got.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watchdog_never_recreates_a_deleted_lock() {
+    let server = RedisServer::start().unwrap();
+    let lease = Duration::from_millis(300);
+    let client = LockClient::builder()
+        .watchdog_timeout(lease)
+        .connect(&server.url())
+        .await
+        .unwrap();
+    let guard = client.acquire("deleted").await.unwrap();
+    let _: i64 = server.query(&["DEL", "lockwarden:{deleted}"]).unwrap();
+    tokio::time::timeout(lease, guard.lost())
+        .await
+        .expect("lost");
+    tokio::time::sleep(lease).await;
+    let exists: i64 = server.query(&["EXISTS", "lockwarden:{deleted}"]).unwrap();
+    assert_eq!(exists, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_layout_is_a_hash_of_holder_to_count() {
+    let server = RedisServer::start().unwrap();
+    let client = LockClient::connect(&server.url()).await.unwrap();
+    let me = client.holder();
+    let a = client.lock("layout").holder(&me).acquire().await.unwrap();
+    let b = client.lock("layout").holder(&me).acquire().await.unwrap();
+    let fields: Vec<(String, String)> = server.query(&["HGETALL", "lockwarden:{layout}"]).unwrap();
+    assert_eq!(fields, vec![(me.id().to_owned(), "2".to_owned())]);
+    let (uuid, number) = me.id().rsplit_once(':').unwrap();
+    assert_eq!(uuid.len(), 36, "random v4 uuid");
+    assert!(number.parse::<u64>().is_ok());
+    let ttl: i64 = server.query(&["PTTL", "lockwarden:{layout}"]).unwrap();
+    assert!(ttl > 25_000 && ttl <= 30_000, "watchdog lease: {ttl}");
+    let token: u64 = server.query(&["GET", "lockwarden:{layout}:fence"]).unwrap();
+    assert_eq!(token, a.fencing_token());
+    b.release().await.unwrap();
+    a.release().await.unwrap();
+    let exists: i64 = server.query(&["EXISTS", "lockwarden:{layout}"]).unwrap();
+    assert_eq!(exists, 0);
+}
