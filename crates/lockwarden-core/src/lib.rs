@@ -22,6 +22,8 @@
 //! # Ok(()) }
 //! ```
 
+#![warn(missing_docs)]
+
 mod backend;
 mod client;
 mod error;
