@@ -1,6 +1,8 @@
 //! Request-scoped distributed locks for Rust web services.
 //!
-//! This crate re-exports the lock engine of [`lockwarden_core`].
+//! This crate re-exports the lock engine of [`lockwarden_core`] and adds the HTTP layer
+//! ([`http`]): a tower [`LockLayer`] that serializes requests by a key taken from the
+//! request, and (with the default `axum` feature) the [`Locked`] extractor.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden::LockError> {
@@ -11,3 +13,12 @@
 //! ```
 
 pub use lockwarden_core::*;
+
+pub mod http;
+
+#[cfg(feature = "axum")]
+pub use crate::http::{Guarded, LockKey, Locked, LockedRejection};
+
+pub use crate::http::{
+    default_client, LockLayer, LockRejection, LockService, LockedBody, MissingKey,
+};

@@ -268,7 +268,10 @@ async fn cancelled_acquires_leave_nothing_behind(env: Env) {
             if channels.is_empty() {
                 break;
             }
-            assert!(Instant::now() < deadline, "subscriptions left: {channels:?}");
+            assert!(
+                Instant::now() < deadline,
+                "subscriptions left: {channels:?}"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }

@@ -1,0 +1,257 @@
+//! An idempotent webhook receiver: duplicate deliveries of one event are processed once.
+//!
+//! ```text
+//! cargo run --example webhook -- --demo   # fire concurrent duplicates at itself, print a table
+//! cargo run --example webhook             # serve on 127.0.0.1:3000
+//! REDIS_URL=redis://127.0.0.1:6379/ cargo run --example webhook -- --demo   # on Redis
+//! ```
+//!
+//! Two routes take the same events: `/webhooks/payments` keyed by the `Idempotency-Key`
+//! header, `/webhooks/events` keyed by the `id` field of the JSON body. Both use the
+//! namespace `webhook:`, so a delivery to either route locks the same event. The handler
+//! checks whether the event was processed already, then takes 200 ms to process it: without
+//! the lock, overlapping duplicates would all pass that check.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::IntoFuture;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use lockwarden::LockLayer;
+use serde::Deserialize;
+
+/// How many times each event was processed.
+#[derive(Clone, Default)]
+struct Processed(Arc<Mutex<HashMap<String, u32>>>);
+
+impl Processed {
+    fn count(&self, id: &str) -> u32 {
+        self.0
+            .lock()
+            .map(|m| m.get(id).copied().unwrap_or(0))
+            .unwrap_or(0)
+    }
+
+    fn record(&self, id: &str) {
+        if let Ok(mut m) = self.0.lock() {
+            *m.entry(id.to_owned()).or_default() += 1;
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct Event {
+    id: String,
+}
+
+/// Check, then process (slowly): safe only because the lock serializes duplicates.
+async fn handle(processed: &Processed, id: &str) -> (StatusCode, String) {
+    if processed.count(id) > 0 {
+        return (StatusCode::OK, format!("{id}: already processed\n"));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await; // call the payment provider, etc.
+    processed.record(id);
+    (StatusCode::OK, format!("{id}: processed\n"))
+}
+
+async fn by_header(
+    State(processed): State<Processed>,
+    headers: axum::http::HeaderMap,
+) -> (StatusCode, String) {
+    // The layer guarantees the header is there.
+    let id = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    handle(&processed, &id).await
+}
+
+async fn by_body(
+    State(processed): State<Processed>,
+    Json(event): Json<Event>,
+) -> (StatusCode, String) {
+    handle(&processed, &event.id).await
+}
+
+async fn event_status(
+    State(processed): State<Processed>,
+    Path(id): Path<String>,
+) -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "id": id, "processed": processed.count(&id) }))
+}
+
+fn app(processed: Processed) -> Router {
+    let payments = Router::new()
+        .route("/webhooks/payments", post(by_header))
+        .layer(LockLayer::by_header("Idempotency-Key").namespace("webhook:"));
+    let events = Router::new()
+        .route("/webhooks/events", post(by_body))
+        .layer(LockLayer::by_json_field("/id").namespace("webhook:"));
+    Router::new()
+        .route("/events/{id}", get(event_status))
+        .merge(payments)
+        .merge(events)
+        .with_state(processed)
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "error".into()),
+        )
+        .init();
+    let demo = std::env::args().any(|a| a == "--demo");
+
+    // The layers use the process-wide default client; make it now to report on it.
+    let backend = match lockwarden::default_client().await {
+        Ok(client) => client.backend_name(),
+        Err(e) => {
+            eprintln!("cannot reach REDIS_URL: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match backend {
+        "redis" => println!("lock backend: Redis (REDIS_URL)"),
+        _ => println!(
+            "lock backend: in-process (set REDIS_URL=redis://... to share locks between processes)"
+        ),
+    }
+
+    let processed = Processed::default();
+    let addr = if demo {
+        "127.0.0.1:0"
+    } else {
+        "127.0.0.1:3000"
+    };
+    let listener = match tokio::net::TcpListener::bind(addr).await {
+        Ok(listener) => listener,
+        Err(e) => {
+            eprintln!("cannot listen on {addr}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let Ok(addr) = listener.local_addr() else {
+        return ExitCode::FAILURE;
+    };
+    let server = tokio::spawn(axum::serve(listener, app(processed.clone())).into_future());
+
+    if !demo {
+        println!("listening on http://{addr}\n");
+        println!("  curl -i -X POST http://{addr}/webhooks/payments -H 'Idempotency-Key: evt_1'");
+        println!(
+            "  curl -i -X POST http://{addr}/webhooks/events -H 'content-type: application/json' -d '{{\"id\":\"evt_1\"}}'"
+        );
+        println!("  curl http://{addr}/events/evt_1");
+        println!("\nSend a delivery twice within 200 ms to see 409 Conflict.");
+        return match server.await {
+            Ok(Ok(())) => ExitCode::SUCCESS,
+            _ => ExitCode::FAILURE,
+        };
+    }
+    let ok = run_demo(addr, &processed).await;
+    server.abort();
+    if ok {
+        println!("\nevery event was processed exactly once");
+        ExitCode::SUCCESS
+    } else {
+        println!("\nFAILED: an event was processed more than once (or never)");
+        ExitCode::FAILURE
+    }
+}
+
+const EVENTS: [&str; 3] = ["evt_1001", "evt_1002", "evt_1003"];
+const DUPLICATES: usize = 6;
+
+/// Fires `DUPLICATES` overlapping deliveries of each event (half by header, half by body),
+/// then one late retry each; prints a table and says whether each was processed once.
+async fn run_demo(addr: SocketAddr, processed: &Processed) -> bool {
+    println!(
+        "demo: {} events x {} concurrent deliveries + 1 late retry, on http://{addr}\n",
+        EVENTS.len(),
+        DUPLICATES
+    );
+    let mut statuses: BTreeMap<&str, BTreeMap<String, usize>> = BTreeMap::new();
+    let mut tasks = Vec::new();
+    for id in EVENTS {
+        for n in 0..DUPLICATES {
+            tasks.push(tokio::spawn(async move {
+                (id, deliver(addr, id, n % 2 == 0).await)
+            }));
+        }
+    }
+    for task in tasks {
+        if let Ok((id, status)) = task.await {
+            *statuses.entry(id).or_default().entry(status).or_default() += 1;
+        }
+    }
+    // A late retry, after the first delivery has finished: answered "already processed".
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for id in EVENTS {
+        let status = deliver(addr, id, true).await;
+        *statuses.entry(id).or_default().entry(status).or_default() += 1;
+    }
+
+    println!(
+        "{:<10} {:>5} {:>10}  statuses",
+        "event", "sent", "processed"
+    );
+    let mut all_once = true;
+    for id in EVENTS {
+        let times = processed.count(id);
+        all_once &= times == 1;
+        let seen = statuses
+            .get(id)
+            .map(|s| {
+                s.iter()
+                    .map(|(status, n)| format!("{status} x{n}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+            .unwrap_or_default();
+        println!("{id:<10} {:>5} {times:>10}  {seen}", DUPLICATES + 1);
+    }
+    all_once
+}
+
+/// One delivery over a fresh loopback connection; the status, or the error.
+async fn deliver(addr: SocketAddr, id: &str, by_header: bool) -> String {
+    let request = if by_header {
+        axum::http::Request::post("/webhooks/payments")
+            .header("host", addr.to_string())
+            .header("idempotency-key", id)
+            .body(Full::new(Bytes::new()))
+    } else {
+        axum::http::Request::post("/webhooks/events")
+            .header("host", addr.to_string())
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(format!(r#"{{"id":"{id}"}}"#))))
+    };
+    let result = async {
+        let request = request?;
+        let stream = tokio::net::TcpStream::connect(addr).await?;
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        tokio::spawn(conn);
+        let response = sender.send_request(request).await?;
+        let status = response.status();
+        response.into_body().collect().await?;
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(status)
+    };
+    match tokio::time::timeout(Duration::from_secs(5), result).await {
+        Ok(Ok(status)) => status.as_u16().to_string(),
+        Ok(Err(e)) => format!("error ({e})"),
+        Err(_) => "timeout".to_owned(),
+    }
+}

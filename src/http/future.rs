@@ -1,0 +1,324 @@
+//! [`ResponseFuture`]: the state machine of one request through the lock layer —
+//! extract the key, get the client, acquire, call the inner service as the lock's holder,
+//! and move the lock into the response body.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::Body;
+use pin_project_lite::pin_project;
+use tower_service::Service;
+use tracing::Span;
+
+use super::body::{Held, LockedBody};
+use super::client::{default_client, ready_default_client};
+use super::key::Extracted;
+use super::layer::{Config, MissingKey};
+use super::rejection::LockRejection;
+use super::trace;
+use crate::{BackendError, LockClient, LockError, LockGuard, Scoped};
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// How long a request waits for the default client to connect before it is answered 503.
+const CONNECT_BUDGET: Duration = Duration::from_secs(3);
+
+pin_project! {
+    /// The response future of [`LockService`](super::LockService).
+    ///
+    /// Dropping it (the client went away) at any point releases the lock or cancels its
+    /// acquisition; a panic of the inner service unwinds through it and releases too.
+    pub struct ResponseFuture<F, S, RB>
+    where
+        S: Service<Request<RB>>,
+    {
+        #[pin]
+        state: State<F, S::Future, RB>,
+        service: Option<S>,
+        config: Arc<Config>,
+        missing: Arc<LockRejection>,
+        span: Span,
+        started: Instant,
+        held: Option<Held>,
+        lost: Option<BoxFuture<()>>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F, Fut, RB> {
+        Extract { #[pin] fut: F },
+        Connect {
+            fut: BoxFuture<Result<LockClient, LockError>>,
+            request: Option<Request<RB>>,
+            name: String,
+        },
+        Acquire {
+            fut: BoxFuture<Result<LockGuard, LockError>>,
+            request: Option<Request<RB>>,
+            client: LockClient,
+        },
+        Locked { #[pin] fut: Scoped<Fut> },
+        Unlocked { #[pin] fut: Fut },
+        Done,
+    }
+}
+
+impl<F, S, RB> ResponseFuture<F, S, RB>
+where
+    S: Service<Request<RB>>,
+{
+    pub(crate) fn new(
+        extract: F,
+        missing: Arc<LockRejection>,
+        service: S,
+        config: Arc<Config>,
+    ) -> Self {
+        Self {
+            state: State::Extract { fut: extract },
+            service: Some(service),
+            config,
+            missing,
+            span: trace::request_span(),
+            started: Instant::now(),
+            held: None,
+            lost: None,
+        }
+    }
+}
+
+impl<F, S, RB> fmt::Debug for ResponseFuture<F, S, RB>
+where
+    S: Service<Request<RB>>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture")
+            .field("holds_lock", &self.held.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a request needs next, once its key is known or an acquisition has finished.
+enum Next<RB> {
+    Reject(LockRejection),
+    Pass(Request<RB>),
+    Connect(Request<RB>, String),
+    Acquire(Request<RB>, LockClient, String),
+}
+
+impl<F, S, RB, ResBody> Future for ResponseFuture<F, S, RB>
+where
+    F: Future<Output = Result<Extracted<RB>, LockRejection>>,
+    S: Service<Request<RB>, Response = Response<ResBody>>,
+    ResBody: Body,
+    ResBody::Data: From<Bytes>,
+{
+    type Output = Result<Response<LockedBody<ResBody>>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        let span = this.span.clone();
+        let _entered = span.enter();
+        loop {
+            let next = match this.state.as_mut().project() {
+                StateProj::Extract { fut } => match ready!(fut.poll(cx)) {
+                    Err(rejection) => Next::Reject(rejection),
+                    Ok(extracted) => route(extracted, this.config, this.missing, &span),
+                },
+                StateProj::Connect { fut, request, name } => {
+                    let connected = ready!(fut.as_mut().poll(cx));
+                    let request = take_request(request);
+                    match connected {
+                        Ok(client) => Next::Acquire(request, client, std::mem::take(name)),
+                        Err(error) => backend_failed(&error, request, this.config, &span),
+                    }
+                }
+                StateProj::Acquire {
+                    fut,
+                    request,
+                    client,
+                } => {
+                    let acquired = ready!(fut.as_mut().poll(cx));
+                    let mut request = take_request(request);
+                    span.record("wait_ms", millis(this.started.elapsed()));
+                    match acquired {
+                        Ok(guard) => {
+                            span.record("outcome", "acquired");
+                            let extensions = request.extensions_mut();
+                            extensions.insert(guard.info());
+                            extensions.insert(client.clone());
+                            if this.config.abort_on_loss {
+                                let lost = guard.lost_signal();
+                                *this.lost = Some(Box::pin(async move { lost.wait().await }));
+                            }
+                            let holder = guard.holder().clone();
+                            *this.held = Some(Held::new(guard, span.clone()));
+                            let fut = holder.scope(call(this.service, request));
+                            this.state.set(State::Locked { fut });
+                            continue;
+                        }
+                        Err(error @ (LockError::Timeout { .. } | LockError::InvalidKey(_))) => {
+                            Next::Reject(LockRejection::from_lock_error(
+                                &error,
+                                this.config.conflict_status,
+                            ))
+                        }
+                        Err(error) => backend_failed(&error, request, this.config, &span),
+                    }
+                }
+                StateProj::Locked { fut } => {
+                    if let Poll::Ready(result) = fut.poll(cx) {
+                        this.state.set(State::Done);
+                        this.lost.take();
+                        let held = this.held.take();
+                        return Poll::Ready(
+                            result.map(|response| response.map(|b| LockedBody::locked(b, held))),
+                        );
+                    }
+                    let lost = this.lost.as_mut().map(|lost| lost.as_mut().poll(cx));
+                    if !matches!(lost, Some(Poll::Ready(()))) {
+                        return Poll::Pending;
+                    }
+                    tracing::warn!("lock lost while the handler ran; stopping the request");
+                    // Dropping the inner future stops the handler.
+                    this.state.set(State::Done);
+                    this.lost.take();
+                    this.held.take();
+                    span.record("outcome", "lost");
+                    return Poll::Ready(Ok(LockRejection::Lost.to_response()));
+                }
+                StateProj::Unlocked { fut } => {
+                    let result = ready!(fut.poll(cx));
+                    this.state.set(State::Done);
+                    return Poll::Ready(result.map(|response| response.map(LockedBody::new)));
+                }
+                StateProj::Done => panic!("ResponseFuture polled after completion"),
+            };
+            match next {
+                Next::Reject(rejection) => {
+                    span.record("outcome", rejection.outcome());
+                    tracing::debug!(
+                        status = rejection.status().as_u16(),
+                        "request answered by the lock layer"
+                    );
+                    this.state.set(State::Done);
+                    return Poll::Ready(Ok(rejection.to_response()));
+                }
+                Next::Pass(request) => {
+                    let fut = call(this.service, request);
+                    this.state.set(State::Unlocked { fut });
+                }
+                Next::Connect(request, name) => {
+                    let fut: BoxFuture<_> = Box::pin(async {
+                        match tokio::time::timeout(CONNECT_BUDGET, default_client()).await {
+                            Ok(connected) => connected,
+                            Err(_) => {
+                                Err(LockError::Backend(BackendError::TimedOut(CONNECT_BUDGET)))
+                            }
+                        }
+                    });
+                    this.state.set(State::Connect {
+                        fut,
+                        request: Some(request),
+                        name,
+                    });
+                }
+                Next::Acquire(request, client, name) => {
+                    *this.started = Instant::now();
+                    let holder = client.holder();
+                    let mut lock = client.lock(&name).holder(&holder);
+                    if let Some(lease) = this.config.lease {
+                        lock = lock.lease(lease);
+                    }
+                    let wait = this.config.wait;
+                    // The core's acquire is an `async fn`: its future has no name to store.
+                    let fut: BoxFuture<_> = Box::pin(async move { lock.try_acquire(wait).await });
+                    this.state.set(State::Acquire {
+                        fut,
+                        request: Some(request),
+                        client,
+                    });
+                }
+            }
+        }
+    }
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn take_request<RB>(request: &mut Option<Request<RB>>) -> Request<RB> {
+    match request.take() {
+        Some(request) => request,
+        None => panic!("ResponseFuture polled after completion"),
+    }
+}
+
+fn call<S: Service<Request<RB>>, RB>(service: &mut Option<S>, request: Request<RB>) -> S::Future {
+    match service.take() {
+        Some(mut service) => service.call(request),
+        None => panic!("ResponseFuture polled after completion"),
+    }
+}
+
+/// Decides what a request with this key (or none) needs next.
+fn route<RB>(
+    extracted: Extracted<RB>,
+    config: &Config,
+    missing: &LockRejection,
+    span: &Span,
+) -> Next<RB> {
+    let Extracted { request, key } = extracted;
+    let on_missing = |request| match config.missing_key {
+        MissingKey::PassUnlocked => {
+            span.record("outcome", "missing key, passed unlocked");
+            Next::Pass(request)
+        }
+        MissingKey::Reject => Next::Reject(missing.clone()),
+    };
+    let Some(key) = key else {
+        return on_missing(request);
+    };
+    let (parts, body) = request.into_parts();
+    let scope = match &config.scope {
+        None => None,
+        Some(scope) => match scope(&parts) {
+            Some(scope) => Some(scope),
+            None => return on_missing(Request::from_parts(parts, body)),
+        },
+    };
+    let request = Request::from_parts(parts, body);
+    let name = config.lock_name(scope.as_deref(), &key);
+    trace::record_key(span, &name, config.redact_keys);
+    match config.client.clone().or_else(ready_default_client) {
+        Some(client) => Next::Acquire(request, client, name),
+        None => Next::Connect(request, name),
+    }
+}
+
+/// The store failed: pass unlocked when failing open, otherwise 503.
+fn backend_failed<RB>(
+    error: &LockError,
+    request: Request<RB>,
+    config: &Config,
+    span: &Span,
+) -> Next<RB> {
+    if config.fail_open {
+        tracing::warn!(%error, "lock store unavailable; failing open: the request runs without its lock");
+        span.record("outcome", "backend error, failed open");
+        Next::Pass(request)
+    } else {
+        tracing::error!(%error, "lock store unavailable; answering 503");
+        Next::Reject(LockRejection::from_lock_error(
+            error,
+            config.conflict_status,
+        ))
+    }
+}

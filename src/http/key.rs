@@ -1,0 +1,521 @@
+//! Where a request's lock key comes from: [`KeySource`] and the built-in sources (header,
+//! path, axum path parameter, JSON body field, closure).
+//!
+//! A source only finds the raw key; [`LockService`](super::LockService) then applies the
+//! scope and namespace and validates the result (length, control characters).
+
+use std::future::{ready, Future, Ready};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use bytes::Bytes;
+use http::header::CONTENT_LENGTH;
+use http::request::Parts;
+use http::{HeaderName, Request, StatusCode};
+use http_body::Body;
+use http_body_util::combinators::Collect;
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use pin_project_lite::pin_project;
+
+use super::rejection::LockRejection;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What a [`KeySource`] found: the request (possibly with a rebuilt body) and its key,
+/// `None` if the request carries none.
+#[derive(Debug)]
+pub struct Extracted<B> {
+    /// The request, to hand on to the inner service.
+    pub request: Request<B>,
+    /// The raw key, before scope and namespace.
+    pub key: Option<String>,
+}
+
+/// Finds the lock key of a request.
+///
+/// Implemented by every [`PartsKey`] (header, path, closure: synchronous, the body is
+/// untouched) and by [`FromJsonField`] (reads the body, hands on a [`Full`] copy).
+///
+/// ```
+/// use lockwarden::http::{KeySource, FromHeader};
+/// use std::future::Future;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let source = FromHeader::new("idempotency-key");
+/// let request = http::Request::builder().header("idempotency-key", "abc").body(()).unwrap();
+/// let extracted = KeySource::<()>::extract(&source, request).await.unwrap();
+/// assert_eq!(extracted.key.as_deref(), Some("abc"));
+/// # }
+/// ```
+pub trait KeySource<B>: Clone {
+    /// The body type of the request handed to the inner service.
+    type RequestBody;
+    /// What [`extract`](Self::extract) returns.
+    type Future: Future<Output = Result<Extracted<Self::RequestBody>, LockRejection>>;
+
+    /// Finds the key. An `Err` answers the request at once (e.g. the body is too large);
+    /// a missing key is `Ok` with `key: None` and handled as configured by
+    /// [`LockLayer::on_missing_key`](super::LockLayer::on_missing_key).
+    fn extract(&self, request: Request<B>) -> Self::Future;
+
+    /// The answer to a request without a key (unless it is let through).
+    fn missing(&self) -> LockRejection;
+}
+
+/// A key source that needs only the request head (method, URI, headers, extensions).
+///
+/// ```
+/// use http::request::Parts;
+/// use lockwarden::{LockLayer, LockRejection, http::PartsKey};
+///
+/// /// The tenant id from a header, lower-cased.
+/// #[derive(Clone)]
+/// struct Tenant;
+///
+/// impl PartsKey for Tenant {
+///     fn key(&self, parts: &mut Parts) -> Result<Option<String>, LockRejection> {
+///         Ok(parts.headers.get("x-tenant").and_then(|v| v.to_str().ok()).map(str::to_lowercase))
+///     }
+///     fn missing(&self) -> LockRejection {
+///         LockRejection::MissingKey { status: http::StatusCode::BAD_REQUEST, detail: "no x-tenant".into() }
+///     }
+/// }
+///
+/// let layer = LockLayer::new(Tenant);
+/// # let _ = layer;
+/// ```
+pub trait PartsKey: Clone {
+    /// The key, `Ok(None)` if the request has none, `Err` if it has an unusable one.
+    ///
+    /// # Errors
+    /// A rejection to answer with, e.g. [`LockRejection::InvalidKey`].
+    fn key(&self, parts: &mut Parts) -> Result<Option<String>, LockRejection>;
+
+    /// The answer to a request without a key.
+    fn missing(&self) -> LockRejection;
+}
+
+impl<B, K: PartsKey> KeySource<B> for K {
+    type RequestBody = B;
+    type Future = Ready<Result<Extracted<B>, LockRejection>>;
+
+    fn extract(&self, request: Request<B>) -> Self::Future {
+        let (mut parts, body) = request.into_parts();
+        ready(self.key(&mut parts).map(|key| Extracted {
+            request: Request::from_parts(parts, body),
+            key,
+        }))
+    }
+
+    fn missing(&self) -> LockRejection {
+        PartsKey::missing(self)
+    }
+}
+
+fn missing(detail: String) -> LockRejection {
+    LockRejection::MissingKey {
+        status: StatusCode::BAD_REQUEST,
+        detail,
+    }
+}
+
+/// The key is the value of a request header (made by [`LockLayer::by_header`](super::LockLayer::by_header)).
+///
+/// ```
+/// # use lockwarden::http::{FromHeader, PartsKey};
+/// let source = FromHeader::new("Idempotency-Key");
+/// let (mut parts, ()) = http::Request::builder().header("idempotency-key", "k1").body(()).unwrap().into_parts();
+/// assert_eq!(source.key(&mut parts).unwrap().as_deref(), Some("k1"));
+/// ```
+#[derive(Debug, Clone)]
+pub struct FromHeader {
+    name: HeaderName,
+}
+
+impl FromHeader {
+    /// The header `name` (case-insensitive).
+    ///
+    /// # Panics
+    /// If `name` is not a valid header name.
+    pub fn new<N>(name: N) -> Self
+    where
+        N: TryInto<HeaderName>,
+        N::Error: std::fmt::Debug,
+    {
+        match name.try_into() {
+            Ok(name) => Self { name },
+            Err(e) => panic!("LockLayer::by_header: invalid header name: {e:?}"),
+        }
+    }
+}
+
+impl PartsKey for FromHeader {
+    fn key(&self, parts: &mut Parts) -> Result<Option<String>, LockRejection> {
+        let Some(value) = parts.headers.get(&self.name) else {
+            return Ok(None);
+        };
+        match std::str::from_utf8(value.as_bytes()) {
+            Ok(value) => Ok(Some(value.to_owned())),
+            Err(_) => Err(LockRejection::InvalidKey {
+                detail: format!("The `{}` header is not valid UTF-8.", self.name),
+            }),
+        }
+    }
+
+    fn missing(&self) -> LockRejection {
+        missing(format!("The request has no `{}` header.", self.name))
+    }
+}
+
+/// The key is the request path, without the query (made by [`LockLayer::by_path`](super::LockLayer::by_path)).
+///
+/// ```
+/// # use lockwarden::http::{FromPath, PartsKey};
+/// let (mut parts, ()) = http::Request::get("/orders/42?x=1").body(()).unwrap().into_parts();
+/// assert_eq!(FromPath.key(&mut parts).unwrap().as_deref(), Some("/orders/42"));
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FromPath;
+
+impl PartsKey for FromPath {
+    fn key(&self, parts: &mut Parts) -> Result<Option<String>, LockRejection> {
+        Ok(Some(parts.uri.path().to_owned()))
+    }
+
+    fn missing(&self) -> LockRejection {
+        missing("The request has no path.".to_owned())
+    }
+}
+
+/// The key is a path parameter matched by axum's router (made by
+/// [`LockLayer::by_path_param`](super::LockLayer::by_path_param); add the layer with
+/// `Router::route_layer` so the route has been matched when it runs).
+///
+/// ```
+/// use axum::{routing::post, Router};
+/// use lockwarden::LockLayer;
+///
+/// let app: Router = Router::new()
+///     .route("/orders/{id}/ship", post(|| async { "shipped" }))
+///     .route_layer(LockLayer::by_path_param("id"));
+/// ```
+#[cfg(feature = "axum")]
+#[derive(Debug, Clone)]
+pub struct FromPathParam {
+    name: Arc<str>,
+}
+
+#[cfg(feature = "axum")]
+impl FromPathParam {
+    /// The parameter `name` (as in `/orders/{name}`).
+    pub fn new(name: impl Into<Arc<str>>) -> Self {
+        Self { name: name.into() }
+    }
+}
+
+#[cfg(feature = "axum")]
+impl PartsKey for FromPathParam {
+    fn key(&self, parts: &mut Parts) -> Result<Option<String>, LockRejection> {
+        use axum::extract::{FromRequestParts, RawPathParams};
+        // Reading the matched parameters never waits: one poll completes it.
+        let future = std::pin::pin!(RawPathParams::from_request_parts(parts, &()));
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        match future.poll(&mut cx) {
+            Poll::Ready(Ok(params)) => Ok(params
+                .iter()
+                .find(|(name, _)| *name == &*self.name)
+                .map(|(_, value)| value.to_owned())),
+            Poll::Ready(Err(
+                axum::extract::rejection::RawPathParamsRejection::InvalidUtf8InPathParam(_),
+            )) => Err(LockRejection::InvalidKey {
+                detail: format!("The path parameter `{}` is not valid UTF-8.", self.name),
+            }),
+            Poll::Ready(Err(_)) | Poll::Pending => {
+                tracing::warn!(
+                    param = %self.name,
+                    "no matched path parameters: add LockLayer::by_path_param with Router::route_layer"
+                );
+                Ok(None)
+            }
+        }
+    }
+
+    fn missing(&self) -> LockRejection {
+        missing(format!(
+            "The request has no `{}` path parameter.",
+            self.name
+        ))
+    }
+}
+
+/// The key is computed by a closure from the request head (made by [`LockLayer::by`](super::LockLayer::by)).
+///
+/// ```
+/// # use lockwarden::http::{FromFn, PartsKey};
+/// let source = FromFn::new(|parts: &http::request::Parts| {
+///     Some(format!("{} {}", parts.method, parts.uri.path()))
+/// });
+/// let (mut parts, ()) = http::Request::post("/a").body(()).unwrap().into_parts();
+/// assert_eq!(source.key(&mut parts).unwrap().as_deref(), Some("POST /a"));
+/// ```
+#[derive(Clone)]
+pub struct FromFn<F> {
+    f: F,
+}
+
+impl<F> FromFn<F>
+where
+    F: Fn(&Parts) -> Option<String> + Clone,
+{
+    /// Keys by `f`; `None` means the request has no key.
+    pub fn new(f: F) -> Self {
+        Self { f }
+    }
+}
+
+impl<F> std::fmt::Debug for FromFn<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FromFn").finish_non_exhaustive()
+    }
+}
+
+impl<F> PartsKey for FromFn<F>
+where
+    F: Fn(&Parts) -> Option<String> + Clone,
+{
+    fn key(&self, parts: &mut Parts) -> Result<Option<String>, LockRejection> {
+        Ok((self.f)(parts))
+    }
+
+    fn missing(&self) -> LockRejection {
+        missing("The request has no lock key.".to_owned())
+    }
+}
+
+/// The key is a field of the JSON request body, found by a JSON Pointer (RFC 6901, e.g.
+/// `/data/object/id`); made by [`LockLayer::by_json_field`](super::LockLayer::by_json_field).
+///
+/// The body is read into memory up to a limit and handed on to the inner service
+/// unchanged, as a [`Full`] body (so the inner service must accept `Request<Full<Bytes>>`,
+/// as axum routers and generic `Request<B>` services do). A string field is the key as is,
+/// a number field its decimal text.
+///
+/// | request | answer |
+/// |---|---|
+/// | `Content-Length` or body over the limit | 413 |
+/// | body unreadable or not JSON | 400 |
+/// | field absent or `null` | missing key: 422 (or let through, see [`LockLayer::on_missing_key`](super::LockLayer::on_missing_key)) |
+/// | field is a bool, array or object | 422 |
+///
+/// ```
+/// # use lockwarden::http::{FromJsonField, KeySource};
+/// use http_body_util::Full;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let source = FromJsonField::new("/data/id", 1024);
+/// let body = Full::new(bytes::Bytes::from_static(br#"{"data":{"id":"evt_1"}}"#));
+/// let extracted = source.extract(http::Request::new(body)).await.unwrap();
+/// assert_eq!(extracted.key.as_deref(), Some("evt_1"));
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct FromJsonField {
+    pointer: Arc<str>,
+    limit: usize,
+}
+
+impl FromJsonField {
+    /// The field at `pointer`, reading at most `limit` bytes of body.
+    ///
+    /// # Panics
+    /// If `pointer` is neither empty nor starts with `/` (then it could never match).
+    pub fn new(pointer: impl Into<Arc<str>>, limit: usize) -> Self {
+        let pointer = pointer.into();
+        assert!(
+            pointer.is_empty() || pointer.starts_with('/'),
+            "LockLayer::by_json_field: `{pointer}` is not a JSON Pointer (it must start with `/`, e.g. `/data/id`)"
+        );
+        Self { pointer, limit }
+    }
+
+    pub(crate) fn set_limit(&mut self, limit: usize) {
+        self.limit = limit;
+    }
+
+    fn key_of(&self, bytes: &[u8]) -> Result<Option<String>, LockRejection> {
+        let value: serde_json::Value =
+            serde_json::from_slice(bytes).map_err(|e| LockRejection::InvalidBody {
+                status: StatusCode::BAD_REQUEST,
+                detail: format!("The request body is not valid JSON: {e}."),
+            })?;
+        match value.pointer(&self.pointer) {
+            None | Some(serde_json::Value::Null) => Ok(None),
+            Some(serde_json::Value::String(s)) => Ok(Some(s.clone())),
+            Some(serde_json::Value::Number(n)) => Ok(Some(n.to_string())),
+            Some(_) => Err(LockRejection::InvalidBody {
+                status: StatusCode::UNPROCESSABLE_ENTITY,
+                detail: format!(
+                    "The JSON field `{}` must be a string or a number.",
+                    self.pointer
+                ),
+            }),
+        }
+    }
+}
+
+impl<B> KeySource<B> for FromJsonField
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    type RequestBody = Full<Bytes>;
+    type Future = JsonKeyFuture<B>;
+
+    fn extract(&self, request: Request<B>) -> Self::Future {
+        let (parts, body) = request.into_parts();
+        let declared = parts
+            .headers
+            .get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        let state = if declared.is_some_and(|len| len > self.limit as u64) {
+            JsonState::TooLarge { limit: self.limit }
+        } else {
+            JsonState::Reading {
+                collect: Limited::new(body, self.limit).collect(),
+            }
+        };
+        JsonKeyFuture {
+            state,
+            parts: Some(parts),
+            source: self.clone(),
+        }
+    }
+
+    fn missing(&self) -> LockRejection {
+        LockRejection::MissingKey {
+            status: StatusCode::UNPROCESSABLE_ENTITY,
+            detail: format!("The JSON body has no field `{}`.", self.pointer),
+        }
+    }
+}
+
+pin_project! {
+    /// The future of [`FromJsonField`]: reads the body, finds the field, rebuilds the request.
+    pub struct JsonKeyFuture<B>
+    where
+        B: Body,
+        B::Error: Into<BoxError>,
+    {
+        #[pin]
+        state: JsonState<B>,
+        parts: Option<Parts>,
+        source: FromJsonField,
+    }
+}
+
+pin_project! {
+    #[project = JsonStateProj]
+    enum JsonState<B>
+    where
+        B: Body,
+        B::Error: Into<BoxError>,
+    {
+        Reading { #[pin] collect: Collect<Limited<B>> },
+        TooLarge { limit: usize },
+    }
+}
+
+impl<B> Future for JsonKeyFuture<B>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    type Output = Result<Extracted<Full<Bytes>>, LockRejection>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let collected = match this.state.project() {
+            JsonStateProj::TooLarge { limit } => {
+                return Poll::Ready(Err(LockRejection::BodyTooLarge { limit: *limit }))
+            }
+            JsonStateProj::Reading { collect } => ready!(collect.poll(cx)),
+        };
+        let bytes = match collected {
+            Ok(collected) => collected.to_bytes(),
+            Err(e) if e.is::<LengthLimitError>() => {
+                return Poll::Ready(Err(LockRejection::BodyTooLarge {
+                    limit: this.source.limit,
+                }))
+            }
+            Err(e) => {
+                return Poll::Ready(Err(LockRejection::InvalidBody {
+                    status: StatusCode::BAD_REQUEST,
+                    detail: format!("The request body could not be read: {e}."),
+                }))
+            }
+        };
+        let key = this.source.key_of(&bytes);
+        let Some(parts) = this.parts.take() else {
+            // Polled again after completion: a caller bug; answer as an unreadable body.
+            return Poll::Ready(Err(LockRejection::InvalidBody {
+                status: StatusCode::BAD_REQUEST,
+                detail: "The request body was already consumed.".to_owned(),
+            }));
+        };
+        Poll::Ready(key.map(|key| Extracted {
+            request: Request::from_parts(parts, Full::new(bytes)),
+            key,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_field_kinds() {
+        let source = FromJsonField::new("/a", 100);
+        assert_eq!(
+            source.key_of(br#"{"a":"x"}"#).unwrap().as_deref(),
+            Some("x")
+        );
+        assert_eq!(
+            source.key_of(br#"{"a":17}"#).unwrap().as_deref(),
+            Some("17")
+        );
+        assert_eq!(source.key_of(br#"{"a":null}"#).unwrap(), None);
+        assert_eq!(source.key_of(br#"{"b":1}"#).unwrap(), None);
+        assert_eq!(
+            source.key_of(br#"{"a":{}}"#).unwrap_err().status(),
+            StatusCode::UNPROCESSABLE_ENTITY
+        );
+        assert_eq!(
+            source.key_of(b"not json").unwrap_err().status(),
+            StatusCode::BAD_REQUEST
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "not a JSON Pointer")]
+    fn json_pointer_must_start_with_a_slash() {
+        let _ = FromJsonField::new("data.id", 10);
+    }
+
+    #[test]
+    fn header_must_be_utf8() {
+        let source = FromHeader::new("k");
+        let value = http::HeaderValue::from_bytes(b"\xff\xfe").unwrap();
+        let (mut parts, ()) = Request::builder()
+            .header("k", value)
+            .body(())
+            .unwrap()
+            .into_parts();
+        assert!(matches!(
+            source.key(&mut parts),
+            Err(LockRejection::InvalidKey { .. })
+        ));
+    }
+}

@@ -1,0 +1,452 @@
+//! [`LockLayer`]: where the key comes from and how the lock is taken, in one cloneable
+//! value that wraps services into [`LockService`].
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::request::Parts;
+use http::StatusCode;
+use tower_layer::Layer;
+
+#[cfg(feature = "axum")]
+use super::key::FromPathParam;
+use super::key::{FromFn, FromHeader, FromJsonField, FromPath};
+use super::service::LockService;
+use crate::LockClient;
+
+/// How much of a body [`LockLayer::by_json_field`] reads by default: 64 KiB.
+pub const DEFAULT_BODY_LIMIT: usize = 64 * 1024;
+
+/// The prefix of every lock name the layer makes, unless set with [`LockLayer::namespace`].
+pub const DEFAULT_HTTP_NAMESPACE: &str = "http:";
+
+/// What to do with a request that carries no key (see [`LockLayer::on_missing_key`]).
+///
+/// ```
+/// use lockwarden::{LockLayer, MissingKey};
+/// let layer = LockLayer::by_header("Idempotency-Key").on_missing_key(MissingKey::PassUnlocked);
+/// # let _ = layer;
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum MissingKey {
+    /// Answer 400 (422 for an absent JSON field) with a problem body. The default.
+    #[default]
+    Reject,
+    /// Let the request through without a lock.
+    PassUnlocked,
+}
+
+pub(crate) type ScopeFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
+
+/// The settings shared by a layer and every service and future it makes.
+#[derive(Clone)]
+pub(crate) struct Config {
+    pub(crate) client: Option<LockClient>,
+    pub(crate) namespace: Arc<str>,
+    pub(crate) scope: Option<ScopeFn>,
+    pub(crate) wait: Duration,
+    pub(crate) lease: Option<Duration>,
+    pub(crate) conflict_status: StatusCode,
+    pub(crate) missing_key: MissingKey,
+    pub(crate) fail_open: bool,
+    pub(crate) abort_on_loss: bool,
+    pub(crate) redact_keys: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            client: None,
+            namespace: DEFAULT_HTTP_NAMESPACE.into(),
+            scope: None,
+            wait: Duration::ZERO,
+            lease: None,
+            conflict_status: StatusCode::CONFLICT,
+            missing_key: MissingKey::Reject,
+            fail_open: false,
+            abort_on_loss: false,
+            redact_keys: false,
+        }
+    }
+}
+
+impl Config {
+    /// The lock name of a request: `<namespace>[<escaped scope>/]<key>`. The scope is
+    /// escaped (`%` and `/`), so no scope/key pair can spell another pair's name.
+    pub(crate) fn lock_name(&self, scope: Option<&str>, key: &str) -> String {
+        let mut name = String::with_capacity(
+            self.namespace.len() + scope.map_or(0, |s| s.len() + 1) + key.len(),
+        );
+        name.push_str(&self.namespace);
+        if let Some(scope) = scope {
+            for c in scope.chars() {
+                match c {
+                    '%' => name.push_str("%25"),
+                    '/' => name.push_str("%2F"),
+                    c => name.push(c),
+                }
+            }
+            name.push('/');
+        }
+        name.push_str(key);
+        name
+    }
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("client", &self.client)
+            .field("namespace", &self.namespace)
+            .field("scoped", &self.scope.is_some())
+            .field("wait", &self.wait)
+            .field("lease", &self.lease)
+            .field("conflict_status", &self.conflict_status)
+            .field("missing_key", &self.missing_key)
+            .field("fail_open", &self.fail_open)
+            .field("abort_on_loss", &self.abort_on_loss)
+            .field("redact_keys", &self.redact_keys)
+            .finish()
+    }
+}
+
+/// A tower layer that holds a distributed lock, keyed by something in the request, for
+/// the whole life of each request: while the inner service runs and while the response
+/// body streams.
+///
+/// Pick the key with a constructor ([`by_header`](Self::by_header), [`by_path`](Self::by_path),
+/// [`by_path_param`](Self::by_path_param), [`by_json_field`](Self::by_json_field),
+/// [`by`](Self::by)), then adjust. Defaults: fail fast (no wait), watchdog lease, `409`,
+/// reject requests without a key, fail closed (`503`) when the store is down, the
+/// process-wide [`default_client`](super::default_client).
+///
+/// ```
+/// use axum::{routing::post, Router};
+/// use lockwarden::{LockClient, LockLayer};
+/// use std::time::Duration;
+///
+/// let locks = LockClient::in_memory(); // LockClient::connect(url).await? for Redis
+/// let app: Router = Router::new()
+///     .route("/webhooks/payments", post(|| async { "ok" }))
+///     .layer(
+///         LockLayer::by_header("Idempotency-Key")
+///             .client(locks)
+///             .scope(|parts| parts.headers.get("x-api-key")?.to_str().ok().map(str::to_owned))
+///             .wait(Duration::from_millis(100))
+///             .conflict_status(http::StatusCode::LOCKED),
+///     );
+/// ```
+///
+/// Without [`scope`](Self::scope), keys are global: any client that sends the same key as
+/// another blocks it (or learns that the key is in use). Scope keys by the authenticated
+/// principal unless that is what you want.
+#[derive(Clone)]
+#[must_use = "a layer does nothing until it wraps a service"]
+pub struct LockLayer<K> {
+    pub(crate) source: K,
+    pub(crate) config: Arc<Config>,
+}
+
+impl<K: fmt::Debug> fmt::Debug for LockLayer<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockLayer")
+            .field("source", &self.source)
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl LockLayer<FromHeader> {
+    /// Keys requests by the value of header `name` (e.g. `Idempotency-Key`).
+    ///
+    /// ```
+    /// use lockwarden::LockLayer;
+    /// let layer = LockLayer::by_header("Idempotency-Key");
+    /// # let _ = layer;
+    /// ```
+    ///
+    /// # Panics
+    /// If `name` is not a valid header name.
+    pub fn by_header<N>(name: N) -> Self
+    where
+        N: TryInto<http::HeaderName>,
+        N::Error: fmt::Debug,
+    {
+        Self::new(FromHeader::new(name))
+    }
+}
+
+impl LockLayer<FromPath> {
+    /// Keys requests by their path (without the query string).
+    ///
+    /// ```
+    /// use lockwarden::LockLayer;
+    /// let layer = LockLayer::by_path();
+    /// # let _ = layer;
+    /// ```
+    pub fn by_path() -> Self {
+        Self::new(FromPath)
+    }
+}
+
+#[cfg(feature = "axum")]
+impl LockLayer<FromPathParam> {
+    /// Keys requests by the axum path parameter `name`. Add it with `Router::route_layer`
+    /// (the parameters are known only once a route has matched).
+    ///
+    /// ```
+    /// use axum::{routing::post, Router};
+    /// use lockwarden::LockLayer;
+    ///
+    /// let app: Router = Router::new()
+    ///     .route("/orders/{id}/ship", post(|| async { "shipped" }))
+    ///     .route_layer(LockLayer::by_path_param("id"));
+    /// ```
+    pub fn by_path_param(name: &str) -> Self {
+        Self::new(FromPathParam::new(name))
+    }
+}
+
+impl LockLayer<FromJsonField> {
+    /// Keys requests by a field of their JSON body, named by a JSON Pointer such as
+    /// `/data/object/id`. The body is read up to [`DEFAULT_BODY_LIMIT`] (see
+    /// [`body_limit`](Self::body_limit)) and handed on unchanged as a
+    /// `http_body_util::Full<Bytes>`. See [`FromJsonField`] for the answers to bad bodies.
+    ///
+    /// ```
+    /// use axum::{routing::post, Router};
+    /// use lockwarden::LockLayer;
+    ///
+    /// let app: Router = Router::new()
+    ///     .route("/webhooks/stripe", post(|body: String| async move { body }))
+    ///     .layer(LockLayer::by_json_field("/data/object/id"));
+    /// ```
+    ///
+    /// # Panics
+    /// If `pointer` is not empty and does not start with `/`.
+    pub fn by_json_field(pointer: &str) -> Self {
+        Self::new(FromJsonField::new(pointer, DEFAULT_BODY_LIMIT))
+    }
+
+    /// Reads at most `bytes` of body; longer bodies are answered `413`.
+    ///
+    /// ```
+    /// use lockwarden::LockLayer;
+    /// let layer = LockLayer::by_json_field("/id").body_limit(1024 * 1024);
+    /// # let _ = layer;
+    /// ```
+    pub fn body_limit(mut self, bytes: usize) -> Self {
+        self.source.set_limit(bytes);
+        self
+    }
+}
+
+impl<F> LockLayer<FromFn<F>>
+where
+    F: Fn(&Parts) -> Option<String> + Clone,
+{
+    /// Keys requests by a closure over the request head; `None` means "no key".
+    ///
+    /// ```
+    /// use lockwarden::LockLayer;
+    /// let layer = LockLayer::by(|parts| {
+    ///     let tenant = parts.headers.get("x-tenant")?.to_str().ok()?;
+    ///     Some(format!("{tenant}:{}", parts.uri.path()))
+    /// });
+    /// # let _ = layer;
+    /// ```
+    pub fn by(f: F) -> Self {
+        Self::new(FromFn::new(f))
+    }
+}
+
+impl<K> LockLayer<K> {
+    /// A layer with any key source (see [`KeySource`](super::KeySource) and
+    /// [`PartsKey`](super::PartsKey)).
+    ///
+    /// ```
+    /// use lockwarden::{LockLayer, http::FromPath};
+    /// let layer = LockLayer::new(FromPath);
+    /// # let _ = layer;
+    /// ```
+    pub fn new(source: K) -> Self {
+        Self {
+            source,
+            config: Arc::new(Config::default()),
+        }
+    }
+
+    fn config(&mut self) -> &mut Config {
+        Arc::make_mut(&mut self.config)
+    }
+
+    /// Uses `client` for the locks (default: [`default_client`](super::default_client)).
+    ///
+    /// ```
+    /// use lockwarden::{LockClient, LockLayer};
+    /// let layer = LockLayer::by_path().client(LockClient::in_memory());
+    /// # let _ = layer;
+    /// ```
+    pub fn client(mut self, client: LockClient) -> Self {
+        self.config().client = Some(client);
+        self
+    }
+
+    /// Prefixes every lock name (default [`DEFAULT_HTTP_NAMESPACE`]); give layers that
+    /// must not share locks different namespaces.
+    ///
+    /// ```
+    /// use lockwarden::LockLayer;
+    /// let layer = LockLayer::by_path().namespace("billing:");
+    /// # let _ = layer;
+    /// ```
+    pub fn namespace(mut self, namespace: impl Into<Arc<str>>) -> Self {
+        self.config().namespace = namespace.into();
+        self
+    }
+
+    /// Places each key under a scope taken from the request, typically the authenticated
+    /// principal, so one client's keys can never block or collide with another's. A
+    /// request whose scope is `None` is treated as one without a key.
+    ///
+    /// ```
+    /// use lockwarden::LockLayer;
+    ///
+    /// #[derive(Clone)]
+    /// struct User(String); // put into the extensions by your auth layer
+    ///
+    /// let layer = LockLayer::by_header("Idempotency-Key")
+    ///     .scope(|parts| parts.extensions.get::<User>().map(|u| u.0.clone()));
+    /// # let _ = layer;
+    /// ```
+    pub fn scope<F>(mut self, scope: F) -> Self
+    where
+        F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+    {
+        self.config().scope = Some(Arc::new(scope));
+        self
+    }
+
+    /// Waits up to `wait` for a busy lock before answering `409` (default: zero, one
+    /// attempt, as a duplicate of an idempotent request is best answered at once).
+    ///
+    /// ```
+    /// use lockwarden::LockLayer;
+    /// use std::time::Duration;
+    /// let layer = LockLayer::by_path().wait(Duration::from_secs(2));
+    /// # let _ = layer;
+    /// ```
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.config().wait = wait;
+        self
+    }
+
+    /// Holds each lock for a fixed `lease` instead of renewing it with the watchdog: a
+    /// request still running after `lease` loses its lock (see
+    /// [`abort_on_loss`](Self::abort_on_loss)).
+    ///
+    /// ```
+    /// use lockwarden::LockLayer;
+    /// use std::time::Duration;
+    /// let layer = LockLayer::by_path().lease(Duration::from_secs(60));
+    /// # let _ = layer;
+    /// ```
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.config().lease = Some(lease);
+        self
+    }
+
+    /// The status of the answer to a request that finds its lock busy: `409 Conflict`
+    /// (default) or `423 Locked`.
+    ///
+    /// ```
+    /// use lockwarden::LockLayer;
+    /// let layer = LockLayer::by_path().conflict_status(http::StatusCode::LOCKED);
+    /// # let _ = layer;
+    /// ```
+    pub fn conflict_status(mut self, status: StatusCode) -> Self {
+        self.config().conflict_status = status;
+        self
+    }
+
+    /// What to do with a request without a key (default [`MissingKey::Reject`]).
+    ///
+    /// ```
+    /// use lockwarden::{LockLayer, MissingKey};
+    /// let layer = LockLayer::by_header("Idempotency-Key").on_missing_key(MissingKey::PassUnlocked);
+    /// # let _ = layer;
+    /// ```
+    pub fn on_missing_key(mut self, policy: MissingKey) -> Self {
+        self.config().missing_key = policy;
+        self
+    }
+
+    /// Lets requests through without a lock (logging a warning) when the lock store
+    /// cannot be reached, instead of answering `503`.
+    ///
+    /// ```
+    /// use lockwarden::LockLayer;
+    /// let layer = LockLayer::by_path().fail_open();
+    /// # let _ = layer;
+    /// ```
+    pub fn fail_open(mut self) -> Self {
+        self.config().fail_open = true;
+        self
+    }
+
+    /// Stops the inner service and answers `503` when the lock is lost while it runs
+    /// (by default the loss is logged and visible through the request's
+    /// [`LockInfo`](crate::LockInfo) extension only).
+    ///
+    /// ```
+    /// use lockwarden::LockLayer;
+    /// let layer = LockLayer::by_path().abort_on_loss();
+    /// # let _ = layer;
+    /// ```
+    pub fn abort_on_loss(mut self) -> Self {
+        self.config().abort_on_loss = true;
+        self
+    }
+
+    /// Logs a hash of each key instead of the key (for keys that are secrets or personal data).
+    ///
+    /// ```
+    /// use lockwarden::LockLayer;
+    /// let layer = LockLayer::by_header("Idempotency-Key").redact_keys();
+    /// # let _ = layer;
+    /// ```
+    pub fn redact_keys(mut self) -> Self {
+        self.config().redact_keys = true;
+        self
+    }
+}
+
+impl<S, K: Clone> Layer<S> for LockLayer<K> {
+    type Service = LockService<S, K>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        LockService::from_parts(inner, self.source.clone(), self.config.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scoped_names_cannot_collide() {
+        let config = Config::default();
+        assert_eq!(config.lock_name(None, "k"), "http:k");
+        assert_eq!(config.lock_name(Some("alice"), "k"), "http:alice/k");
+        assert_ne!(
+            config.lock_name(Some("a/b"), "c"),
+            config.lock_name(Some("a"), "b/c")
+        );
+        assert_ne!(
+            config.lock_name(Some("a%2Fb"), "c"),
+            config.lock_name(Some("a/b"), "c")
+        );
+    }
+}

@@ -1,0 +1,58 @@
+//! The HTTP layer: hold a distributed lock for the whole life of a request.
+//!
+//! [`LockLayer`] is a tower layer for any `http` service. For each request it takes a key
+//! from the request (a header, the path, an axum path parameter, a JSON field of the body,
+//! or a closure), optionally prefixes it with a scope (e.g. the authenticated principal),
+//! acquires the lock within a wait budget, runs the inner service as one [`Holder`] and
+//! keeps the lock until the response body has been sent (or dropped). A request that
+//! finds the lock busy is answered `409 Conflict` (or `423 Locked`) with a `Retry-After`
+//! header and an RFC 9457 `application/problem+json` body, without reaching the handler.
+//!
+//! ```
+//! use axum::{routing::post, Router};
+//! use lockwarden::LockLayer;
+//!
+//! async fn handle_payment() -> &'static str { "processed" }
+//!
+//! let app: Router = Router::new()
+//!     .route("/webhooks/payments", post(handle_payment))
+//!     .layer(LockLayer::by_header("Idempotency-Key"));
+//! ```
+//!
+//! | file | owns |
+//! |---|---|
+//! | `layer.rs` | [`LockLayer`] and its settings |
+//! | `service.rs` | [`LockService`] |
+//! | `future.rs` | [`ResponseFuture`]: extract the key, acquire, call the inner service |
+//! | `body.rs` | [`LockedBody`]: the response body that holds the lock until it ends |
+//! | `key.rs` | where a key comes from ([`KeySource`] and its implementations) |
+//! | `rejection.rs` | [`LockRejection`]: the problem responses |
+//! | `client.rs` | the process-wide [`default_client`] |
+//! | `extract.rs` | the [`Locked`] extractor (feature `axum`) |
+//!
+//! [`Holder`]: crate::Holder
+
+mod body;
+mod client;
+#[cfg(feature = "axum")]
+mod extract;
+mod future;
+mod key;
+mod layer;
+mod rejection;
+mod service;
+mod trace;
+
+pub use body::LockedBody;
+pub use client::default_client;
+#[cfg(feature = "axum")]
+pub use extract::{Guarded, LockKey, Locked, LockedRejection};
+pub use future::ResponseFuture;
+#[cfg(feature = "axum")]
+pub use key::FromPathParam;
+pub use key::{
+    Extracted, FromFn, FromHeader, FromJsonField, FromPath, JsonKeyFuture, KeySource, PartsKey,
+};
+pub use layer::{LockLayer, MissingKey, DEFAULT_BODY_LIMIT, DEFAULT_HTTP_NAMESPACE};
+pub use rejection::LockRejection;
+pub use service::LockService;

@@ -1,0 +1,304 @@
+//! Why the lock layer answered a request itself: each reason as an RFC 9457
+//! `application/problem+json` response with the right status (and `Retry-After`).
+
+use std::fmt;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use http::{Response, StatusCode};
+
+use crate::{KeyError, LockError};
+
+/// The media type of problem details (RFC 9457).
+const PROBLEM_JSON: &str = "application/problem+json";
+
+/// Why a request was answered by the lock layer (or the [`Locked`](crate::Locked)
+/// extractor) instead of the handler.
+///
+/// Each variant becomes a problem response: `{"type", "title", "status", "detail"}` with
+/// content type `application/problem+json`. The `type` URIs are stable
+/// (`urn:lockwarden:problem:<slug>`) so clients can match on them.
+///
+/// | variant | status | `type` slug |
+/// |---|---|---|
+/// | `Busy` | 409 (or the configured 423) + `Retry-After` | `lock-busy` |
+/// | `MissingKey` | 400 (422 for a JSON field) | `missing-lock-key` |
+/// | `InvalidKey` | 400 | `invalid-lock-key` |
+/// | `InvalidBody` | 400 (body not JSON, unreadable) or 422 (field of the wrong type) | `invalid-body` |
+/// | `BodyTooLarge` | 413 | `body-too-large` |
+/// | `Unavailable` | 503 | `lock-unavailable` |
+/// | `Lost` | 503 | `lock-lost` |
+///
+/// ```
+/// use lockwarden::LockRejection;
+/// use std::time::Duration;
+///
+/// let busy = LockRejection::Busy {
+///     status: http::StatusCode::CONFLICT,
+///     retry_after: Duration::from_millis(1500),
+/// };
+/// let response: http::Response<bytes::Bytes> = busy.to_response();
+/// assert_eq!(response.status(), 409);
+/// assert_eq!(response.headers()["retry-after"], "2"); // whole seconds, rounded up
+/// assert_eq!(response.headers()["content-type"], "application/problem+json");
+/// assert!(String::from_utf8_lossy(response.body()).contains("\"status\":409"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LockRejection {
+    /// Another request holds the lock and the wait budget is spent.
+    Busy {
+        /// 409 Conflict by default, 423 Locked if so configured.
+        status: StatusCode,
+        /// The holder's remaining lease (sent as `Retry-After`, at least 1 s).
+        retry_after: Duration,
+    },
+    /// The request carries no key (no header, no field, no scope).
+    MissingKey {
+        /// 400, or 422 for a JSON field absent from a well-formed body.
+        status: StatusCode,
+        /// What was missing, for the client.
+        detail: String,
+    },
+    /// The key is empty, too long, has control characters or is not UTF-8.
+    InvalidKey {
+        /// What is wrong with it, for the client.
+        detail: String,
+    },
+    /// The body could not be read, is not JSON, or the field is not a string or number.
+    InvalidBody {
+        /// 400 for an unreadable or malformed body, 422 for a field of the wrong type.
+        status: StatusCode,
+        /// What is wrong with it, for the client.
+        detail: String,
+    },
+    /// The body is longer than the layer buffers to find the key.
+    BodyTooLarge {
+        /// The limit in bytes.
+        limit: usize,
+    },
+    /// The lock store could not be reached (fail closed).
+    Unavailable {
+        /// What failed (shown to the client without internals).
+        detail: String,
+    },
+    /// The lock was lost while the handler ran and the layer aborts on loss.
+    Lost,
+}
+
+impl LockRejection {
+    /// The HTTP status of the response.
+    ///
+    /// ```
+    /// # use lockwarden::LockRejection;
+    /// assert_eq!(LockRejection::BodyTooLarge { limit: 10 }.status(), 413);
+    /// ```
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::Busy { status, .. }
+            | Self::MissingKey { status, .. }
+            | Self::InvalidBody { status, .. } => *status,
+            Self::InvalidKey { .. } => StatusCode::BAD_REQUEST,
+            Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::Unavailable { .. } | Self::Lost => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// The `type` member: a URI that names the kind of problem.
+    ///
+    /// ```
+    /// # use lockwarden::LockRejection;
+    /// assert_eq!(LockRejection::Lost.problem_type(), "urn:lockwarden:problem:lock-lost");
+    /// ```
+    pub fn problem_type(&self) -> &'static str {
+        match self {
+            Self::Busy { .. } => "urn:lockwarden:problem:lock-busy",
+            Self::MissingKey { .. } => "urn:lockwarden:problem:missing-lock-key",
+            Self::InvalidKey { .. } => "urn:lockwarden:problem:invalid-lock-key",
+            Self::InvalidBody { .. } => "urn:lockwarden:problem:invalid-body",
+            Self::BodyTooLarge { .. } => "urn:lockwarden:problem:body-too-large",
+            Self::Unavailable { .. } => "urn:lockwarden:problem:lock-unavailable",
+            Self::Lost => "urn:lockwarden:problem:lock-lost",
+        }
+    }
+
+    /// The `title` member: a short summary of the kind of problem.
+    ///
+    /// ```
+    /// # use lockwarden::LockRejection;
+    /// assert_eq!(LockRejection::Lost.title(), "Lock lost");
+    /// ```
+    pub fn title(&self) -> &'static str {
+        match self {
+            Self::Busy { .. } => "Resource is locked",
+            Self::MissingKey { .. } => "Missing lock key",
+            Self::InvalidKey { .. } => "Invalid lock key",
+            Self::InvalidBody { .. } => "Invalid request body",
+            Self::BodyTooLarge { .. } => "Request body too large",
+            Self::Unavailable { .. } => "Lock service unavailable",
+            Self::Lost => "Lock lost",
+        }
+    }
+
+    /// The `detail` member: what happened to this request.
+    ///
+    /// ```
+    /// # use lockwarden::LockRejection;
+    /// assert!(LockRejection::BodyTooLarge { limit: 64 }.detail().contains("64 bytes"));
+    /// ```
+    pub fn detail(&self) -> String {
+        match self {
+            Self::Busy { retry_after, .. } => format!(
+                "Another request holds the lock for this key; retry in {} s.",
+                retry_after_secs(*retry_after)
+            ),
+            Self::MissingKey { detail, .. }
+            | Self::InvalidKey { detail }
+            | Self::InvalidBody { detail, .. }
+            | Self::Unavailable { detail } => detail.clone(),
+            Self::BodyTooLarge { limit } => format!(
+                "The request body is longer than the {limit} bytes read to find the lock key."
+            ),
+            Self::Lost => "The lock protecting this request was lost while it was being \
+                           handled; the request was stopped."
+                .to_owned(),
+        }
+    }
+
+    /// The `Retry-After` value in whole seconds, for `Busy` only.
+    ///
+    /// ```
+    /// # use lockwarden::LockRejection;
+    /// # use std::time::Duration;
+    /// let busy = LockRejection::Busy { status: http::StatusCode::LOCKED, retry_after: Duration::ZERO };
+    /// assert_eq!(busy.retry_after_secs(), Some(1)); // never less than a second
+    /// ```
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        match self {
+            Self::Busy { retry_after, .. } => Some(retry_after_secs(*retry_after)),
+            _ => None,
+        }
+    }
+
+    /// The problem document as JSON bytes.
+    ///
+    /// ```
+    /// # use lockwarden::LockRejection;
+    /// let json: serde_json::Value = serde_json::from_slice(&LockRejection::Lost.to_json()).unwrap();
+    /// assert_eq!(json["status"], 503);
+    /// assert_eq!(json["type"], "urn:lockwarden:problem:lock-lost");
+    /// ```
+    pub fn to_json(&self) -> Bytes {
+        let document = serde_json::json!({
+            "type": self.problem_type(),
+            "title": self.title(),
+            "status": self.status().as_u16(),
+            "detail": self.detail(),
+        });
+        Bytes::from(serde_json::to_vec(&document).unwrap_or_default())
+    }
+
+    /// The problem response, with any body type that can be made from bytes.
+    ///
+    /// ```
+    /// # use lockwarden::LockRejection;
+    /// let response: http::Response<bytes::Bytes> = LockRejection::Lost.to_response();
+    /// assert_eq!(response.status(), 503);
+    /// ```
+    pub fn to_response<B: From<Bytes>>(&self) -> Response<B> {
+        let mut response = Response::new(B::from(self.to_json()));
+        *response.status_mut() = self.status();
+        let headers = response.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        if let Some(secs) = self.retry_after_secs() {
+            headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
+    }
+
+    /// Maps a lock error: `Timeout` to `Busy` with `conflict_status`, `InvalidKey` to
+    /// `InvalidKey`, anything else to `Unavailable`.
+    pub(crate) fn from_lock_error(error: &LockError, conflict_status: StatusCode) -> Self {
+        match error {
+            LockError::Timeout { retry_after, .. } => Self::Busy {
+                status: conflict_status,
+                retry_after: *retry_after,
+            },
+            LockError::InvalidKey(e) => Self::invalid_key(e),
+            _ => Self::Unavailable {
+                detail: "The lock store could not be reached; the request was not processed."
+                    .to_owned(),
+            },
+        }
+    }
+
+    pub(crate) fn invalid_key(error: &KeyError) -> Self {
+        Self::InvalidKey {
+            detail: format!("The lock key is not acceptable: {error}."),
+        }
+    }
+
+    /// A short label for logs and the request span.
+    pub(crate) fn outcome(&self) -> &'static str {
+        match self {
+            Self::Busy { .. } => "busy",
+            Self::MissingKey { .. } => "missing key",
+            Self::InvalidKey { .. } => "invalid key",
+            Self::InvalidBody { .. } => "invalid body",
+            Self::BodyTooLarge { .. } => "body too large",
+            Self::Unavailable { .. } => "backend error",
+            Self::Lost => "lost",
+        }
+    }
+}
+
+/// Whole seconds, rounded up, at least one.
+fn retry_after_secs(retry_after: Duration) -> u64 {
+    let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+    secs.max(1)
+}
+
+impl fmt::Display for LockRejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.title(), self.detail())
+    }
+}
+
+impl std::error::Error for LockRejection {}
+
+#[cfg(feature = "axum")]
+impl axum::response::IntoResponse for LockRejection {
+    fn into_response(self) -> axum::response::Response {
+        self.to_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_rounds_up_to_whole_seconds() {
+        assert_eq!(retry_after_secs(Duration::ZERO), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1)), 1);
+        assert_eq!(retry_after_secs(Duration::from_secs(1)), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1001)), 2);
+        assert_eq!(retry_after_secs(Duration::from_secs(30)), 30);
+    }
+
+    #[test]
+    fn problem_document_has_the_four_members() {
+        let rejection = LockRejection::MissingKey {
+            status: StatusCode::BAD_REQUEST,
+            detail: "no header".into(),
+        };
+        let json: serde_json::Value = serde_json::from_slice(&rejection.to_json()).unwrap();
+        assert_eq!(json["status"], 400);
+        assert_eq!(json["detail"], "no header");
+        assert_eq!(json["title"], "Missing lock key");
+        assert_eq!(json["type"], "urn:lockwarden:problem:missing-lock-key");
+        let response: Response<Bytes> = rejection.to_response();
+        assert!(response.headers().get(RETRY_AFTER).is_none());
+    }
+}
