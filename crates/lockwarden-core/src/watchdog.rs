@@ -5,7 +5,7 @@
 //! or when renewals keep failing until the lease must have run out.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -19,8 +19,9 @@ use crate::key::Key;
 
 pub(crate) struct Watchdog {
     entries: Mutex<HashMap<(Key, Holder), Entry>>,
-    /// Woken when the first entry arrives.
+    /// Woken when the first entry arrives while the task is parked.
     wake: Notify,
+    parked: AtomicBool,
     lease: Duration,
     generations: AtomicU64,
 }
@@ -49,6 +50,7 @@ impl Watchdog {
         Self {
             entries: Mutex::default(),
             wake: Notify::new(),
+            parked: AtomicBool::new(false),
             lease,
             generations: AtomicU64::new(0),
         }
@@ -97,7 +99,7 @@ impl Watchdog {
             lost: entry.lost.clone(),
         };
         drop(entries);
-        if was_empty {
+        if was_empty && self.parked.load(Ordering::SeqCst) {
             self.wake.notify_one();
         }
         registration
@@ -129,7 +131,18 @@ impl Watchdog {
         loop {
             let next = self.entries().values().map(|e| e.due).min();
             match next {
-                None => self.wake.notified().await,
+                None => {
+                    // Linger an interval before parking: a lock taken right after the last
+                    // one was released (the common ping-pong) then needs no wake-up, and
+                    // it cannot be due before the lingering ends.
+                    tokio::time::sleep(interval).await;
+                    self.parked.store(true, Ordering::SeqCst);
+                    if self.entries().is_empty() {
+                        self.wake.notified().await;
+                    }
+                    self.parked.store(false, Ordering::SeqCst);
+                    continue;
+                }
                 Some(at) => tokio::time::sleep_until(at).await,
             }
 
@@ -137,8 +150,7 @@ impl Watchdog {
             // little early costs nothing and keeps the batches few.
             let now = Instant::now();
             let horizon = now + interval / 3;
-            let mut batch = Vec::new();
-            let mut generations = Vec::new();
+            let mut due = Vec::new();
             {
                 let mut entries = self.entries();
                 let mut lost = Vec::new();
@@ -159,24 +171,36 @@ impl Watchdog {
                         None => self.lease,
                     };
                     e.due = now + retry.max(interval);
-                    batch.push(Renewal {
+                    let renewal = Renewal {
                         key: key.clone(),
                         holder: holder.clone(),
                         lease,
-                    });
-                    generations.push(e.generation);
+                    };
+                    due.push((e.expires, renewal, e.generation));
                 }
                 for (key, holder, why) in lost {
                     mark_lost(&mut entries, &key, &holder, why);
                 }
             }
-            if batch.is_empty() {
+            if due.is_empty() {
                 continue;
             }
+            // Most urgent first: if Redis falls behind, the locks closest to expiry go out first.
+            due.sort_unstable_by_key(|(expires, ..)| *expires);
+            let (batch, generations): (Vec<_>, Vec<_>) =
+                due.into_iter().map(|(_, r, g)| (r, g)).unzip();
 
             let sent = Instant::now();
             let outcome = backend.renew_many(&batch).await;
             let after = Instant::now();
+            if after - sent > interval {
+                tracing::warn!(
+                    locks = batch.len(),
+                    took_ms = (after - sent).as_millis() as u64,
+                    "renewing took longer than the renewal interval; the store is overloaded \
+                     or the watchdog lease is too short for this many locks"
+                );
+            }
             let mut entries = self.entries();
             match outcome {
                 Ok(renewed) => {

@@ -28,6 +28,8 @@ static FORCE_RELEASE: LazyLock<Script> =
 
 /// Commands per pipeline when renewing or releasing in bulk.
 const BATCH: usize = 1024;
+/// Pipelines sent before the first reply is awaited.
+const PIPELINES_IN_FLIGHT: usize = 4;
 
 #[derive(Clone)]
 pub(crate) struct RedisBackend {
@@ -199,27 +201,44 @@ impl RedisBackend {
         items: &[T],
         args: impl Fn(&mut redis::Pipeline, &T),
     ) -> Result<Vec<i64>, BackendError> {
-        let mut conn = self.conn.clone();
-        let mut out = Vec::with_capacity(items.len());
+        let mut pipes = Vec::with_capacity(items.len().div_ceil(BATCH));
         for chunk in items.chunks(BATCH) {
             let mut pipe = redis::pipe();
             for item in chunk {
                 pipe.cmd("EVALSHA").arg(script.get_hash());
                 args(&mut pipe, item);
             }
-            let replies = match bounded(self.timeout, pipe.query_async::<Vec<i64>>(&mut conn)).await
-            {
-                Err(BackendError::Redis(e))
-                    if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-                {
-                    bounded(self.timeout, script.prepare_invoke().load_async(&mut conn)).await?;
-                    bounded(self.timeout, pipe.query_async::<Vec<i64>>(&mut conn)).await?
-                }
-                other => other?,
-            };
-            out.extend(replies);
+            pipes.push(pipe);
+        }
+        // A few pipelines in flight keep Redis busy while replies are decoded.
+        let mut out = Vec::with_capacity(items.len());
+        for group in pipes.chunks(PIPELINES_IN_FLIGHT) {
+            let mut replies = Vec::with_capacity(group.len());
+            for pipe in group {
+                replies.push(self.run_pipeline(script, pipe));
+            }
+            for reply in futures_util::future::try_join_all(replies).await? {
+                out.extend(reply);
+            }
         }
         Ok(out)
+    }
+
+    async fn run_pipeline(
+        &self,
+        script: &Script,
+        pipe: &redis::Pipeline,
+    ) -> Result<Vec<i64>, BackendError> {
+        let mut conn = self.conn.clone();
+        match bounded(self.timeout, pipe.query_async::<Vec<i64>>(&mut conn)).await {
+            Err(BackendError::Redis(e))
+                if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+            {
+                bounded(self.timeout, script.prepare_invoke().load_async(&mut conn)).await?;
+                bounded(self.timeout, pipe.query_async::<Vec<i64>>(&mut conn)).await
+            }
+            other => other,
+        }
     }
 }
 
