@@ -1,0 +1,277 @@
+//! The implementations under test behind one small interface: lockwarden, rslock (its
+//! defaults and its fastest retry), and the hand-rolled `SET NX PX` + polling lock;
+//! plus the raw round trips (PING, EVALSHA) that bound what any of them can do.
+
+use std::error::Error;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
+
+use lockwarden_core::{LockClient, LockError, LockGuard};
+use redis::aio::ConnectionManager;
+use redis::Script;
+use rslock::LockManager;
+use tokio::task::JoinSet;
+
+use crate::stats::Windows;
+
+pub type BoxError = Box<dyn Error + Send + Sync>;
+
+/// Lease of the rslock and SET NX locks; long enough never to expire in a cycle.
+const TTL: Duration = Duration::from_secs(10);
+/// Polling interval of the hand-rolled lock.
+const POLL: Duration = Duration::from_millis(1);
+
+static COMPARE_AND_DELETE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end \
+         return 0",
+    )
+});
+static TRIVIAL: LazyLock<Script> = LazyLock::new(|| Script::new("return 1"));
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Lockwarden,
+    /// lockwarden with a fixed lease instead of the watchdog (diagnostic).
+    LockwardenLease,
+    RslockDefault,
+    RslockFast,
+    SetNx,
+}
+
+impl Kind {
+    /// Every implementation; the contended workloads run them all.
+    pub const ALL: [Kind; 4] = [
+        Kind::Lockwarden,
+        Kind::RslockDefault,
+        Kind::RslockFast,
+        Kind::SetNx,
+    ];
+    /// Without contention rslock's retry settings never come into play.
+    /// The fixed-lease lockwarden variant shows what the watchdog bookkeeping costs.
+    pub const UNCONTENDED: [Kind; 4] = [
+        Kind::Lockwarden,
+        Kind::LockwardenLease,
+        Kind::RslockDefault,
+        Kind::SetNx,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Lockwarden => "lockwarden",
+            Kind::LockwardenLease => "lockwarden (10 s lease, no watchdog)",
+            Kind::RslockDefault => "rslock 0.10 (defaults)",
+            Kind::RslockFast => "rslock 0.10 (retry 1 ms)",
+            Kind::SetNx => "SET NX + 1 ms poll",
+        }
+    }
+
+    /// Key prefix, so implementations never share a key.
+    pub fn slug(self) -> &'static str {
+        match self {
+            Kind::Lockwarden => "lw",
+            Kind::LockwardenLease => "lwl",
+            Kind::RslockDefault => "rsd",
+            Kind::RslockFast => "rsf",
+            Kind::SetNx => "setnx",
+        }
+    }
+}
+
+/// A connected lock client of one [`Kind`].
+pub enum Locker {
+    Lockwarden(LockClient),
+    LockwardenLease(LockClient),
+    Rslock(LockManager),
+    SetNx(ConnectionManager),
+}
+
+/// A held lock.
+pub enum Guard {
+    Lockwarden(LockGuard),
+    Rslock(rslock::LockGuard),
+    SetNx {
+        conn: ConnectionManager,
+        key: String,
+        token: String,
+    },
+}
+
+/// How a release went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Released {
+    Ok,
+    /// The lock was no longer ours at release (or lockwarden reported it lost).
+    Lost,
+}
+
+impl Locker {
+    pub async fn connect(kind: Kind, url: &str) -> Result<Self, BoxError> {
+        Ok(match kind {
+            Kind::Lockwarden => Self::Lockwarden(LockClient::connect(url).await?),
+            Kind::LockwardenLease => Self::LockwardenLease(LockClient::connect(url).await?),
+            Kind::RslockDefault => Self::Rslock(LockManager::new(vec![url])),
+            Kind::RslockFast => {
+                let mut manager = LockManager::new(vec![url]);
+                // Delays are drawn from 0..delay ms; 1 ms is the smallest that does not
+                // panic (an empty range), so every retry sleeps 0 ms: a tight loop.
+                manager.set_retry(3, Duration::from_millis(1));
+                Self::Rslock(manager)
+            }
+            Kind::SetNx => Self::SetNx(connection_manager(url).await?),
+        })
+    }
+
+    /// Acquires `key`, waiting as long as it takes; returns the fencing token if the
+    /// implementation has one.
+    pub async fn acquire(&self, key: &str) -> Result<(Guard, Option<u64>), BoxError> {
+        match self {
+            Locker::Lockwarden(client) => {
+                let guard = client.acquire(key).await?;
+                let token = guard.fencing_token();
+                Ok((Guard::Lockwarden(guard), Some(token)))
+            }
+            Locker::LockwardenLease(client) => {
+                let guard = client.lock(key).lease(TTL).acquire().await?;
+                let token = guard.fencing_token();
+                Ok((Guard::Lockwarden(guard), Some(token)))
+            }
+            Locker::Rslock(manager) => {
+                let guard = manager.acquire(key.as_bytes(), TTL).await?;
+                Ok((Guard::Rslock(guard), None))
+            }
+            Locker::SetNx(conn) => {
+                let mut conn = conn.clone();
+                let token = new_token();
+                loop {
+                    let reply: redis::Value = redis::cmd("SET")
+                        .arg(key)
+                        .arg(&token)
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(TTL.as_millis() as u64)
+                        .query_async(&mut conn)
+                        .await?;
+                    if reply == redis::Value::Okay {
+                        let key = key.to_owned();
+                        return Ok((Guard::SetNx { conn, key, token }, None));
+                    }
+                    tokio::time::sleep(POLL).await;
+                }
+            }
+        }
+    }
+}
+
+impl Guard {
+    pub async fn release(self) -> Result<Released, BoxError> {
+        match self {
+            Guard::Lockwarden(guard) => {
+                let lost_before = guard.is_lost();
+                match guard.release().await {
+                    Ok(()) if !lost_before => Ok(Released::Ok),
+                    Ok(()) | Err(LockError::Lost { .. } | LockError::NotHeld { .. }) => {
+                        Ok(Released::Lost)
+                    }
+                    Err(e) => Err(e.into()),
+                }
+            }
+            // rslock's release reports nothing; a lost lock cannot be seen here.
+            Guard::Rslock(guard) => {
+                guard.release().await;
+                Ok(Released::Ok)
+            }
+            Guard::SetNx {
+                mut conn,
+                key,
+                token,
+            } => {
+                let deleted: i64 = COMPARE_AND_DELETE
+                    .key(key)
+                    .arg(token)
+                    .invoke_async(&mut conn)
+                    .await?;
+                Ok(if deleted == 1 {
+                    Released::Ok
+                } else {
+                    Released::Lost
+                })
+            }
+        }
+    }
+}
+
+fn new_token() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{}:{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// The connection type lockwarden uses for commands.
+pub async fn connection_manager(url: &str) -> Result<ConnectionManager, BoxError> {
+    Ok(redis::Client::open(url)?.get_connection_manager().await?)
+}
+
+/// Sequential round trips over one connection manager, PING and `EVALSHA (return 1)`
+/// interleaved so both see the same machine noise. Returns (PING, EVALSHA) samples.
+pub async fn round_trips(url: &str, n: usize) -> Result<(Vec<Duration>, Vec<Duration>), BoxError> {
+    let mut conn = connection_manager(url).await?;
+    let (mut ping, mut evalsha) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for i in 0..n + 200 {
+        let t = Instant::now();
+        let _: String = redis::cmd("PING").query_async(&mut conn).await?;
+        let p = t.elapsed();
+        let t = Instant::now();
+        let _: i64 = TRIVIAL.invoke_async(&mut conn).await?;
+        let e = t.elapsed();
+        if i >= 200 {
+            ping.push(p);
+            evalsha.push(e);
+        }
+    }
+    Ok((ping, evalsha))
+}
+
+/// Two sequential `EVALSHA (return 1)`: what an acquire + release costs at the least.
+pub async fn evalsha_pair(conn: &mut ConnectionManager) -> Result<(), BoxError> {
+    let _: i64 = TRIVIAL.invoke_async(conn).await?;
+    let _: i64 = TRIVIAL.invoke_async(conn).await?;
+    Ok(())
+}
+
+/// `EVALSHA (return 1)` from `tasks` concurrent tasks over one connection manager until
+/// `run` is over (or `max` per task). Returns per-window rates and the overall rate.
+pub async fn evalsha_throughput(
+    url: &str,
+    tasks: usize,
+    run: Duration,
+    max: u64,
+) -> Result<(Arc<Windows>, f64), BoxError> {
+    let conn = connection_manager(url).await?;
+    let start = Instant::now();
+    let deadline = start + run;
+    let windows = Arc::new(Windows::new(start, run));
+    let mut set = JoinSet::new();
+    for _ in 0..tasks {
+        let mut conn = conn.clone();
+        let windows = windows.clone();
+        set.spawn(async move {
+            let mut done = 0u64;
+            while done < max && Instant::now() < deadline {
+                let _: i64 = TRIVIAL.invoke_async(&mut conn).await?;
+                windows.record();
+                done += 1;
+            }
+            Ok::<_, BoxError>(done)
+        });
+    }
+    let total: u64 = crate::workloads::join_all(set, run + Duration::from_secs(30))
+        .await?
+        .into_iter()
+        .sum();
+    Ok((windows, total as f64 / start.elapsed().as_secs_f64()))
+}
