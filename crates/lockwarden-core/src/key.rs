@@ -43,9 +43,11 @@ pub struct Key(Arc<Layout>);
 
 struct Layout {
     name: Box<str>,
-    /// `<namespace>{<escaped>}:released`; the lock and fencing keys are prefixes of it.
+    /// `<namespace>{<escaped>}:released`; the lock key is a prefix of it.
     channel: Box<str>,
     lock_len: usize,
+    /// `<namespace>{<escaped>}:fence`, laid out once: it is sent with every acquire and renewal.
+    fence: Box<str>,
 }
 
 impl Key {
@@ -57,11 +59,13 @@ impl Key {
         escape_into(&mut channel, name);
         channel.push('}');
         let lock_len = channel.len();
+        let fence = format!("{channel}:fence").into();
         channel.push_str(":released");
         Ok(Self(Arc::new(Layout {
             name: name.into(),
             channel: channel.into(),
             lock_len,
+            fence,
         })))
     }
 
@@ -76,8 +80,8 @@ impl Key {
     }
 
     /// The Redis key that holds the last fencing token issued for this lock.
-    pub(crate) fn fence_key(&self) -> String {
-        format!("{}:fence", self.redis_key())
+    pub(crate) fn fence_key(&self) -> &str {
+        &self.0.fence
     }
 
     /// The pub/sub channel on which releases of this lock are announced.
