@@ -1,8 +1,17 @@
 -- Take or re-enter a lock in one step.
 -- KEYS[1] lock hash (field = holder id, value = re-entry count)
 -- KEYS[2] fencing key (last token issued for this lock; lives as long as the lock)
+-- KEYS[3] optional: the outcome key of a claim (see release.lua); when it exists the
+--         work is done already and its outcome is returned instead of the lock
 -- ARGV[1] holder id, ARGV[2] lease in ms
--- Returns {1, token} taken, {2, token} re-entered, {0, pttl} held by another.
+-- Returns {1, token} taken, {2, token} re-entered, {0, pttl} held by another,
+-- {3, outcome} completed before.
+if KEYS[3] then
+  local outcome = redis.call('GET', KEYS[3])
+  if outcome then
+    return {3, outcome}
+  end
+end
 if redis.call('EXISTS', KEYS[1]) == 0 then
   -- Tokens come from the server clock (µs) and never repeat the last one, so a lost
   -- fencing key cannot make tokens go backwards.

@@ -10,7 +10,7 @@ use crate::memory::MemoryBackend;
 use crate::redis::RedisBackend;
 
 /// Answer of one acquire attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Attempt {
     /// Was free; now held with one entry and a fresh fencing token.
     Taken { token: u64 },
@@ -18,6 +18,15 @@ pub(crate) enum Attempt {
     Reentered { token: u64 },
     /// Held by another holder; `ttl` is its remaining lease (`None`: no expiry set).
     Busy { ttl: Option<Duration> },
+    /// A claim found the work done: the outcome its holder stored (no lock was taken).
+    Completed { outcome: Vec<u8> },
+}
+
+/// An outcome to store on release, completing a claim.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Outcome<'a> {
+    pub bytes: &'a [u8],
+    pub keep: Duration,
 }
 
 /// Answer of one release.
@@ -46,26 +55,30 @@ pub(crate) enum Backend {
 }
 
 impl Backend {
+    /// One acquire attempt; a `claim` first looks for a stored outcome.
     pub(crate) async fn attempt(
         &self,
         key: &Key,
         holder: &Holder,
         lease: Duration,
+        claim: bool,
     ) -> Result<Attempt, BackendError> {
         match self {
-            Backend::Redis(r) => r.attempt(key, holder, lease).await,
-            Backend::Memory(m) => Ok(m.attempt(key, holder, lease)),
+            Backend::Redis(r) => r.attempt(key, holder, lease, claim).await,
+            Backend::Memory(m) => Ok(m.attempt(key, holder, lease, claim)),
         }
     }
 
+    /// Releases one hold; with an `outcome`, stores it first and tells every waiter.
     pub(crate) async fn release(
         &self,
         key: &Key,
         holder: &Holder,
+        outcome: Option<Outcome<'_>>,
     ) -> Result<Released, BackendError> {
         match self {
-            Backend::Redis(r) => r.release(key, holder).await,
-            Backend::Memory(m) => Ok(m.release(key, holder)),
+            Backend::Redis(r) => r.release(key, holder, outcome).await,
+            Backend::Memory(m) => Ok(m.release(key, holder, outcome)),
         }
     }
 

@@ -218,7 +218,7 @@ impl LockClient {
     pub(crate) fn release_dropped(&self, key: Key, holder: Holder) {
         match (&self.inner.backend, &self.inner.dropped) {
             (Backend::Memory(memory), _) => {
-                memory.release(&key, &holder);
+                memory.release(&key, &holder, None);
             }
             (Backend::Redis(_), Some(dropped)) => {
                 let _ = dropped.send((key, holder));

@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::Released;
+use crate::backend::{Outcome, Released};
 use crate::client::LockClient;
 use crate::error::LockError;
 use crate::holder::Holder;
@@ -145,17 +145,50 @@ impl LockGuard {
     /// [`LockError::Lost`] if the lock was lost before the release, [`LockError::NotHeld`]
     /// if this holder does not hold it, [`LockError::Backend`] if Redis failed (the lock
     /// then expires with its lease).
-    pub async fn release(mut self) -> Result<(), LockError> {
+    pub async fn release(self) -> Result<(), LockError> {
+        self.finish(None).await
+    }
+
+    /// Completes a claim (see [`Lock::try_claim`](crate::Lock::try_claim)): stores
+    /// `outcome` under the lock's key for `keep`, releases this hold and wakes every
+    /// waiting claim, all in one step. Until `keep` runs out, claims of the key get the
+    /// outcome instead of the lock. Nothing is stored unless this holder still holds the
+    /// lock, so a holder that lost it cannot overwrite the outcome of the one that took over.
+    ///
+    /// ```
+    /// # use lockwarden_core::{Claim, LockClient};
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden_core::LockError> {
+    /// let client = LockClient::in_memory();
+    /// if let Claim::Acquired(guard) = client.lock("import:7").try_claim(Duration::ZERO).await? {
+    ///     guard.complete(b"imported 310 rows", Duration::from_secs(3600)).await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`release`](Self::release); on an error nothing was stored.
+    pub async fn complete(
+        self,
+        outcome: impl AsRef<[u8]>,
+        keep: Duration,
+    ) -> Result<(), LockError> {
+        let bytes = outcome.as_ref();
+        self.finish(Some(Outcome { bytes, keep })).await
+    }
+
+    async fn finish(mut self, outcome: Option<Outcome<'_>>) -> Result<(), LockError> {
         self.released = true;
         self.unwatch();
-        let outcome = self
+        let completes = outcome.is_some();
+        let released = self
             .client
             .inner
             .backend
-            .release(&self.key, &self.holder)
+            .release(&self.key, &self.holder, outcome)
             .await;
-        tracing::debug!(key = %self.key, ?outcome, "lock release");
-        match outcome? {
+        tracing::debug!(key = %self.key, ?released, completes, "lock release");
+        match released? {
             Released::Freed | Released::Remaining(_) => Ok(()),
             Released::NotHeld if self.lost.is_lost() => Err(LockError::Lost {
                 key: self.key.name().to_owned(),

@@ -24,6 +24,7 @@ pub const DEFAULT_NAMESPACE: &str = "lockwarden:";
 /// | the lock hash | `<namespace>{<escaped name>}` |
 /// | the fencing key | `<namespace>{<escaped name>}:fence` |
 /// | the release channel | `<namespace>{<escaped name>}:released` |
+/// | the outcome of a completed claim | `<namespace>{<escaped name>}:done` |
 ///
 /// Keys are made by [`LockClient::key`](crate::LockClient::key), which applies that client's
 /// namespace and length limit; cloning one is cheap.
@@ -82,6 +83,12 @@ impl Key {
     /// The Redis key that holds the last fencing token issued for this lock.
     pub(crate) fn fence_key(&self) -> &str {
         &self.0.fence
+    }
+
+    /// The Redis key that keeps the outcome of a completed claim
+    /// (see [`Lock::try_claim`](crate::Lock::try_claim)); made on use, as only claims need it.
+    pub(crate) fn outcome_key(&self) -> String {
+        format!("{}:done", self.redis_key())
     }
 
     /// The pub/sub channel on which releases of this lock are announced.

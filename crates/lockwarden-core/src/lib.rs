@@ -42,5 +42,5 @@ pub use error::{BackendError, KeyError, LockError};
 pub use guard::{LockGuard, LockInfo};
 pub use holder::{Holder, Scoped};
 pub use key::{Key, DEFAULT_MAX_KEY_LEN, DEFAULT_NAMESPACE};
-pub use lock::Lock;
+pub use lock::{Claim, Lock};
 pub use lost::LostSignal;

@@ -6,7 +6,7 @@ use tokio::time::Instant;
 
 use crate::backend::Attempt;
 use crate::client::LockClient;
-use crate::error::{KeyError, LockError};
+use crate::error::{BackendError, KeyError, LockError};
 use crate::guard::LockGuard;
 use crate::holder::Holder;
 use crate::key::Key;
@@ -16,6 +16,17 @@ const NO_TTL_RECHECK: Duration = Duration::from_secs(1);
 /// Retry pacing while the store is unreachable during a wait.
 const MIN_BACKOFF: Duration = Duration::from_millis(20);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// What [`Lock::try_claim`] found: the lock, to do the work, or the outcome of the work
+/// done before under the same key.
+#[derive(Debug)]
+#[must_use = "a claim holds the lock, or carries an outcome to answer with"]
+pub enum Claim {
+    /// The work is not done yet: do it, then [`LockGuard::complete`] with its outcome.
+    Acquired(LockGuard),
+    /// The work was done: the outcome its holder stored.
+    Completed(Vec<u8>),
+}
 
 /// One named lock, made by [`LockClient::lock`]. Set options, then acquire or inspect.
 ///
@@ -106,7 +117,51 @@ impl Lock {
         self.acquire_until(Instant::now().checked_add(wait)).await
     }
 
+    /// Claims a piece of work that must be done once: returns the outcome stored by the
+    /// holder that completed it (see [`LockGuard::complete`]), else acquires the lock as
+    /// [`try_acquire`](Self::try_acquire) does, still looking for an outcome on every
+    /// retry. One round trip either way; a completion wakes every claim waiting for it.
+    ///
+    /// ```
+    /// # use lockwarden_core::{Claim, LockClient};
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden_core::LockError> {
+    /// let client = LockClient::in_memory();
+    /// let charge = client.lock("charge:evt_81");
+    /// let receipt = match charge.try_claim(Duration::from_secs(1)).await? {
+    ///     Claim::Acquired(guard) => {
+    ///         let receipt = b"charged 12.00".to_vec(); // the work, done once
+    ///         guard.complete(&receipt, Duration::from_secs(24 * 3600)).await?;
+    ///         receipt
+    ///     }
+    ///     Claim::Completed(receipt) => receipt,
+    /// };
+    /// // A retry finds the outcome instead of doing the work again.
+    /// assert!(matches!(charge.try_claim(Duration::ZERO).await?, Claim::Completed(r) if r == receipt));
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`try_acquire`](Self::try_acquire).
+    pub async fn try_claim(&self, wait: Duration) -> Result<Claim, LockError> {
+        self.claim_until(Instant::now().checked_add(wait), true)
+            .await
+    }
+
     async fn acquire_until(&self, deadline: Option<Instant>) -> Result<LockGuard, LockError> {
+        match self.claim_until(deadline, false).await? {
+            Claim::Acquired(guard) => Ok(guard),
+            Claim::Completed(_) => Err(LockError::Backend(BackendError::Protocol(
+                "the store answered a plain acquire with a stored outcome".to_owned(),
+            ))),
+        }
+    }
+
+    async fn claim_until(
+        &self,
+        deadline: Option<Instant>,
+        claim: bool,
+    ) -> Result<Claim, LockError> {
         let key = self.key()?;
         let holder = self
             .holder
@@ -121,7 +176,7 @@ impl Lock {
         };
 
         let mut sent = Instant::now();
-        let mut attempt = inner.backend.attempt(key, &holder, lease).await;
+        let mut attempt = inner.backend.attempt(key, &holder, lease, claim).await;
         let mut waiting = None;
         let mut backoff = MIN_BACKOFF;
         let mut ready = false;
@@ -129,7 +184,11 @@ impl Lock {
             let ttl = match attempt {
                 Ok(Attempt::Taken { token } | Attempt::Reentered { token }) => {
                     outcome("acquired");
-                    return Ok(self.guard(key, holder, token, sent));
+                    return Ok(Claim::Acquired(self.guard(key, holder, token, sent)));
+                }
+                Ok(Attempt::Completed { outcome: stored }) => {
+                    outcome("completed before");
+                    return Ok(Claim::Completed(stored));
                 }
                 Ok(Attempt::Busy { ttl }) => ttl.unwrap_or(NO_TTL_RECHECK),
                 // Ride out a reconnect within the budget; the store being down is
@@ -142,7 +201,7 @@ impl Lock {
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(MAX_BACKOFF);
                     sent = Instant::now();
-                    attempt = inner.backend.attempt(key, &holder, lease).await;
+                    attempt = inner.backend.attempt(key, &holder, lease, claim).await;
                     continue;
                 }
                 Err(error) => {
@@ -176,7 +235,7 @@ impl Lock {
                 }
             }
             sent = Instant::now();
-            attempt = inner.backend.attempt(key, &holder, lease).await;
+            attempt = inner.backend.attempt(key, &holder, lease, claim).await;
         }
     }
 

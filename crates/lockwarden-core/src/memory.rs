@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
 
-use crate::backend::{Attempt, Released, Renewal};
+use crate::backend::{Attempt, Outcome, Released, Renewal};
 use crate::holder::Holder;
 use crate::key::Key;
 use crate::waiters::Waiters;
@@ -23,6 +23,8 @@ pub(crate) struct MemoryBackend {
 #[derive(Default)]
 struct State {
     locks: HashMap<Key, Held>,
+    /// Outcomes of completed claims and when each is forgotten.
+    outcomes: HashMap<Key, (Vec<u8>, Instant)>,
     last_token: u64,
     ops: u32,
 }
@@ -48,6 +50,7 @@ impl State {
         if self.ops >= SWEEP_EVERY {
             self.ops = 0;
             self.locks.retain(|_, h| h.expires > now);
+            self.outcomes.retain(|_, (_, until)| *until > now);
         }
     }
 }
@@ -65,10 +68,29 @@ impl MemoryBackend {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub(crate) fn attempt(&self, key: &Key, holder: &Holder, lease: Duration) -> Attempt {
+    pub(crate) fn attempt(
+        &self,
+        key: &Key,
+        holder: &Holder,
+        lease: Duration,
+        claim: bool,
+    ) -> Attempt {
         let now = Instant::now();
         let mut state = self.state();
         state.sweep(now);
+        if claim {
+            match state.outcomes.get(key) {
+                Some((outcome, until)) if *until > now => {
+                    return Attempt::Completed {
+                        outcome: outcome.clone(),
+                    }
+                }
+                Some(_) => {
+                    state.outcomes.remove(key);
+                }
+                None => {}
+            }
+        }
         if let Some(held) = state.live(key, now) {
             if held.holder == *holder {
                 held.count += 1;
@@ -97,20 +119,36 @@ impl MemoryBackend {
         Attempt::Taken { token }
     }
 
-    pub(crate) fn release(&self, key: &Key, holder: &Holder) -> Released {
+    pub(crate) fn release(
+        &self,
+        key: &Key,
+        holder: &Holder,
+        outcome: Option<Outcome<'_>>,
+    ) -> Released {
         let now = Instant::now();
         let mut state = self.state();
         let Some(held) = state.live(key, now).filter(|h| h.holder == *holder) else {
             return Released::NotHeld;
         };
         held.count -= 1;
-        if held.count > 0 {
-            return Released::Remaining(held.count);
+        let left = held.count;
+        if left == 0 {
+            state.locks.remove(key);
         }
-        state.locks.remove(key);
-        drop(state);
-        self.waiters.notify_one(key.channel());
-        Released::Freed
+        if let Some(outcome) = outcome {
+            state
+                .outcomes
+                .insert(key.clone(), (outcome.bytes.to_vec(), now + outcome.keep));
+            drop(state);
+            self.waiters.notify_all(key.channel());
+        } else if left == 0 {
+            drop(state);
+            self.waiters.notify_one(key.channel());
+        }
+        match left {
+            0 => Released::Freed,
+            n => Released::Remaining(n),
+        }
     }
 
     pub(crate) fn renew(&self, renewal: &Renewal) -> bool {

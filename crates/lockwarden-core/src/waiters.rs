@@ -2,8 +2,9 @@
 //!
 //! Both backends use this registry. The Redis backend adds one pub/sub connection per
 //! client (see `redis/pubsub.rs`) that subscribes to a channel while it has waiters here
-//! and calls [`Waiters::notify_one`] for each release notice; the in-process backend calls
-//! it directly on release.
+//! and calls [`Waiters::notify_one`] for each release notice ([`Waiters::notify_all`] for a
+//! completed claim, whose outcome every waiter can use); the in-process backend calls
+//! them directly.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -26,6 +27,9 @@ struct Entry {
 
 struct Channel {
     notify: Notify,
+    /// Bumped for a notice meant for every waiter. A watch, not `Notify::notify_waiters`,
+    /// so a waiter between two attempts sees it too.
+    everyone: watch::Sender<()>,
     /// Whether release notices for this channel are being received.
     ready: watch::Sender<bool>,
 }
@@ -61,6 +65,7 @@ impl Waiters {
                 let name: Arc<str> = channel.into();
                 let shared = Arc::new(Channel {
                     notify: Notify::new(),
+                    everyone: watch::Sender::new(()),
                     ready: watch::Sender::new(self.changes.is_none()),
                 });
                 channels.insert(
@@ -80,6 +85,7 @@ impl Waiters {
         Waiting {
             registry: self.clone(),
             name,
+            everyone: Mutex::new(shared.everyone.subscribe()),
             shared,
         }
     }
@@ -88,6 +94,13 @@ impl Waiters {
     pub(crate) fn notify_one(&self, channel: &str) {
         if let Some(entry) = self.channels().get(channel) {
             entry.shared.notify.notify_one();
+        }
+    }
+
+    /// Wakes every local waiter of `channel`, including one that is between attempts.
+    pub(crate) fn notify_all(&self, channel: &str) {
+        if let Some(entry) = self.channels().get(channel) {
+            entry.shared.everyone.send_replace(());
         }
     }
 
@@ -132,12 +145,24 @@ pub(crate) struct Waiting {
     registry: Arc<Waiters>,
     name: Arc<str>,
     shared: Arc<Channel>,
+    /// Remembers which notices for everyone this waiter has seen.
+    everyone: Mutex<watch::Receiver<()>>,
 }
 
 impl Waiting {
-    /// Resolves on a release notice for this channel.
+    /// Resolves on a release notice for this channel: one meant for one waiter, or one for
+    /// everyone sent since the last call returned.
     pub(crate) async fn notified(&self) {
-        self.shared.notify.notified().await;
+        let mut everyone = self.everyone().clone();
+        tokio::select! {
+            _ = self.shared.notify.notified() => {}
+            _ = everyone.changed() => {}
+        }
+        self.everyone().mark_unchanged();
+    }
+
+    fn everyone(&self) -> MutexGuard<'_, watch::Receiver<()>> {
+        self.everyone.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Waits until release notices for this channel are being received, or `until`.

@@ -10,9 +10,9 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
-use redis::{RedisResult, Script};
+use redis::{RedisResult, Script, Value};
 
-use crate::backend::{Attempt, Released, Renewal};
+use crate::backend::{Attempt, Outcome, Released, Renewal};
 use crate::error::BackendError;
 use crate::holder::Holder;
 use crate::key::Key;
@@ -56,20 +56,38 @@ impl RedisBackend {
         key: &Key,
         holder: &Holder,
         lease: Duration,
+        claim: bool,
     ) -> Result<Attempt, BackendError> {
         let mut conn = self.conn.clone();
         let mut call = ACQUIRE.prepare_invoke();
-        call.key(key.redis_key())
-            .key(key.fence_key())
-            .arg(holder.id())
-            .arg(millis(lease));
-        let reply = Box::pin(async move { call.invoke_async::<(i64, i64)>(&mut conn).await });
+        call.key(key.redis_key()).key(key.fence_key());
+        if claim {
+            call.key(key.outcome_key());
+        }
+        call.arg(holder.id()).arg(millis(lease));
+        let reply = Box::pin(async move { call.invoke_async::<(i64, Value)>(&mut conn).await });
         let orphan = Orphan {
             backend: self.clone(),
             key: key.clone(),
             holder: holder.clone(),
         };
         let (state, value) = bounded(self.timeout, Unclaimed::new(reply, orphan)).await?;
+        if state == 3 {
+            return match value {
+                Value::BulkString(outcome) => Ok(Attempt::Completed { outcome }),
+                other => Err(BackendError::Protocol(format!(
+                    "acquire script returned an outcome of {other:?}"
+                ))),
+            };
+        }
+        let value = match value {
+            Value::Int(value) => value,
+            other => {
+                return Err(BackendError::Protocol(format!(
+                    "acquire script returned {{{state}, {other:?}}}"
+                )))
+            }
+        };
         match state {
             1 => Ok(Attempt::Taken {
                 token: value as u64,
@@ -95,17 +113,19 @@ impl RedisBackend {
         &self,
         key: &Key,
         holder: &Holder,
+        outcome: Option<Outcome<'_>>,
     ) -> Result<Released, BackendError> {
         let mut conn = self.conn.clone();
-        let left: i64 = bounded(
-            self.timeout,
-            RELEASE
-                .key(key.redis_key())
-                .arg(holder.id())
-                .arg(key.channel())
-                .invoke_async(&mut conn),
-        )
-        .await?;
+        let mut call = RELEASE.prepare_invoke();
+        call.key(key.redis_key())
+            .arg(holder.id())
+            .arg(key.channel());
+        if let Some(outcome) = outcome {
+            call.key(key.outcome_key())
+                .arg(outcome.bytes)
+                .arg(millis(outcome.keep));
+        }
+        let left: i64 = bounded(self.timeout, call.invoke_async(&mut conn)).await?;
         Ok(released(left))
     }
 
@@ -264,7 +284,7 @@ async fn bounded<T>(
     }
 }
 
-type Reply = Pin<Box<dyn Future<Output = RedisResult<(i64, i64)>> + Send>>;
+type Reply = Pin<Box<dyn Future<Output = RedisResult<(i64, Value)>> + Send>>;
 
 /// What to undo if an acquire's reply arrives after nobody waits for it any more.
 struct Orphan {
@@ -291,7 +311,7 @@ impl Unclaimed {
 }
 
 impl Future for Unclaimed {
-    type Output = RedisResult<(i64, i64)>;
+    type Output = RedisResult<(i64, Value)>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let Some(reply) = self.reply.as_mut() else {
@@ -319,7 +339,7 @@ impl Drop for Unclaimed {
                     key,
                     holder,
                 } = orphan;
-                match backend.release(&key, &holder).await {
+                match backend.release(&key, &holder, None).await {
                     Ok(_) => tracing::debug!(%key, "released a lock whose acquire was abandoned"),
                     Err(error) => tracing::warn!(%key, %error,
                         "could not release a lock whose acquire was abandoned; it expires with its lease"),

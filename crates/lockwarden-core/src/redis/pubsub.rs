@@ -68,6 +68,10 @@ pub(crate) async fn run(
             tokio::select! {
                 biased;
                 msg = stream.next() => match msg {
+                    // A completed claim's outcome serves every waiter; a lock serves one.
+                    Some(msg) if msg.get_payload_bytes() == b"completed" => {
+                        waiters.notify_all(msg.get_channel_name());
+                    }
                     Some(msg) => waiters.notify_one(msg.get_channel_name()),
                     None => break,
                 },
