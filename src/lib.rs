@@ -20,5 +20,5 @@ pub mod http;
 pub use crate::http::{Guarded, LockKey, Locked, LockedRejection};
 
 pub use crate::http::{
-    default_client, LockLayer, LockRejection, LockService, LockedBody, MissingKey,
+    default_client, Fingerprint, LockLayer, LockRejection, LockService, LockedBody, MissingKey,
 };

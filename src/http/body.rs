@@ -2,22 +2,27 @@
 //! body ends (last frame, trailers, error, `is_end_stream()`) or is dropped.
 
 use std::fmt;
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use std::time::Instant;
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
-use tracing::Span;
+use tokio::task::JoinHandle;
+use tracing::{Instrument, Span};
 
+use super::replay::Recording;
 use crate::LockGuard;
 
-/// A held lock and its request span; dropping it releases the lock and records the hold time.
+/// A held lock, its request span, and the response being recorded for replay, if any.
+/// [`finish`](Self::finish) ends it in order; dropping it releases in the background.
 pub(crate) struct Held {
     guard: Option<LockGuard>,
     span: Span,
     acquired: Instant,
+    recording: Option<Recording>,
 }
 
 impl Held {
@@ -26,15 +31,16 @@ impl Held {
             guard: Some(guard),
             span,
             acquired: Instant::now(),
+            recording: None,
         }
     }
-}
 
-impl Drop for Held {
-    fn drop(&mut self) {
-        let Some(guard) = self.guard.take() else {
-            return;
-        };
+    pub(crate) fn record(&mut self, recording: Option<Recording>) {
+        self.recording = recording;
+    }
+
+    fn take_guard(&mut self) -> Option<LockGuard> {
+        let guard = self.guard.take()?;
         let hold_ms = u64::try_from(self.acquired.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.span.record("hold_ms", hold_ms);
         if guard.is_lost() {
@@ -43,22 +49,59 @@ impl Drop for Held {
                 hold_ms,
                 "the request's lock was lost before the request finished; another request may have run concurrently"
             );
-        } else {
-            tracing::debug!(parent: &self.span, hold_ms, "lock released");
         }
-        // Dropping the guard releases the lock (in the background on Redis).
-        drop(guard);
+        Some(guard)
+    }
+
+    /// Releases the lock, storing the recorded response first if the body `completed`
+    /// (ended without an error) and fit. The release runs as its own task, so a client
+    /// that goes away meanwhile cannot cut it short; the handle resolves when it is done.
+    pub(crate) fn finish(mut self, completed: bool) -> Option<JoinHandle<()>> {
+        let guard = self.take_guard()?;
+        let stored = self
+            .recording
+            .take()
+            .filter(|_| completed)
+            .and_then(Recording::finish);
+        let runtime = tokio::runtime::Handle::try_current().ok()?;
+        let task = async move {
+            let remembered = stored.is_some();
+            let result = match stored {
+                Some((bytes, keep)) => guard.complete(bytes, keep).await,
+                None => guard.release().await,
+            };
+            match result {
+                Ok(()) => tracing::debug!(remembered, "lock released"),
+                Err(error) => {
+                    tracing::warn!(%error, remembered, "releasing the request's lock failed; it expires with its lease")
+                }
+            }
+        };
+        Some(runtime.spawn(task.instrument(self.span.clone())))
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        // Unfinished (client gone, handler panicked): the guard releases in the background
+        // and nothing is remembered.
+        if self.take_guard().is_some() {
+            tracing::debug!(parent: &self.span, "lock released (response not completed)");
+        }
     }
 }
 
 pin_project! {
     /// The response body of [`LockService`](super::LockService): the inner service's body,
-    /// holding the request's lock until its last frame, or a problem document.
+    /// holding the request's lock until its last frame, or a body the layer made itself
+    /// (a problem document, a replayed response).
     ///
     /// The lock is released as soon as the body reports its end: a `None` frame, a trailers
     /// frame, an error, or `is_end_stream()` turning true after a data frame (so a body of
-    /// known length releases with its last byte), and when the body is dropped unfinished
-    /// (the client went away).
+    /// known length releases with its last byte). The last frame is handed on only after
+    /// the release (and, when remembering, the stored response) is done, so a client that
+    /// has the whole response can use the key again at once. A body dropped unfinished
+    /// (the client went away) releases in the background.
     ///
     /// ```
     /// use http_body::Body;
@@ -68,10 +111,13 @@ pin_project! {
     /// let body = LockedBody::new(http_body_util::Full::new(bytes::Bytes::from("hi")));
     /// assert_eq!(body.size_hint().exact(), Some(2));
     /// ```
-    pub struct LockedBody<B> {
+    pub struct LockedBody<B: Body> {
         #[pin]
         kind: Kind<B>,
         held: Option<Held>,
+        // The release in progress, and the last frame, handed on when it is done.
+        finishing: Option<JoinHandle<()>>,
+        last: Option<Option<Result<Frame<B::Data>, B::Error>>>,
     }
 }
 
@@ -79,36 +125,23 @@ pin_project! {
     #[project = KindProj]
     enum Kind<B> {
         Inner { #[pin] body: B },
-        Problem { bytes: Option<Bytes> },
+        Made { bytes: Option<Bytes> },
     }
 }
 
-impl<B> LockedBody<B> {
+impl<B: Body> LockedBody<B> {
     /// Wraps `body` without a lock.
     pub fn new(body: B) -> Self {
-        Self {
-            kind: Kind::Inner { body },
-            held: None,
-        }
+        Self::locked(body, None)
     }
 
-    /// Wraps `body`, releasing `held` when it ends (at once if it is empty already).
-    pub(crate) fn locked(body: B, held: Option<Held>) -> Self
-    where
-        B: Body,
-    {
-        let held = held.filter(|_| !body.is_end_stream());
+    /// Wraps `body`, releasing `held` when it ends.
+    pub(crate) fn locked(body: B, held: Option<Held>) -> Self {
         Self {
             kind: Kind::Inner { body },
             held,
-        }
-    }
-
-    /// A problem document (see [`LockRejection`](super::LockRejection)).
-    pub(crate) fn problem(bytes: Bytes) -> Self {
-        Self {
-            kind: Kind::Problem { bytes: Some(bytes) },
-            held: None,
+            finishing: None,
+            last: None,
         }
     }
 
@@ -119,13 +152,19 @@ impl<B> LockedBody<B> {
     /// assert!(!LockedBody::new(http_body_util::Empty::<bytes::Bytes>::new()).holds_lock());
     /// ```
     pub fn holds_lock(&self) -> bool {
-        self.held.is_some()
+        self.held.is_some() || self.finishing.is_some()
     }
 }
 
-impl<B> From<Bytes> for LockedBody<B> {
+impl<B: Body> From<Bytes> for LockedBody<B> {
+    /// A body the layer made (a problem document, a replayed response).
     fn from(bytes: Bytes) -> Self {
-        Self::problem(bytes)
+        Self {
+            kind: Kind::Made { bytes: Some(bytes) },
+            held: None,
+            finishing: None,
+            last: None,
+        }
     }
 }
 
@@ -142,46 +181,78 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let this = self.project();
-        match this.kind.project() {
-            KindProj::Problem { bytes } => {
-                Poll::Ready(bytes.take().map(|b| Ok(Frame::data(B::Data::from(b)))))
+        if let Some(finishing) = this.finishing.as_mut() {
+            // A failed release task was logged by itself; the frame goes on regardless.
+            let _ = ready!(Pin::new(finishing).poll(cx));
+            *this.finishing = None;
+            return Poll::Ready(this.last.take().flatten());
+        }
+        let mut body = match this.kind.project() {
+            KindProj::Made { bytes } => {
+                return Poll::Ready(bytes.take().map(|b| Ok(Frame::data(B::Data::from(b)))))
             }
-            KindProj::Inner { mut body } => {
-                let frame = ready!(body.as_mut().poll_frame(cx));
-                let ended = match &frame {
-                    None | Some(Err(_)) => true,
-                    Some(Ok(frame)) => frame.is_trailers() || body.is_end_stream(),
-                };
-                if ended {
-                    this.held.take();
+            KindProj::Inner { body } => body,
+        };
+        let mut frame = ready!(body.as_mut().poll_frame(cx));
+        let Some(held) = this.held.as_mut() else {
+            return Poll::Ready(frame);
+        };
+        if let Some(recording) = held.recording.as_mut() {
+            frame = frame.map(|frame| {
+                frame.map(|frame| {
+                    frame.map_data(|mut data| {
+                        let bytes = data.copy_to_bytes(data.remaining());
+                        recording.push(&bytes);
+                        B::Data::from(bytes)
+                    })
+                })
+            });
+        }
+        let completed = match &frame {
+            None => true,
+            Some(Err(_)) => false,
+            Some(Ok(frame)) if frame.is_trailers() || body.is_end_stream() => true,
+            Some(Ok(_)) => return Poll::Ready(frame),
+        };
+        let finishing = this.held.take().and_then(|held| held.finish(completed));
+        match finishing {
+            Some(mut finishing) => match Pin::new(&mut finishing).poll(cx) {
+                Poll::Ready(_) => Poll::Ready(frame),
+                Poll::Pending => {
+                    *this.finishing = Some(finishing);
+                    *this.last = Some(frame);
+                    Poll::Pending
                 }
-                Poll::Ready(frame)
-            }
+            },
+            None => Poll::Ready(frame),
         }
     }
 
     fn is_end_stream(&self) -> bool {
+        if self.holds_lock() {
+            return false;
+        }
         match &self.kind {
             Kind::Inner { body } => body.is_end_stream(),
-            Kind::Problem { bytes } => bytes.is_none(),
+            Kind::Made { bytes } => bytes.is_none(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             Kind::Inner { body } => body.size_hint(),
-            Kind::Problem { bytes } => {
+            Kind::Made { bytes } => {
                 SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64))
             }
         }
     }
 }
 
-impl<B> fmt::Debug for LockedBody<B> {
+impl<B: Body> fmt::Debug for LockedBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let kind = match &self.kind {
             Kind::Inner { .. } => "inner",
-            Kind::Problem { .. } => "problem",
+            Kind::Made { .. } => "made",
         };
         f.debug_struct("LockedBody")
             .field("kind", &kind)

@@ -21,8 +21,11 @@ use super::client::{default_client, ready_default_client};
 use super::key::Extracted;
 use super::layer::{Config, MissingKey};
 use super::rejection::LockRejection;
+use super::remember::RequestFingerprint;
+use super::replay::{Recording, Stored};
 use super::trace;
-use crate::{BackendError, LockClient, LockError, LockGuard, Scoped};
+use crate::{BackendError, Claim, LockClient, LockError, Scoped};
+use tokio::task::JoinHandle;
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
@@ -47,6 +50,10 @@ pin_project! {
         started: Instant,
         held: Option<Held>,
         lost: Option<BoxFuture<()>>,
+        // Remembering layers: the request's fingerprint, and a response with an empty
+        // body waiting for its lock's release (and storage) to finish.
+        fingerprint: Option<RequestFingerprint>,
+        finished: Option<S::Response>,
     }
 }
 
@@ -60,12 +67,13 @@ pin_project! {
             name: String,
         },
         Acquire {
-            fut: BoxFuture<Result<LockGuard, LockError>>,
+            fut: BoxFuture<Result<Claim, LockError>>,
             request: Option<Request<RB>>,
             client: LockClient,
         },
         Locked { #[pin] fut: Scoped<Fut> },
         Unlocked { #[pin] fut: Fut },
+        Finishing { release: JoinHandle<()> },
         Done,
     }
 }
@@ -89,6 +97,8 @@ where
             started: Instant::now(),
             held: None,
             lost: None,
+            fingerprint: None,
+            finished: None,
         }
     }
 }
@@ -107,6 +117,7 @@ where
 /// What a request needs next, once its key is known or an acquisition has finished.
 enum Next<RB> {
     Reject(LockRejection),
+    Replay(Stored),
     Pass(Request<RB>),
     Connect(Request<RB>, String),
     Acquire(Request<RB>, LockClient, String),
@@ -147,8 +158,10 @@ where
                     let acquired = ready!(fut.as_mut().poll(cx));
                     let mut request = take_request(request);
                     span.record("wait_ms", millis(this.started.elapsed()));
+                    *this.fingerprint = request.extensions().get().copied();
                     match acquired {
-                        Ok(guard) => {
+                        Ok(Claim::Completed(stored)) => replay(stored, *this.fingerprint, &span),
+                        Ok(Claim::Acquired(guard)) => {
                             span.record("outcome", "acquired");
                             let extensions = request.extensions_mut();
                             extensions.insert(guard.info());
@@ -177,9 +190,30 @@ where
                         this.state.set(State::Done);
                         this.lost.take();
                         let held = this.held.take();
-                        return Poll::Ready(
-                            result.map(|response| response.map(|b| LockedBody::locked(b, held))),
-                        );
+                        // An error from the inner service: the lock goes with `held`.
+                        let response = result?;
+                        let Some(mut held) = held else {
+                            return Poll::Ready(Ok(response.map(LockedBody::new)));
+                        };
+                        let (head, body) = response.into_parts();
+                        if let (Some(remembering), Some(fingerprint)) =
+                            (&this.config.remember, *this.fingerprint)
+                        {
+                            held.record(Recording::start(&head, fingerprint, remembering));
+                        }
+                        let response = Response::from_parts(head, body);
+                        if !response.body().is_end_stream() {
+                            return Poll::Ready(Ok(
+                                response.map(|b| LockedBody::locked(b, Some(held)))
+                            ));
+                        }
+                        // Nothing to stream: finish (store, release) before answering.
+                        let Some(release) = held.finish(true) else {
+                            return Poll::Ready(Ok(response.map(LockedBody::new)));
+                        };
+                        *this.finished = Some(response);
+                        this.state.set(State::Finishing { release });
+                        continue;
                     }
                     let lost = this.lost.as_mut().map(|lost| lost.as_mut().poll(cx));
                     if !matches!(lost, Some(Poll::Ready(()))) {
@@ -198,6 +232,15 @@ where
                     this.state.set(State::Done);
                     return Poll::Ready(result.map(|response| response.map(LockedBody::new)));
                 }
+                StateProj::Finishing { release } => {
+                    // A failed release task was logged by itself; the answer stands.
+                    let _ = ready!(Pin::new(release).poll(cx));
+                    this.state.set(State::Done);
+                    return match this.finished.take() {
+                        Some(response) => Poll::Ready(Ok(response.map(LockedBody::new))),
+                        None => panic!("ResponseFuture polled after completion"),
+                    };
+                }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             };
             match next {
@@ -209,6 +252,10 @@ where
                     );
                     this.state.set(State::Done);
                     return Poll::Ready(Ok(rejection.to_response()));
+                }
+                Next::Replay(stored) => {
+                    this.state.set(State::Done);
+                    return Poll::Ready(Ok(stored.into_response()));
                 }
                 Next::Pass(request) => {
                     let fut = call(this.service, request);
@@ -237,8 +284,15 @@ where
                         lock = lock.lease(lease);
                     }
                     let wait = this.config.wait;
+                    let remember = this.config.remember.is_some();
                     // The core's acquire is an `async fn`: its future has no name to store.
-                    let fut: BoxFuture<_> = Box::pin(async move { lock.try_acquire(wait).await });
+                    let fut: BoxFuture<_> = Box::pin(async move {
+                        if remember {
+                            lock.try_claim(wait).await
+                        } else {
+                            lock.try_acquire(wait).await.map(Claim::Acquired)
+                        }
+                    });
                     this.state.set(State::Acquire {
                         fut,
                         request: Some(request),
@@ -246,6 +300,25 @@ where
                     });
                 }
             }
+        }
+    }
+}
+
+/// A claim found the request completed before: replay it if it is the same request.
+fn replay<RB>(stored: Vec<u8>, fingerprint: Option<RequestFingerprint>, span: &Span) -> Next<RB> {
+    match Stored::decode(stored) {
+        Some(stored) if Some(stored.fingerprint) == fingerprint => {
+            span.record("outcome", "replayed");
+            Next::Replay(stored)
+        }
+        Some(_) => Next::Reject(LockRejection::KeyReused),
+        None => {
+            tracing::error!(
+                "a remembered response could not be read (written by another version?)"
+            );
+            Next::Reject(LockRejection::Unavailable {
+                detail: "The stored response for this key could not be read.".to_owned(),
+            })
         }
     }
 }

@@ -61,6 +61,12 @@ pub trait KeySource<B>: Clone {
 
     /// The answer to a request without a key (unless it is let through).
     fn missing(&self) -> LockRejection;
+
+    /// How much of the body this source reads, if it reads it (a remembering layer reads
+    /// as much to fingerprint the request; see [`LockLayer::remember`](super::LockLayer::remember)).
+    fn body_limit(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// A key source that needs only the request head (method, URI, headers, extensions).
@@ -398,6 +404,10 @@ where
             status: StatusCode::UNPROCESSABLE_ENTITY,
             detail: format!("The JSON body has no field `{}`.", self.pointer),
         }
+    }
+
+    fn body_limit(&self) -> Option<usize> {
+        Some(self.limit)
     }
 }
 

@@ -11,9 +11,13 @@ use tower_layer::Layer;
 
 #[cfg(feature = "axum")]
 use super::key::FromPathParam;
+use super::key::KeySource;
 use super::key::{FromFn, FromHeader, FromJsonField, FromPath};
+use super::remember::{Fingerprint, Remember, Remembering};
 use super::service::LockService;
 use crate::LockClient;
+use bytes::Bytes;
+use http_body_util::Full;
 
 /// How much of a body [`LockLayer::by_json_field`] reads by default: 64 KiB.
 pub const DEFAULT_BODY_LIMIT: usize = 64 * 1024;
@@ -53,6 +57,8 @@ pub(crate) struct Config {
     pub(crate) fail_open: bool,
     pub(crate) abort_on_loss: bool,
     pub(crate) redact_keys: bool,
+    /// Set by [`LockLayer::remember`]: store completed responses and replay them.
+    pub(crate) remember: Option<Remembering>,
 }
 
 impl Default for Config {
@@ -68,6 +74,7 @@ impl Default for Config {
             fail_open: false,
             abort_on_loss: false,
             redact_keys: false,
+            remember: None,
         }
     }
 }
@@ -108,6 +115,7 @@ impl fmt::Debug for Config {
             .field("fail_open", &self.fail_open)
             .field("abort_on_loss", &self.abort_on_loss)
             .field("redact_keys", &self.redact_keys)
+            .field("remember", &self.remember)
             .finish()
     }
 }
@@ -419,6 +427,152 @@ impl<K> LockLayer<K> {
     /// ```
     pub fn redact_keys(mut self) -> Self {
         self.config().redact_keys = true;
+        self
+    }
+}
+
+impl<K> LockLayer<K> {
+    /// Makes the layer an idempotency layer: a request whose response completed is
+    /// remembered for `keep` (e.g. 24 h), and a retry with the same key is answered with
+    /// the stored status, `content-type` (plus [`replay_header`](LockLayer::replay_header)s)
+    /// and body, with `Idempotency-Replayed: true`, without reaching the handler.
+    ///
+    /// A key is then in one of three states, moved atomically in the store: *in flight*
+    /// (the lock: a duplicate gets `409`, or waits within [`wait`](Self::wait) and then
+    /// gets the replay), *completed* (the stored response), or *absent*.
+    ///
+    /// - The body is read (up to [`body_limit`](LockLayer::body_limit), default 64 KiB)
+    ///   to fingerprint the request; a retry whose [`Fingerprint`] differs from the stored
+    ///   one is answered `422` (`idempotency-key-reused`). A duplicate in flight is
+    ///   answered `409` whatever its fingerprint: the first one's is not known yet.
+    /// - 2xx and 4xx responses are stored, 5xx are not and free the key, so the client can
+    ///   retry ([`store_if`](LockLayer::store_if) changes that). A response whose body is
+    ///   longer than [`max_stored_body`](LockLayer::max_stored_body) (1 MiB) is sent but
+    ///   not stored: the key is freed and a retry runs the handler again.
+    /// - A handler that panics, a body that fails mid-way and a client that goes away store
+    ///   nothing; the key is freed at once (at the latest when the lease runs out).
+    /// - The response is stored before its last byte is sent, so a client that has it can
+    ///   retry at once and be answered from the store.
+    ///
+    /// Scope keys by the principal ([`scope`](Self::scope)): with unscoped keys, a client
+    /// that guesses another's key is answered with the other's stored response.
+    ///
+    /// ```
+    /// use axum::{routing::post, Router};
+    /// use lockwarden::{LockClient, LockLayer};
+    /// use std::time::Duration;
+    ///
+    /// let app: Router = Router::new()
+    ///     .route("/payments", post(|| async { "charged" }))
+    ///     .layer(
+    ///         LockLayer::by_header("Idempotency-Key")
+    ///             .client(LockClient::in_memory())
+    ///             .scope(|parts| parts.headers.get("x-api-key")?.to_str().ok().map(str::to_owned))
+    ///             .remember(Duration::from_secs(24 * 3600)),
+    ///     );
+    /// ```
+    pub fn remember(mut self, keep: Duration) -> LockLayer<Remember<K>>
+    where
+        K: KeySource<Full<Bytes>>,
+    {
+        let limit = self.source.body_limit().unwrap_or(DEFAULT_BODY_LIMIT);
+        self.config().remember = Some(Remembering::new(keep));
+        LockLayer {
+            source: Remember::new(self.source, limit),
+            config: self.config,
+        }
+    }
+}
+
+impl<K> LockLayer<Remember<K>> {
+    fn remembering(&mut self) -> &mut Remembering {
+        // `remember` set it; a layer of this type without it cannot be made.
+        self.config()
+            .remember
+            .get_or_insert_with(|| Remembering::new(Duration::from_secs(24 * 3600)))
+    }
+
+    /// What identifies a retry of the same request (default: method, path and body).
+    ///
+    /// ```
+    /// use lockwarden::{Fingerprint, LockLayer};
+    /// # use std::time::Duration;
+    /// let layer = LockLayer::by_header("Idempotency-Key")
+    ///     .remember(Duration::from_secs(3600))
+    ///     .fingerprint(Fingerprint::json_fields(["/order_id", "/amount"]));
+    /// # let _ = layer;
+    /// ```
+    pub fn fingerprint(mut self, fingerprint: Fingerprint) -> Self {
+        self.source.set_fingerprint(fingerprint);
+        self
+    }
+
+    /// Reads at most `bytes` of request body to fingerprint it; longer bodies are
+    /// answered `413`. (With [`by_json_field`](LockLayer::by_json_field), set the field's
+    /// limit before `remember`: `remember` starts from it.)
+    ///
+    /// ```
+    /// # use lockwarden::LockLayer;
+    /// # use std::time::Duration;
+    /// let layer = LockLayer::by_header("Idempotency-Key")
+    ///     .remember(Duration::from_secs(3600))
+    ///     .body_limit(256 * 1024);
+    /// # let _ = layer;
+    /// ```
+    pub fn body_limit(mut self, bytes: usize) -> Self {
+        self.source.set_limit(bytes);
+        self
+    }
+
+    /// Stores response bodies up to `bytes` (default
+    /// [`DEFAULT_MAX_STORED_BODY`](super::DEFAULT_MAX_STORED_BODY), 1 MiB); a longer one
+    /// is sent but not remembered, and a retry runs the handler again.
+    ///
+    /// ```
+    /// # use lockwarden::LockLayer;
+    /// # use std::time::Duration;
+    /// let layer = LockLayer::by_header("Idempotency-Key")
+    ///     .remember(Duration::from_secs(3600))
+    ///     .max_stored_body(64 * 1024);
+    /// # let _ = layer;
+    /// ```
+    pub fn max_stored_body(mut self, bytes: usize) -> Self {
+        self.remembering().max_stored_body = bytes;
+        self
+    }
+
+    /// Which responses are remembered, by status (default: 2xx and 4xx). A response that
+    /// is not remembered frees its key, so a retry runs the handler again.
+    ///
+    /// ```
+    /// # use lockwarden::LockLayer;
+    /// # use std::time::Duration;
+    /// // Only successes are final here; a 409 from the handler may be retried.
+    /// let layer = LockLayer::by_header("Idempotency-Key")
+    ///     .remember(Duration::from_secs(3600))
+    ///     .store_if(|status| status.is_success());
+    /// # let _ = layer;
+    /// ```
+    pub fn store_if<F>(mut self, store_if: F) -> Self
+    where
+        F: Fn(StatusCode) -> bool + Send + Sync + 'static,
+    {
+        self.remembering().store_if = Arc::new(store_if);
+        self
+    }
+
+    /// Replays header `name` too (`content-type` always is); e.g. `location`.
+    ///
+    /// ```
+    /// # use lockwarden::LockLayer;
+    /// # use std::time::Duration;
+    /// let layer = LockLayer::by_header("Idempotency-Key")
+    ///     .remember(Duration::from_secs(3600))
+    ///     .replay_header(http::header::LOCATION);
+    /// # let _ = layer;
+    /// ```
+    pub fn replay_header(mut self, name: http::HeaderName) -> Self {
+        self.remembering().replay_headers.push(name);
         self
     }
 }

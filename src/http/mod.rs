@@ -27,12 +27,16 @@
 //! | `body.rs` | [`LockedBody`]: the response body that holds the lock until it ends |
 //! | `key.rs` | where a key comes from ([`KeySource`] and its implementations) |
 //! | `rejection.rs` | [`LockRejection`]: the problem responses |
+//! | `remember.rs` | idempotent replay, request side: [`Remember`], [`Fingerprint`] |
+//! | `replay.rs` | idempotent replay, response side: recording, storing, replaying |
+//! | `buffer.rs` | reading a request body up to a limit |
 //! | `client.rs` | the process-wide [`default_client`] |
 //! | `extract.rs` | the [`Locked`] extractor (feature `axum`) |
 //!
 //! [`Holder`]: crate::Holder
 
 mod body;
+mod buffer;
 mod client;
 #[cfg(feature = "axum")]
 mod extract;
@@ -40,6 +44,8 @@ mod future;
 mod key;
 mod layer;
 mod rejection;
+mod remember;
+mod replay;
 mod service;
 mod trace;
 
@@ -55,4 +61,6 @@ pub use key::{
 };
 pub use layer::{LockLayer, MissingKey, DEFAULT_BODY_LIMIT, DEFAULT_HTTP_NAMESPACE};
 pub use rejection::LockRejection;
+pub use remember::{Fingerprint, Remember, RememberFuture, DEFAULT_MAX_STORED_BODY};
+pub use replay::IDEMPOTENCY_REPLAYED;
 pub use service::LockService;

@@ -29,6 +29,7 @@ const PROBLEM_JSON: &str = "application/problem+json";
 /// | `BodyTooLarge` | 413 | `body-too-large` |
 /// | `Unavailable` | 503 | `lock-unavailable` |
 /// | `Lost` | 503 | `lock-lost` |
+/// | `KeyReused` | 422 | `idempotency-key-reused` |
 ///
 /// ```
 /// use lockwarden::LockRejection;
@@ -85,6 +86,9 @@ pub enum LockRejection {
     },
     /// The lock was lost while the handler ran and the layer aborts on loss.
     Lost,
+    /// The key belongs to a remembered request that differs from this one (method, path
+    /// or body); see [`LockLayer::remember`](super::LockLayer::remember).
+    KeyReused,
 }
 
 impl LockRejection {
@@ -100,6 +104,7 @@ impl LockRejection {
             | Self::MissingKey { status, .. }
             | Self::InvalidBody { status, .. } => *status,
             Self::InvalidKey { .. } => StatusCode::BAD_REQUEST,
+            Self::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Unavailable { .. } | Self::Lost => StatusCode::SERVICE_UNAVAILABLE,
         }
@@ -120,6 +125,7 @@ impl LockRejection {
             Self::BodyTooLarge { .. } => "urn:lockwarden:problem:body-too-large",
             Self::Unavailable { .. } => "urn:lockwarden:problem:lock-unavailable",
             Self::Lost => "urn:lockwarden:problem:lock-lost",
+            Self::KeyReused => "urn:lockwarden:problem:idempotency-key-reused",
         }
     }
 
@@ -138,6 +144,7 @@ impl LockRejection {
             Self::BodyTooLarge { .. } => "Request body too large",
             Self::Unavailable { .. } => "Lock service unavailable",
             Self::Lost => "Lock lost",
+            Self::KeyReused => "Idempotency-Key is already used",
         }
     }
 
@@ -162,6 +169,9 @@ impl LockRejection {
             ),
             Self::Lost => "The lock protecting this request was lost while it was being \
                            handled; the request was stopped."
+                .to_owned(),
+            Self::KeyReused => "This key was used for a different request (method, path or \
+                                body differ); send a new request with a new key."
                 .to_owned(),
         }
     }
@@ -249,6 +259,7 @@ impl LockRejection {
             Self::BodyTooLarge { .. } => "body too large",
             Self::Unavailable { .. } => "backend error",
             Self::Lost => "lost",
+            Self::KeyReused => "key reused",
         }
     }
 }
