@@ -6,11 +6,18 @@
 //! REDIS_URL=redis://127.0.0.1:6379/ cargo run --example webhook -- --demo   # on Redis
 //! ```
 //!
-//! Two routes take the same events: `/webhooks/payments` keyed by the `Idempotency-Key`
-//! header, `/webhooks/events` keyed by the `id` field of the JSON body. Both use the
-//! namespace `webhook:`, so a delivery to either route locks the same event. The handler
-//! checks whether the event was processed already, then takes 200 ms to process it: without
-//! the lock, overlapping duplicates would all pass that check.
+//! Two routes, two ways to stay idempotent:
+//!
+//! - `/webhooks/payments`, keyed by the `Idempotency-Key` header, *remembers* each completed
+//!   delivery for 24 h: duplicates that overlap the first wait for it (up to 2 s) and, like
+//!   any later retry, get its stored response (`Idempotency-Replayed: true`) without
+//!   running the handler.
+//! - `/webhooks/events`, keyed by the `id` field of the JSON body, only locks: overlapping
+//!   duplicates are answered `409` with `Retry-After`, and the handler itself notices a
+//!   late retry of an event it processed already.
+//!
+//! The handler checks whether the event was processed already, then takes 200 ms to process
+//! it: without the lock, overlapping duplicates would all pass that check.
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::IntoFuture;
@@ -93,10 +100,15 @@ async fn event_status(
 fn app(processed: Processed) -> Router {
     let payments = Router::new()
         .route("/webhooks/payments", post(by_header))
-        .layer(LockLayer::by_header("Idempotency-Key").namespace("webhook:"));
+        .layer(
+            LockLayer::by_header("Idempotency-Key")
+                .namespace("payments:")
+                .wait(Duration::from_secs(2))
+                .remember(Duration::from_secs(24 * 3600)),
+        );
     let events = Router::new()
         .route("/webhooks/events", post(by_body))
-        .layer(LockLayer::by_json_field("/id").namespace("webhook:"));
+        .layer(LockLayer::by_json_field("/id").namespace("events:"));
     Router::new()
         .route("/events/{id}", get(event_status))
         .merge(payments)
@@ -154,7 +166,8 @@ async fn main() -> ExitCode {
             "  curl -i -X POST http://{addr}/webhooks/events -H 'content-type: application/json' -d '{{\"id\":\"evt_1\"}}'"
         );
         println!("  curl http://{addr}/events/evt_1");
-        println!("\nSend a delivery twice within 200 ms to see 409 Conflict.");
+        println!("\nSend a payment twice to see the second answered from the store");
+        println!("(Idempotency-Replayed: true); an event twice within 200 ms to see 409.");
         return match server.await {
             Ok(Ok(())) => ExitCode::SUCCESS,
             _ => ExitCode::FAILURE,
@@ -166,16 +179,22 @@ async fn main() -> ExitCode {
         println!("\nevery event was processed exactly once");
         ExitCode::SUCCESS
     } else {
-        println!("\nFAILED: an event was processed more than once (or never)");
+        println!("\nFAILED: an event was processed more than once (or never), or a payment retry was not replayed");
         ExitCode::FAILURE
     }
 }
 
-const EVENTS: [&str; 3] = ["evt_1001", "evt_1002", "evt_1003"];
+/// Events delivered by header (remembered) and by body (locked only).
+const EVENTS: [(&str, bool); 4] = [
+    ("pay_2001", true),
+    ("pay_2002", true),
+    ("evt_1001", false),
+    ("evt_1002", false),
+];
 const DUPLICATES: usize = 6;
 
-/// Fires `DUPLICATES` overlapping deliveries of each event (half by header, half by body),
-/// then one late retry each; prints a table and says whether each was processed once.
+/// Fires `DUPLICATES` overlapping deliveries of each event, then one late retry each;
+/// prints a table and says whether each was processed once.
 async fn run_demo(addr: SocketAddr, processed: &Processed) -> bool {
     println!(
         "demo: {} events x {} concurrent deliveries + 1 late retry, on http://{addr}\n",
@@ -184,10 +203,10 @@ async fn run_demo(addr: SocketAddr, processed: &Processed) -> bool {
     );
     let mut statuses: BTreeMap<&str, BTreeMap<String, usize>> = BTreeMap::new();
     let mut tasks = Vec::new();
-    for id in EVENTS {
-        for n in 0..DUPLICATES {
+    for (id, by_header) in EVENTS {
+        for _ in 0..DUPLICATES {
             tasks.push(tokio::spawn(async move {
-                (id, deliver(addr, id, n % 2 == 0).await)
+                (id, deliver(addr, id, by_header).await)
             }));
         }
     }
@@ -196,21 +215,30 @@ async fn run_demo(addr: SocketAddr, processed: &Processed) -> bool {
             *statuses.entry(id).or_default().entry(status).or_default() += 1;
         }
     }
-    // A late retry, after the first delivery has finished: answered "already processed".
+    // A late retry, after the first delivery has finished: a payment is answered from the
+    // store, an event by the handler ("already processed").
     tokio::time::sleep(Duration::from_millis(300)).await;
-    for id in EVENTS {
-        let status = deliver(addr, id, true).await;
+    for (id, by_header) in EVENTS {
+        let status = deliver(addr, id, by_header).await;
         *statuses.entry(id).or_default().entry(status).or_default() += 1;
     }
 
     println!(
-        "{:<10} {:>5} {:>10}  statuses",
-        "event", "sent", "processed"
+        "{:<10} {:<9} {:>5} {:>10}  statuses",
+        "event", "route", "sent", "processed"
     );
     let mut all_once = true;
-    for id in EVENTS {
+    for (id, by_header) in EVENTS {
+        let route = if by_header { "payments" } else { "events" };
         let times = processed.count(id);
         all_once &= times == 1;
+        // Every payment delivery but the first is answered from the store.
+        let replays = statuses
+            .get(id)
+            .and_then(|s| s.get("200 replayed"))
+            .copied()
+            .unwrap_or(0);
+        all_once &= !by_header || replays == DUPLICATES;
         let seen = statuses
             .get(id)
             .map(|s| {
@@ -220,7 +248,10 @@ async fn run_demo(addr: SocketAddr, processed: &Processed) -> bool {
                     .join(", ")
             })
             .unwrap_or_default();
-        println!("{id:<10} {:>5} {times:>10}  {seen}", DUPLICATES + 1);
+        println!(
+            "{id:<10} {route:<9} {:>5} {times:>10}  {seen}",
+            DUPLICATES + 1
+        );
     }
     all_once
 }
@@ -246,11 +277,13 @@ async fn deliver(addr: SocketAddr, id: &str, by_header: bool) -> String {
         tokio::spawn(conn);
         let response = sender.send_request(request).await?;
         let status = response.status();
+        let replayed = response.headers().contains_key("idempotency-replayed");
         response.into_body().collect().await?;
-        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(status)
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>((status, replayed))
     };
     match tokio::time::timeout(Duration::from_secs(5), result).await {
-        Ok(Ok(status)) => status.as_u16().to_string(),
+        Ok(Ok((status, false))) => status.as_u16().to_string(),
+        Ok(Ok((status, true))) => format!("{} replayed", status.as_u16()),
         Ok(Err(e)) => format!("error ({e})"),
         Err(_) => "timeout".to_owned(),
     }
