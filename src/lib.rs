@@ -17,7 +17,7 @@ pub use lockwarden_core::*;
 pub mod http;
 
 #[cfg(feature = "axum")]
-pub use crate::http::{Guarded, LockKey, Locked, LockedRejection};
+pub use crate::http::{Guarded, LockKey, Locked, LockedRejection, StateLocked};
 
 pub use crate::http::{
     default_client, Fingerprint, LockLayer, LockRejection, LockService, LockedBody, MissingKey,

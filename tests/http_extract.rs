@@ -13,7 +13,7 @@ use axum::routing::post;
 use axum::{Extension, Router};
 use common::Env;
 use http_body_util::BodyExt;
-use lockwarden::{LockClient, LockKey, LockLayer, Locked};
+use lockwarden::{LockClient, LockKey, LockLayer, Locked, StateLocked};
 use lockwarden_testkit::RedisServer;
 use tower::ServiceExt;
 
@@ -23,6 +23,7 @@ conformance!(
     extractor_reenters_inside_a_lock_layer_request,
     extractor_waits_and_answers_423_as_configured,
     extractor_takes_the_client_from_the_state,
+    state_locked_takes_the_client_with_from_ref,
 );
 
 struct OrderId(u64);
@@ -211,6 +212,37 @@ async fn extractor_takes_the_client_from_the_state(env: Env) {
     assert_busy(&send(&app, "/orders/11/ship").await, 409);
     held.release().await.expect("release");
     assert_eq!(send(&app, "/orders/11/ship").await.status, StatusCode::OK);
+}
+
+#[derive(Clone)]
+struct AppState {
+    locks: LockClient,
+}
+
+impl axum::extract::FromRef<AppState> for LockClient {
+    fn from_ref(state: &AppState) -> Self {
+        state.locks.clone()
+    }
+}
+
+async fn ship_from_state(StateLocked(order): StateLocked<OrderId>) -> String {
+    format!("shipped {}", order.lock_key())
+}
+
+/// Promise: `StateLocked<T>` takes the client from a larger state with `FromRef`, not
+/// from the extensions or the process default (the default here would be another store).
+async fn state_locked_takes_the_client_with_from_ref(env: Env) {
+    let client = env.client().await;
+    let app = Router::new()
+        .route("/orders/{id}/ship", post(ship_from_state))
+        .with_state(AppState {
+            locks: client.clone(),
+        });
+    let held = client.acquire("order:12").await.expect("acquire");
+    assert_busy(&send(&app, "/orders/12/ship").await, 409);
+    held.release().await.expect("release");
+    let answer = send(&app, "/orders/12/ship").await;
+    assert_eq!(answer.status, StatusCode::OK);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,7 +6,7 @@ use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::time::Duration;
 
-use axum::extract::FromRequestParts;
+use axum::extract::{FromRef, FromRequestParts};
 use axum::response::{IntoResponse, Response};
 use http::request::Parts;
 use http::StatusCode;
@@ -168,7 +168,8 @@ impl<T: fmt::Display> fmt::Display for Guarded<T> {
 ///
 /// The lock client is, in order: the [`LockClient`] in the request's extensions (put there
 /// by a [`LockLayer`](super::LockLayer), or by `axum::Extension(client)`), the router's
-/// state if the state is a `LockClient`, or [`default_client`]. Inside a `LockLayer`
+/// state if the state is a `LockClient`, or [`default_client`]. When the client is a field
+/// of a larger state, use [`StateLocked<T>`], which takes it with `FromRef`. Inside a `LockLayer`
 /// request it acquires as that request's holder, so locking a key the layer (or an earlier
 /// extractor) holds re-enters instead of deadlocking.
 ///
@@ -246,28 +247,114 @@ where
         let value = T::from_request_parts(parts, state)
             .await
             .map_err(LockedRejection::Key)?;
-        let reject = |e: LockError| {
-            let rejection = LockRejection::from_lock_error(&e, T::CONFLICT_STATUS);
-            tracing::debug!(error = %e, status = rejection.status().as_u16(), "Locked extractor rejected the request");
-            LockedRejection::Lock(rejection)
-        };
-        let client = match client_of(parts, state) {
-            Some(client) => client,
-            None => default_client().await.map_err(reject)?,
-        };
-        let holder = parts
-            .extensions
-            .get::<LockInfo>()
-            .map(|info| info.holder.clone())
-            .or_else(Holder::current)
-            .unwrap_or_else(|| client.holder());
-        let mut lock = client.lock(value.lock_key()).holder(&holder);
-        if let Some(lease) = T::LEASE {
-            lock = lock.lease(lease);
-        }
-        let guard = lock.try_acquire(T::WAIT).await.map_err(reject)?;
-        Ok(Locked(Guarded::new(value, guard)))
+        let client = client_of(parts, state);
+        lock(value, parts, client).await.map(Locked)
     }
+}
+
+/// [`Locked<T>`] for apps whose state holds the lock client: takes it from the state
+/// with axum's [`FromRef`] (as `State<LockClient>` would), then locks like `Locked<T>`.
+///
+/// ```
+/// use axum::{extract::{FromRef, Path}, routing::post, Router};
+/// use lockwarden::{LockClient, LockKey, StateLocked};
+///
+/// #[derive(Clone)]
+/// struct AppState {
+///     locks: LockClient,
+///     // db: Pool, ...
+/// }
+///
+/// impl FromRef<AppState> for LockClient { // or #[derive(FromRef)] with axum's `macros`
+///     fn from_ref(state: &AppState) -> Self {
+///         state.locks.clone()
+///     }
+/// }
+///
+/// struct Invoice(u64);
+/// impl LockKey for Invoice {
+///     fn lock_key(&self) -> String { format!("invoice:{}", self.0) }
+/// }
+/// impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Invoice {
+///     type Rejection = axum::extract::rejection::PathRejection;
+///     async fn from_request_parts(parts: &mut http::request::Parts, state: &S) -> Result<Self, Self::Rejection> {
+///         Ok(Invoice(Path::<u64>::from_request_parts(parts, state).await?.0))
+///     }
+/// }
+///
+/// async fn pay(StateLocked(invoice): StateLocked<Invoice>) -> String {
+///     format!("paying invoice {}", invoice.0)
+/// }
+///
+/// let app: Router = Router::new()
+///     .route("/invoices/{id}/pay", post(pay))
+///     .with_state(AppState { locks: LockClient::in_memory() });
+/// ```
+pub struct StateLocked<T>(pub Guarded<T>);
+
+impl<T> Deref for StateLocked<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T> DerefMut for StateLocked<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.0
+    }
+}
+
+impl<T: fmt::Debug> fmt::Debug for StateLocked<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("StateLocked").field(&self.0).finish()
+    }
+}
+
+impl<S, T> FromRequestParts<S> for StateLocked<T>
+where
+    T: LockKey + FromRequestParts<S> + Send,
+    LockClient: FromRef<S>,
+    S: Send + Sync,
+{
+    type Rejection = LockedRejection<T::Rejection>;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let value = T::from_request_parts(parts, state)
+            .await
+            .map_err(LockedRejection::Key)?;
+        let client = LockClient::from_ref(state);
+        lock(value, parts, Some(client)).await.map(StateLocked)
+    }
+}
+
+/// Locks on `value` with `client` (or the default client), as the request's holder.
+async fn lock<T: LockKey, R>(
+    value: T,
+    parts: &Parts,
+    client: Option<LockClient>,
+) -> Result<Guarded<T>, LockedRejection<R>> {
+    let reject = |e: LockError| {
+        let rejection = LockRejection::from_lock_error(&e, T::CONFLICT_STATUS);
+        tracing::debug!(error = %e, status = rejection.status().as_u16(), "Locked extractor rejected the request");
+        LockedRejection::Lock(rejection)
+    };
+    let client = match client {
+        Some(client) => client,
+        None => default_client().await.map_err(reject)?,
+    };
+    let holder = parts
+        .extensions
+        .get::<LockInfo>()
+        .map(|info| info.holder.clone())
+        .or_else(Holder::current)
+        .unwrap_or_else(|| client.holder());
+    let mut lock = client.lock(value.lock_key()).holder(&holder);
+    if let Some(lease) = T::LEASE {
+        lock = lock.lease(lease);
+    }
+    let guard = lock.try_acquire(T::WAIT).await.map_err(reject)?;
+    Ok(Guarded::new(value, guard))
 }
 
 /// The client in the extensions, or the state if the state is one.

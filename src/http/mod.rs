@@ -52,7 +52,7 @@ mod trace;
 pub use body::LockedBody;
 pub use client::default_client;
 #[cfg(feature = "axum")]
-pub use extract::{Guarded, LockKey, Locked, LockedRejection};
+pub use extract::{Guarded, LockKey, Locked, LockedRejection, StateLocked};
 pub use future::ResponseFuture;
 #[cfg(feature = "axum")]
 pub use key::FromPathParam;
