@@ -58,13 +58,13 @@ async fn init() -> Result<LockClient, LockError> {
         );
         return Ok(LockClient::in_memory());
     };
-    let recently_failed = LAST_FAILURE
+    let since_failure = LAST_FAILURE
         .lock()
-        .map(|last| last.is_some_and(|at| at.elapsed() < RECONNECT_AFTER))
-        .unwrap_or(false);
-    if recently_failed {
-        return Err(LockError::Backend(BackendError::Protocol(
-            "the last connection attempt to REDIS_URL failed moments ago".to_owned(),
+        .ok()
+        .and_then(|last| last.map(|at| at.elapsed()));
+    if let Some(since) = since_failure.filter(|since| *since < RECONNECT_AFTER) {
+        return Err(LockError::Backend(BackendError::Unreachable(
+            RECONNECT_AFTER - since,
         )));
     }
     match LockClient::connect(&url).await {

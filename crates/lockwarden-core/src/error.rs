@@ -85,6 +85,9 @@ pub enum BackendError {
     /// Redis answered with something the scripts never return.
     #[error("unexpected reply from redis: {0}")]
     Protocol(String),
+    /// Redis could not be reached moments ago; the next attempt is not due yet.
+    #[error("redis was unreachable moments ago; retrying in {0:?}")]
+    Unreachable(Duration),
 }
 
 impl BackendError {
@@ -98,7 +101,7 @@ impl BackendError {
                     || e.is_connection_refusal()
                     || e.is_timeout()
             }
-            BackendError::TimedOut(_) => true,
+            BackendError::TimedOut(_) | BackendError::Unreachable(_) => true,
             BackendError::Protocol(_) => false,
         }
     }
