@@ -8,7 +8,8 @@
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
   return -1
 end
-local notice = 'released'
+-- '0' is also Redisson's unlock message, so waiters of either library wake on it.
+local notice = '0'
 if KEYS[2] then
   redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
   notice = 'completed'

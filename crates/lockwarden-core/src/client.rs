@@ -14,7 +14,7 @@ use crate::backend::{Backend, Released};
 use crate::error::{BackendError, KeyError, LockError};
 use crate::guard::{LockGuard, LockInfo};
 use crate::holder::Holder;
-use crate::key::{Key, DEFAULT_MAX_KEY_LEN, DEFAULT_NAMESPACE};
+use crate::key::{Key, KeyLayout, DEFAULT_MAX_KEY_LEN, DEFAULT_NAMESPACE};
 use crate::lock::Lock;
 use crate::memory::MemoryBackend;
 use crate::redis::{pubsub, RedisBackend};
@@ -58,6 +58,7 @@ pub(crate) struct Inner {
 #[derive(Clone, Debug)]
 pub(crate) struct Config {
     pub(crate) namespace: String,
+    pub(crate) layout: KeyLayout,
     pub(crate) max_key_len: usize,
     pub(crate) watchdog_timeout: Duration,
     pub(crate) command_timeout: Duration,
@@ -67,6 +68,7 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             namespace: DEFAULT_NAMESPACE.to_owned(),
+            layout: KeyLayout::Tagged,
             max_key_len: DEFAULT_MAX_KEY_LEN,
             watchdog_timeout: Duration::from_secs(30),
             command_timeout: Duration::from_secs(2),
@@ -113,7 +115,7 @@ impl LockClient {
 
     fn make_key(&self, name: &str) -> Result<Key, KeyError> {
         let config = &self.inner.config;
-        Key::new(&config.namespace, config.max_key_len, name)
+        Key::new(&config.namespace, config.max_key_len, config.layout, name)
     }
 
     /// A new holder identity of this client (see [`Holder`]).
@@ -272,6 +274,28 @@ impl LockClientBuilder {
     /// Prefix of every Redis key and channel (default `lockwarden:`).
     pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
         self.config.namespace = namespace.into();
+        self
+    }
+
+    /// How lock names become Redis keys (default [`KeyLayout::Tagged`]).
+    /// [`KeyLayout::Redisson`] also clears the namespace (Redisson has none); set one
+    /// after it if your Redisson lock names carry a prefix.
+    ///
+    /// ```
+    /// use lockwarden_core::{KeyLayout, LockClient};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden_core::LockError> {
+    /// // Exclude a JVM service that locks `RLock lock = redisson.getLock("invoice:7")`:
+    /// let client = LockClient::builder().layout(KeyLayout::Redisson).in_memory();
+    /// // LockClient::builder().layout(KeyLayout::Redisson).connect(url).await? on Redis.
+    /// let guard = client.acquire("invoice:7").await?;
+    /// assert_eq!(guard.key().redis_key(), "invoice:7");
+    /// # guard.release().await }
+    /// ```
+    pub fn layout(mut self, layout: KeyLayout) -> Self {
+        if layout == KeyLayout::Redisson {
+            self.config.namespace.clear();
+        }
+        self.config.layout = layout;
         self
     }
 

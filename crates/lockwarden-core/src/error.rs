@@ -70,6 +70,13 @@ pub enum KeyError {
         /// Byte offset of the first control character.
         at: usize,
     },
+    /// The name contains `{` or `}`, which the Redisson layout cannot escape (they would
+    /// move the lock's keys to different cluster slots).
+    #[error("the key contains a brace at byte {at}, which the Redisson layout does not allow")]
+    Brace {
+        /// Byte offset of the first brace.
+        at: usize,
+    },
 }
 
 /// A failure of the lock store (Redis): connection, protocol, script or timeout.

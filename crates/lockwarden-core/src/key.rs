@@ -11,6 +11,29 @@ pub const DEFAULT_MAX_KEY_LEN: usize = 255;
 /// The namespace every Redis key of a lock is placed under by default.
 pub const DEFAULT_NAMESPACE: &str = "lockwarden:";
 
+/// How the Redis names of a lock are made from its name (see [`Key`]).
+///
+/// ```
+/// use lockwarden_core::{KeyLayout, LockClient};
+/// let client = LockClient::builder().layout(KeyLayout::Redisson).in_memory();
+/// let key = client.key("resource:x").unwrap();
+/// assert_eq!(key.redis_key(), "resource:x");
+/// assert_eq!(key.channel(), "redisson_lock__channel:{resource:x}");
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyLayout {
+    /// Everything under `<namespace>{<escaped name>}`: one hash tag, one cluster slot,
+    /// nothing a name can do about it. The default.
+    #[default]
+    Tagged,
+    /// Redisson's `RLock` layout: the (namespaced) name itself is the hash and its release
+    /// channel is `redisson_lock__channel:{<name>}`, so lockwarden and a JVM service using
+    /// Redisson exclude each other and wake each other's waiters. Names are used as they
+    /// are, so they must not contain braces (each lock's keys must share a cluster slot).
+    Redisson,
+}
+
 /// A validated lock name and the Redis keys derived from it.
 ///
 /// The name comes from user input (a header, a path, a JSON field), so it is checked
@@ -19,15 +42,15 @@ pub const DEFAULT_NAMESPACE: &str = "lockwarden:";
 /// cluster hash slot or reach outside the namespace. Every key that belongs to one lock
 /// carries the same `{hash tag}`, so they live in one cluster slot:
 ///
-/// | what | Redis name |
-/// |---|---|
-/// | the lock hash | `<namespace>{<escaped name>}` |
-/// | the fencing key | `<namespace>{<escaped name>}:fence` |
-/// | the release channel | `<namespace>{<escaped name>}:released` |
-/// | the outcome of a completed claim | `<namespace>{<escaped name>}:done` |
+/// | what | Redis name ([`KeyLayout::Tagged`]) | [`KeyLayout::Redisson`] |
+/// |---|---|---|
+/// | the lock hash | `<namespace>{<escaped name>}` | `<namespace><name>` |
+/// | the fencing key | `<namespace>{<escaped name>}:fence` | `redisson_lock__fence:{<namespace><name>}` |
+/// | the release channel | `<namespace>{<escaped name>}:released` | `redisson_lock__channel:{<namespace><name>}` |
+/// | the outcome of a completed claim | `<namespace>{<escaped name>}:done` | `redisson_lock__done:{<namespace><name>}` |
 ///
 /// Keys are made by [`LockClient::key`](crate::LockClient::key), which applies that client's
-/// namespace and length limit; cloning one is cheap.
+/// namespace, layout and length limit; cloning one is cheap.
 ///
 /// ```
 /// # use lockwarden_core::LockClient;
@@ -44,29 +67,50 @@ pub struct Key(Arc<Layout>);
 
 struct Layout {
     name: Box<str>,
-    /// `<namespace>{<escaped>}:released`; the lock key is a prefix of it.
-    channel: Box<str>,
-    lock_len: usize,
-    /// `<namespace>{<escaped>}:fence`, laid out once: it is sent with every acquire and renewal.
-    fence: Box<str>,
+    /// The lock key, the fencing key and the channel, one after the other: laid out once,
+    /// as every acquire and renewal sends them.
+    names: Box<str>,
+    lock_end: usize,
+    fence_end: usize,
+    layout: KeyLayout,
 }
 
 impl Key {
-    pub(crate) fn new(namespace: &str, max_len: usize, name: &str) -> Result<Self, KeyError> {
+    pub(crate) fn new(
+        namespace: &str,
+        max_len: usize,
+        layout: KeyLayout,
+        name: &str,
+    ) -> Result<Self, KeyError> {
         validate(name, max_len)?;
-        let mut channel = String::with_capacity(namespace.len() + name.len() + 16);
-        escape_into(&mut channel, namespace);
-        channel.push('{');
-        escape_into(&mut channel, name);
-        channel.push('}');
-        let lock_len = channel.len();
-        let fence = format!("{channel}:fence").into();
-        channel.push_str(":released");
+        let mut names = String::with_capacity(3 * (namespace.len() + name.len()) + 64);
+        match layout {
+            KeyLayout::Tagged => {
+                escape_into(&mut names, namespace);
+                names.push('{');
+                escape_into(&mut names, name);
+                names.push('}');
+            }
+            KeyLayout::Redisson => {
+                let full = [namespace, name];
+                if let Some(at) = full.concat().find(['{', '}']) {
+                    return Err(KeyError::Brace {
+                        at: at.saturating_sub(namespace.len()),
+                    });
+                }
+                names.extend(full);
+            }
+        }
+        let lock_end = names.len();
+        push_companion(&mut names, layout, lock_end, "fence");
+        let fence_end = names.len();
+        push_companion(&mut names, layout, lock_end, "released");
         Ok(Self(Arc::new(Layout {
             name: name.into(),
-            channel: channel.into(),
-            lock_len,
-            fence,
+            names: names.into(),
+            lock_end,
+            fence_end,
+            layout,
         })))
     }
 
@@ -77,23 +121,45 @@ impl Key {
 
     /// The Redis key of the lock hash.
     pub fn redis_key(&self) -> &str {
-        &self.0.channel[..self.0.lock_len]
+        &self.0.names[..self.0.lock_end]
     }
 
     /// The Redis key that holds the last fencing token issued for this lock.
     pub(crate) fn fence_key(&self) -> &str {
-        &self.0.fence
+        &self.0.names[self.0.lock_end..self.0.fence_end]
+    }
+
+    /// The pub/sub channel on which releases of this lock are announced.
+    pub fn channel(&self) -> &str {
+        &self.0.names[self.0.fence_end..]
     }
 
     /// The Redis key that keeps the outcome of a completed claim
     /// (see [`Lock::try_claim`](crate::Lock::try_claim)); made on use, as only claims need it.
     pub(crate) fn outcome_key(&self) -> String {
-        format!("{}:done", self.redis_key())
+        let mut out = self.redis_key().to_owned();
+        push_companion(&mut out, self.0.layout, self.0.lock_end, "done");
+        out.replace_range(..self.0.lock_end, "");
+        out
     }
+}
 
-    /// The pub/sub channel on which releases of this lock are announced.
-    pub fn channel(&self) -> &str {
-        &self.0.channel
+/// Appends the name of a lock's companion key (`what`) to `names`, whose first
+/// `lock_end` bytes are the lock key.
+fn push_companion(names: &mut String, layout: KeyLayout, lock_end: usize, what: &str) {
+    match layout {
+        KeyLayout::Tagged => {
+            names.extend_from_within(..lock_end);
+            names.push(':');
+            names.push_str(what);
+        }
+        KeyLayout::Redisson => {
+            names.push_str("redisson_lock__");
+            names.push_str(if what == "released" { "channel" } else { what });
+            names.push_str(":{");
+            names.extend_from_within(..lock_end);
+            names.push('}');
+        }
     }
 }
 
@@ -157,7 +223,25 @@ mod tests {
     use super::*;
 
     fn key(name: &str) -> Result<Key, KeyError> {
-        Key::new(DEFAULT_NAMESPACE, DEFAULT_MAX_KEY_LEN, name)
+        Key::new(
+            DEFAULT_NAMESPACE,
+            DEFAULT_MAX_KEY_LEN,
+            KeyLayout::Tagged,
+            name,
+        )
+    }
+
+    #[test]
+    fn redisson_layout_uses_the_name_itself() {
+        let k = Key::new("", 255, KeyLayout::Redisson, "resource:x").unwrap();
+        assert_eq!(k.redis_key(), "resource:x");
+        assert_eq!(k.fence_key(), "redisson_lock__fence:{resource:x}");
+        assert_eq!(k.channel(), "redisson_lock__channel:{resource:x}");
+        assert_eq!(k.outcome_key(), "redisson_lock__done:{resource:x}");
+        assert_eq!(
+            Key::new("", 255, KeyLayout::Redisson, "a{b}").unwrap_err(),
+            KeyError::Brace { at: 1 }
+        );
     }
 
     #[test]
@@ -166,6 +250,7 @@ mod tests {
         assert_eq!(k.redis_key(), "lockwarden:{orders:42}");
         assert_eq!(k.fence_key(), "lockwarden:{orders:42}:fence");
         assert_eq!(k.channel(), "lockwarden:{orders:42}:released");
+        assert_eq!(k.outcome_key(), "lockwarden:{orders:42}:done");
     }
 
     #[test]
@@ -186,7 +271,7 @@ mod tests {
 
     #[test]
     fn namespace_braces_are_escaped_too() {
-        let k = Key::new("app{1}:", 255, "a").unwrap();
+        let k = Key::new("app{1}:", 255, KeyLayout::Tagged, "a").unwrap();
         assert_eq!(k.redis_key(), "app%7B1%7D:{a}");
     }
 

@@ -41,6 +41,6 @@ pub use client::{ClientStats, LockClient, LockClientBuilder};
 pub use error::{BackendError, KeyError, LockError};
 pub use guard::{LockGuard, LockInfo};
 pub use holder::{Holder, Scoped};
-pub use key::{Key, DEFAULT_MAX_KEY_LEN, DEFAULT_NAMESPACE};
+pub use key::{Key, KeyLayout, DEFAULT_MAX_KEY_LEN, DEFAULT_NAMESPACE};
 pub use lock::{Claim, Lock};
 pub use lost::LostSignal;
