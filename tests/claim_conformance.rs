@@ -43,7 +43,7 @@ async fn a_completed_claim_answers_later_claims_with_its_outcome(env: Env) {
         Err(LockError::Timeout { .. })
     ));
     guard
-        .complete(&outcome, Duration::from_secs(60))
+        .complete(outcome.clone(), Duration::from_secs(60))
         .await
         .unwrap();
     assert_eq!(

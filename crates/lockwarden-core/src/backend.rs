@@ -29,6 +29,12 @@ pub(crate) struct Outcome<'a> {
     pub keep: Duration,
 }
 
+impl<'a> From<&'a (Vec<u8>, Duration)> for Outcome<'a> {
+    fn from((bytes, keep): &'a (Vec<u8>, Duration)) -> Self {
+        Self { bytes, keep: *keep }
+    }
+}
+
 /// Answer of one release.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Released {
@@ -66,19 +72,6 @@ impl Backend {
         match self {
             Backend::Redis(r) => r.attempt(key, holder, lease, claim).await,
             Backend::Memory(m) => Ok(m.attempt(key, holder, lease, claim)),
-        }
-    }
-
-    /// Releases one hold; with an `outcome`, stores it first and tells every waiter.
-    pub(crate) async fn release(
-        &self,
-        key: &Key,
-        holder: &Holder,
-        outcome: Option<Outcome<'_>>,
-    ) -> Result<Released, BackendError> {
-        match self {
-            Backend::Redis(r) => r.release(key, holder, outcome).await,
-            Backend::Memory(m) => Ok(m.release(key, holder, outcome)),
         }
     }
 

@@ -17,6 +17,7 @@ use crate::holder::Holder;
 use crate::key::{Key, KeyLayout, DEFAULT_MAX_KEY_LEN, DEFAULT_NAMESPACE};
 use crate::lock::Lock;
 use crate::memory::MemoryBackend;
+use crate::multi::MultiLock;
 use crate::redis::{pubsub, RedisBackend};
 use crate::waiters::Waiters;
 use crate::watchdog::Watchdog;
@@ -130,6 +131,15 @@ impl LockClient {
     /// An invalid name is reported by the operation that uses it.
     pub fn lock(&self, name: impl AsRef<str>) -> Lock {
         Lock::new(self.clone(), self.make_key(name.as_ref()))
+    }
+
+    /// Several locks to take as one (all or nothing, in a fixed order; see [`MultiLock`]).
+    pub fn multi_lock<I, S>(&self, names: I) -> MultiLock
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        MultiLock::new(self.clone(), names.into_iter().map(Into::into).collect())
     }
 
     /// Acquires `name`, waiting as long as it takes. Shorthand for `lock(name).acquire()`.

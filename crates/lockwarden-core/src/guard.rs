@@ -6,9 +6,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{Outcome, Released};
+use crate::backend::{Backend, Outcome, Released};
 use crate::client::LockClient;
-use crate::error::LockError;
+use crate::error::{BackendError, LockError};
 use crate::holder::Holder;
 use crate::key::Key;
 use crate::lost::LostSignal;
@@ -170,23 +170,37 @@ impl LockGuard {
     /// As [`release`](Self::release); on an error nothing was stored.
     pub async fn complete(
         self,
-        outcome: impl AsRef<[u8]>,
+        outcome: impl Into<Vec<u8>>,
         keep: Duration,
     ) -> Result<(), LockError> {
-        let bytes = outcome.as_ref();
-        self.finish(Some(Outcome { bytes, keep })).await
+        self.finish(Some((outcome.into(), keep))).await
     }
 
-    async fn finish(mut self, outcome: Option<Outcome<'_>>) -> Result<(), LockError> {
+    async fn finish(mut self, outcome: Option<(Vec<u8>, Duration)>) -> Result<(), LockError> {
         self.released = true;
         self.unwatch();
         let completes = outcome.is_some();
-        let released = self
-            .client
-            .inner
-            .backend
-            .release(&self.key, &self.holder, outcome)
-            .await;
+        let released = match &self.client.inner.backend {
+            Backend::Memory(memory) => {
+                Ok(memory.release(&self.key, &self.holder, outcome.as_ref().map(Outcome::from)))
+            }
+            // On a task of its own: a caller that stops waiting (an aborted task, a lost
+            // `select!`) would otherwise keep the command from being sent, leaving the lock
+            // held for its lease by a guard that already counts as released.
+            Backend::Redis(redis) => {
+                let (redis, key, holder) = (redis.clone(), self.key.clone(), self.holder.clone());
+                let release = async move {
+                    redis
+                        .release(&key, &holder, outcome.as_ref().map(Outcome::from))
+                        .await
+                };
+                tokio::spawn(release).await.unwrap_or_else(|e| {
+                    Err(BackendError::Protocol(format!(
+                        "the release task failed: {e}"
+                    )))
+                })
+            }
+        };
         tracing::debug!(key = %self.key, ?released, completes, "lock release");
         match released? {
             Released::Freed | Released::Remaining(_) => Ok(()),

@@ -131,7 +131,7 @@ impl Lock {
     /// let receipt = match charge.try_claim(Duration::from_secs(1)).await? {
     ///     Claim::Acquired(guard) => {
     ///         let receipt = b"charged 12.00".to_vec(); // the work, done once
-    ///         guard.complete(&receipt, Duration::from_secs(24 * 3600)).await?;
+    ///         guard.complete(receipt.clone(), Duration::from_secs(24 * 3600)).await?;
     ///         receipt
     ///     }
     ///     Claim::Completed(receipt) => receipt,

@@ -1,0 +1,194 @@
+//! A holder *process* dies (SIGKILL) while it holds a watchdog lock: nobody releases the
+//! lock and nobody publishes a release notice, so the lock must simply run out with the
+//! lease of the holder's last renewal, and a waiter in another process must take it over
+//! then: not earlier (that would break mutual exclusion) and not much later (that would
+//! block the key for longer than one watchdog lease).
+//!
+//! The holder is this test binary itself, re-executed as a child process that runs only
+//! [`holder_child`] (see [`HOLDER_ENV`]); run normally, `holder_child` returns at once.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use lockwarden::LockClient;
+use lockwarden_testkit::RedisServer;
+
+/// Set (to a Redis URL) only in the re-executed child: it makes [`holder_child`] act as
+/// the holder process.
+const HOLDER_ENV: &str = "LOCKWARDEN_HOLDER_URL";
+/// The child test's name, passed to the re-executed binary with `--exact`.
+const CHILD_TEST: &str = "holder_child";
+const LOCK: &str = "sigkill";
+const LOCK_KEY: &str = "lockwarden:{sigkill}";
+/// The holder's watchdog lease: renewed every 500 ms.
+const LEASE: Duration = Duration::from_millis(1500);
+
+/// Not a test on its own: the body of the holder process. Without [`HOLDER_ENV`] it
+/// returns at once. With it, it acquires [`LOCK`] with a 1.5 s watchdog lease, prints
+/// `HELD <token> <holder id>` and then sleeps (at most 120 s, in case the parent died)
+/// while its watchdog keeps renewing, until the parent SIGKILLs it.
+#[test]
+fn holder_child() {
+    let Ok(url) = std::env::var(HOLDER_ENV) else {
+        return;
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async move {
+        let client = LockClient::builder()
+            .watchdog_timeout(LEASE)
+            .connect(&url)
+            .await
+            .unwrap();
+        let guard = client
+            .try_acquire(LOCK, Duration::from_secs(10))
+            .await
+            .unwrap();
+        println!("HELD {} {}", guard.fencing_token(), guard.holder().id());
+        tokio::time::sleep(Duration::from_secs(120)).await;
+        drop(guard);
+    });
+}
+
+/// Kills (SIGKILL) and reaps the child when dropped, so a failing test leaves no process.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn pttl(server: &RedisServer, key: &str) -> i64 {
+    server.query(&["PTTL", key]).unwrap()
+}
+
+/// Promise: when the process holding a watchdog lock is SIGKILLed, a waiter in another
+/// process acquires the lock
+/// - never before the lease granted by the holder's last renewal has run out: acquired
+///   at or after (time the PTTL was asked just before the kill) + that PTTL, minus
+///   100 ms of tolerance for clock granularity; and
+/// - no later than one watchdog lease (1.5 s) after the kill, plus 500 ms of slack for
+///   scheduling on a loaded machine: the waiter sleeps until the holder's lease end and
+///   retries then, it does not need a release notice that a dead holder never sends.
+///
+/// It also checks that the holder's watchdog really was renewing (the lock outlived one
+/// lease before the kill) and that the new holder's fencing token is larger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_of_a_killed_holder_process_is_taken_over_after_its_last_lease() {
+    let server = RedisServer::start().unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let mut child = Reaped(
+        Command::new(exe)
+            .args(["--exact", CHILD_TEST, "--nocapture", "--test-threads=1"])
+            .env(HOLDER_ENV, server.url())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+
+    // Read the child's stdout on a thread, so waiting for `HELD` is bounded.
+    let stdout = child.0.stdout.take().unwrap();
+    let (lines_tx, lines_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (child_token, child_holder) = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = lines_rx
+            .recv_timeout(left)
+            .expect("the holder process prints HELD within 30 s");
+        // libtest may have written `test holder_child ... ` on the same line.
+        if let Some((_, rest)) = line.split_once("HELD ") {
+            let (token, holder) = rest.split_once(' ').unwrap();
+            break (token.parse::<u64>().unwrap(), holder.to_owned());
+        }
+    };
+    let held_at = Instant::now();
+
+    // Outlive one whole lease: the lock can only still be there if the child's watchdog
+    // renewed it.
+    tokio::time::sleep(LEASE + Duration::from_millis(300)).await;
+    let count: Option<String> = server.query(&["HGET", LOCK_KEY, &child_holder]).unwrap();
+    assert_eq!(
+        count.as_deref(),
+        Some("1"),
+        "the holder's lock was not renewed past its first lease ({:?} after HELD)",
+        held_at.elapsed()
+    );
+
+    // A waiter in this process, already waiting when the holder dies.
+    let waiter = LockClient::connect(&server.url()).await.unwrap();
+    let task = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move {
+            let guard = waiter.try_acquire(LOCK, Duration::from_secs(10)).await;
+            (Instant::now(), guard)
+        })
+    };
+    // Off the renewal beat (renewals every 500 ms from HELD), so the kill usually lands
+    // mid-interval and the dead holder's lease has less than a full lease left.
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    assert!(!task.is_finished(), "the waiter got a lock that is held");
+
+    let asked_at = Instant::now();
+    let ttl = pttl(&server, LOCK_KEY);
+    child.0.kill().unwrap();
+    let killed_at = Instant::now();
+    child.0.wait().unwrap();
+    assert!(
+        ttl > 0 && ttl <= LEASE.as_millis() as i64,
+        "PTTL before the kill: {ttl}"
+    );
+    let ttl = Duration::from_millis(ttl as u64);
+
+    let (acquired_at, guard) = tokio::time::timeout(Duration::from_secs(15), task)
+        .await
+        .expect("the waiter finishes")
+        .unwrap();
+    let guard = guard.expect("the waiter acquires the dead holder's lock");
+    let takeover = acquired_at.saturating_duration_since(killed_at);
+    println!(
+        "PTTL just before the kill: {ttl:?}; takeover {takeover:?} after the kill \
+         (kill took {:?} after the PTTL query)",
+        killed_at - asked_at
+    );
+
+    let earliest = (asked_at + ttl)
+        .checked_sub(Duration::from_millis(100))
+        .unwrap();
+    assert!(
+        acquired_at >= earliest,
+        "acquired {takeover:?} after the kill, before the holder's last lease \
+         ({ttl:?} left when asked) ran out"
+    );
+    let latest = killed_at + LEASE + Duration::from_millis(500);
+    assert!(
+        acquired_at <= latest,
+        "acquired only {takeover:?} after the kill, more than one lease ({LEASE:?}) + 500 ms"
+    );
+    assert!(
+        guard.fencing_token() > child_token,
+        "fencing token went from {child_token} to {}",
+        guard.fencing_token()
+    );
+    let fields: Vec<(String, String)> = server.query(&["HGETALL", LOCK_KEY]).unwrap();
+    assert_eq!(
+        fields,
+        vec![(guard.holder().id().to_owned(), "1".to_owned())]
+    );
+    guard.release().await.unwrap();
+}
