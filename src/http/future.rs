@@ -359,6 +359,12 @@ fn route<RB>(
     let Some(key) = key else {
         return on_missing(request);
     };
+    // The namespace would make an empty key a valid name: one lock for every such request.
+    if key.is_empty() {
+        return Next::Reject(LockRejection::InvalidKey {
+            detail: "The lock key is empty.".to_owned(),
+        });
+    }
     let (parts, body) = request.into_parts();
     let scope = match &config.scope {
         None => None,

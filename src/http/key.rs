@@ -126,7 +126,21 @@ fn missing(detail: String) -> LockRejection {
     }
 }
 
+/// Refuses an empty key: with the namespace in front it would still make a valid lock
+/// name, one lock shared by every request that sends an empty value.
+fn non_empty(key: String, what: impl FnOnce() -> String) -> Result<String, LockRejection> {
+    if key.is_empty() {
+        return Err(LockRejection::InvalidKey {
+            detail: format!("{} is empty.", what()),
+        });
+    }
+    Ok(key)
+}
+
 /// The key is the value of a request header (made by [`LockLayer::by_header`](super::LockLayer::by_header)).
+///
+/// An empty value, a value that is not UTF-8, or the header sent more than once (which
+/// value would the handler use?) is answered 400 `invalid-lock-key`.
 ///
 /// ```
 /// # use lockwarden::http::{FromHeader, PartsKey};
@@ -158,11 +172,19 @@ impl FromHeader {
 
 impl PartsKey for FromHeader {
     fn key(&self, parts: &mut Parts) -> Result<Option<String>, LockRejection> {
-        let Some(value) = parts.headers.get(&self.name) else {
+        let mut values = parts.headers.get_all(&self.name).iter();
+        let Some(value) = values.next() else {
             return Ok(None);
         };
+        if values.next().is_some() {
+            return Err(LockRejection::InvalidKey {
+                detail: format!("The `{}` header is sent more than once.", self.name),
+            });
+        }
         match std::str::from_utf8(value.as_bytes()) {
-            Ok(value) => Ok(Some(value.to_owned())),
+            Ok(value) => {
+                non_empty(value.to_owned(), || format!("The `{}` header", self.name)).map(Some)
+            }
             Err(_) => Err(LockRejection::InvalidKey {
                 detail: format!("The `{}` header is not valid UTF-8.", self.name),
             }),
@@ -274,7 +296,7 @@ impl<F> FromFn<F>
 where
     F: Fn(&Parts) -> Option<String> + Clone,
 {
-    /// Keys by `f`; `None` means the request has no key.
+    /// Keys by `f`; `None` means the request has no key, an empty key is answered 400.
     pub fn new(f: F) -> Self {
         Self { f }
     }
@@ -291,7 +313,9 @@ where
     F: Fn(&Parts) -> Option<String> + Clone,
 {
     fn key(&self, parts: &mut Parts) -> Result<Option<String>, LockRejection> {
-        Ok((self.f)(parts))
+        (self.f)(parts)
+            .map(|key| non_empty(key, || "The lock key".to_owned()))
+            .transpose()
     }
 
     fn missing(&self) -> LockRejection {
@@ -313,6 +337,7 @@ where
 /// | body unreadable or not JSON | 400 |
 /// | field absent or `null` | missing key: 422 (or let through, see [`LockLayer::on_missing_key`](super::LockLayer::on_missing_key)) |
 /// | field is a bool, array or object | 422 |
+/// | field is an empty string | 400 |
 ///
 /// ```
 /// # use lockwarden::http::{FromJsonField, KeySource};
@@ -357,7 +382,9 @@ impl FromJsonField {
             })?;
         match value.pointer(&self.pointer) {
             None | Some(serde_json::Value::Null) => Ok(None),
-            Some(serde_json::Value::String(s)) => Ok(Some(s.clone())),
+            Some(serde_json::Value::String(s)) => {
+                non_empty(s.clone(), || format!("The JSON field `{}`", self.pointer)).map(Some)
+            }
             Some(serde_json::Value::Number(n)) => Ok(Some(n.to_string())),
             Some(_) => Err(LockRejection::InvalidBody {
                 status: StatusCode::UNPROCESSABLE_ENTITY,
@@ -512,6 +539,38 @@ mod tests {
     #[should_panic(expected = "not a JSON Pointer")]
     fn json_pointer_must_start_with_a_slash() {
         let _ = FromJsonField::new("data.id", 10);
+    }
+
+    #[test]
+    fn empty_and_repeated_keys_are_invalid() {
+        let source = FromHeader::new("k");
+        let parts = |values: &[&str]| {
+            let mut builder = Request::builder();
+            for value in values {
+                builder = builder.header("k", *value);
+            }
+            builder.body(()).unwrap().into_parts().0
+        };
+        for values in [&[""][..], &["a", "b"], &["a", "a"]] {
+            assert!(
+                matches!(
+                    source.key(&mut parts(values)),
+                    Err(LockRejection::InvalidKey { .. })
+                ),
+                "{values:?}"
+            );
+        }
+        assert_eq!(
+            source.key(&mut parts(&["a"])).unwrap().as_deref(),
+            Some("a")
+        );
+        let json = FromJsonField::new("/a", 100);
+        assert_eq!(
+            json.key_of(br#"{"a":""}"#).unwrap_err().status(),
+            StatusCode::BAD_REQUEST
+        );
+        let by = FromFn::new(|_: &Parts| Some(String::new()));
+        assert!(by.key(&mut parts(&[])).is_err());
     }
 
     #[test]

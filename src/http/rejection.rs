@@ -266,7 +266,10 @@ impl LockRejection {
 
 /// Whole seconds, rounded up, at least one.
 fn retry_after_secs(retry_after: Duration) -> u64 {
-    let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+    // Saturating: `Duration::MAX` (a caller's "no idea") must not overflow.
+    let secs = retry_after
+        .as_secs()
+        .saturating_add(u64::from(retry_after.subsec_nanos() > 0));
     secs.max(1)
 }
 
@@ -296,6 +299,7 @@ mod tests {
         assert_eq!(retry_after_secs(Duration::from_secs(1)), 1);
         assert_eq!(retry_after_secs(Duration::from_millis(1001)), 2);
         assert_eq!(retry_after_secs(Duration::from_secs(30)), 30);
+        assert_eq!(retry_after_secs(Duration::MAX), u64::MAX);
     }
 
     #[test]
