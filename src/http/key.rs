@@ -10,17 +10,14 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
-use http::header::CONTENT_LENGTH;
 use http::request::Parts;
 use http::{HeaderName, Request, StatusCode};
 use http_body::Body;
-use http_body_util::combinators::Collect;
-use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use http_body_util::Full;
 use pin_project_lite::pin_project;
 
+use super::buffer::{BoxError, ReadBody};
 use super::rejection::LockRejection;
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// What a [`KeySource`] found: the request (possibly with a rebuilt body) and its key,
 /// `None` if the request carries none.
@@ -406,22 +403,8 @@ where
     type Future = JsonKeyFuture<B>;
 
     fn extract(&self, request: Request<B>) -> Self::Future {
-        let (parts, body) = request.into_parts();
-        let declared = parts
-            .headers
-            .get(CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
-        let state = if declared.is_some_and(|len| len > self.limit as u64) {
-            JsonState::TooLarge { limit: self.limit }
-        } else {
-            JsonState::Reading {
-                collect: Limited::new(body, self.limit).collect(),
-            }
-        };
         JsonKeyFuture {
-            state,
-            parts: Some(parts),
+            read: ReadBody::new(request, self.limit),
             source: self.clone(),
         }
     }
@@ -446,21 +429,8 @@ pin_project! {
         B::Error: Into<BoxError>,
     {
         #[pin]
-        state: JsonState<B>,
-        parts: Option<Parts>,
+        read: ReadBody<B>,
         source: FromJsonField,
-    }
-}
-
-pin_project! {
-    #[project = JsonStateProj]
-    enum JsonState<B>
-    where
-        B: Body,
-        B::Error: Into<BoxError>,
-    {
-        Reading { #[pin] collect: Collect<Limited<B>> },
-        TooLarge { limit: usize },
     }
 }
 
@@ -473,35 +443,11 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let collected = match this.state.project() {
-            JsonStateProj::TooLarge { limit } => {
-                return Poll::Ready(Err(LockRejection::BodyTooLarge { limit: *limit }))
-            }
-            JsonStateProj::Reading { collect } => ready!(collect.poll(cx)),
+        let (parts, bytes) = match ready!(this.read.poll(cx)) {
+            Ok(read) => read,
+            Err(rejection) => return Poll::Ready(Err(rejection)),
         };
-        let bytes = match collected {
-            Ok(collected) => collected.to_bytes(),
-            Err(e) if e.is::<LengthLimitError>() => {
-                return Poll::Ready(Err(LockRejection::BodyTooLarge {
-                    limit: this.source.limit,
-                }))
-            }
-            Err(e) => {
-                return Poll::Ready(Err(LockRejection::InvalidBody {
-                    status: StatusCode::BAD_REQUEST,
-                    detail: format!("The request body could not be read: {e}."),
-                }))
-            }
-        };
-        let key = this.source.key_of(&bytes);
-        let Some(parts) = this.parts.take() else {
-            // Polled again after completion: a caller bug; answer as an unreadable body.
-            return Poll::Ready(Err(LockRejection::InvalidBody {
-                status: StatusCode::BAD_REQUEST,
-                detail: "The request body was already consumed.".to_owned(),
-            }));
-        };
-        Poll::Ready(key.map(|key| Extracted {
+        Poll::Ready(this.source.key_of(&bytes).map(|key| Extracted {
             request: Request::from_parts(parts, Full::new(bytes)),
             key,
         }))
