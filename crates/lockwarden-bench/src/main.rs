@@ -1,7 +1,7 @@
 //! `lockwarden-bench`: starts its own redis-server, measures lockwarden against the raw
 //! round trips and the locks people use today, prints one markdown table and writes
 //! `target/bench/latest.json`. Exits non-zero on any exclusion violation, fencing token
-//! going backwards, lost lock or failed workload.
+//! going backwards, lost lock, non-2xx answer in the HTTP workload, or failed workload.
 //!
 //! ```text
 //! cargo run --release -p lockwarden-bench -- [--quick] [--only 1,4] [--out FILE]
@@ -23,15 +23,16 @@ use serde_json::json;
 use crate::baselines::BoxError;
 use crate::check::Checks;
 use crate::stats::{Report, Row, Summary};
-use crate::workloads::{handoff, held, many_keys, uncontended, waiters, watchdog, Ctx};
+use crate::workloads::{handoff, held, http, many_keys, uncontended, waiters, watchdog, Ctx};
 
-const WORKLOADS: [&str; 6] = [
+const WORKLOADS: [&str; 7] = [
     "uncontended",
     "hot key handoff",
     "held then released",
     "many keys in parallel",
     "watchdog at scale",
     "waiters at scale",
+    "HTTP (LockLayer)",
 ];
 
 struct Args {
@@ -128,7 +129,8 @@ async fn main() -> Result<ExitCode, BoxError> {
             3 => held::run(&ctx, &mut report).await,
             4 => many_keys::run(&ctx, &mut report).await,
             5 => watchdog::run(&ctx, &mut report).await,
-            _ => waiters::run(&ctx, &mut report).await,
+            6 => waiters::run(&ctx, &mut report).await,
+            _ => http::run(&ctx, &mut report).await,
         };
         if let Err(e) = result {
             ctx.checks

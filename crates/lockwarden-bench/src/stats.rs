@@ -49,9 +49,11 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
-/// Completed operations per 100 ms window, for throughput median/p99.
+/// Completed operations per window (100 ms unless made [`with_width`](Self::with_width)),
+/// for throughput median/p99.
 pub struct Windows {
     start: Instant,
+    width: Duration,
     full: usize,
     counts: Vec<AtomicU64>,
 }
@@ -60,9 +62,14 @@ const WINDOW: Duration = Duration::from_millis(100);
 
 impl Windows {
     pub fn new(start: Instant, run: Duration) -> Self {
-        let full = (run.as_nanos() / WINDOW.as_nanos()) as usize;
+        Self::with_width(start, run, WINDOW)
+    }
+
+    pub fn with_width(start: Instant, run: Duration, width: Duration) -> Self {
+        let full = (run.as_nanos() / width.as_nanos()) as usize;
         Self {
             start,
+            width,
             full,
             // One overflow window collects completions after the run's end.
             counts: (0..=full).map(|_| AtomicU64::new(0)).collect(),
@@ -70,19 +77,24 @@ impl Windows {
     }
 
     pub fn record(&self) {
-        let i = (self.start.elapsed().as_nanos() / WINDOW.as_nanos()) as usize;
+        let i = (self.start.elapsed().as_nanos() / self.width.as_nanos()) as usize;
         self.counts[i.min(self.full)].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Operations per second in each full window of the run.
     pub fn summary(&self) -> Summary {
-        let per_sec = 1.0 / WINDOW.as_secs_f64();
-        Summary::rates(
-            self.counts[..self.full]
-                .iter()
-                .map(|c| c.load(Ordering::Relaxed) as f64 * per_sec)
-                .collect(),
-        )
+        Summary::rates(self.rates_until(Duration::MAX))
+    }
+
+    /// Operations per second in each full window that ended within `end` of the start
+    /// (for runs that may stop before their time limit).
+    pub fn rates_until(&self, end: Duration) -> Vec<f64> {
+        let per_sec = 1.0 / self.width.as_secs_f64();
+        let windows = (end.as_nanos() / self.width.as_nanos()).min(self.full as u128) as usize;
+        self.counts[..windows]
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed) as f64 * per_sec)
+            .collect()
     }
 }
 
@@ -256,5 +268,18 @@ mod tests {
         let r = Summary::rates((1..=100).map(f64::from).collect());
         assert_eq!(r.p99, 1.0);
         assert!(Summary::of(vec![]).median.is_nan());
+    }
+
+    #[test]
+    fn windows_until_leave_out_the_unfinished_ones() {
+        let start = Instant::now() - Duration::from_millis(250);
+        let windows = Windows::new(start, Duration::from_secs(1));
+        windows.record(); // lands in the third window, which has not ended at 250 ms
+        assert_eq!(
+            windows.rates_until(Duration::from_millis(250)),
+            vec![0.0, 0.0]
+        );
+        assert_eq!(windows.rates_until(Duration::from_millis(300))[2], 10.0);
+        assert_eq!(windows.summary().n, 10);
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod handoff;
 pub mod held;
+pub mod http;
 pub mod many_keys;
 pub mod uncontended;
 pub mod waiters;
@@ -45,6 +46,15 @@ impl Ctx {
             .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
             .and_then(|rest| rest.split(',').next())
             .map_or(Ok(0), str::parse)?)
+    }
+
+    /// `total_commands_processed` from `INFO stats` (every command, admin ones included).
+    pub fn commands_processed(&self) -> Result<u64, BoxError> {
+        let info: String = self.admin(&["INFO", "stats"])?;
+        Ok(info
+            .lines()
+            .find_map(|l| l.strip_prefix("total_commands_processed:"))
+            .map_or(Ok(0), |v| v.trim().parse())?)
     }
 
     /// CPU time the Redis server has used (user + system), from `INFO cpu`.

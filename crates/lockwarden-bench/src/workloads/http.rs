@@ -1,0 +1,542 @@
+//! Workload 7: HTTP. One small axum app (`POST /orders`, a JSON order in, a JSON order
+//! out) with and without `LockLayer::by_header("Idempotency-Key")`, every request with a
+//! fresh key (so no request can conflict), each app served by hyper on its own
+//! 127.0.0.1:0 listener in this process and driven by hyper HTTP/1.1 keep-alive client
+//! connections, one task per connection:
+//!
+//! * **1 connection**: sequential requests, the apps taking turns request by request, so
+//!   the latency the lock adds is not hidden by queueing.
+//! * **64 connections**: a fixed number of requests per app, bounded by a time limit,
+//!   in rounds A B C C B A so drift hits the apps alike. Requests/s, latency, CPU per
+//!   request.
+//!
+//! Diagnostic apps show where the time goes: two raw `EVALSHA` in the handler (the floor
+//! for an acquire and a release on the request path, as the layer has them: it hands on
+//! the last body frame only once the release is done; 1 connection only), the lock
+//! engine called in the handler without the layer (`try_acquire(0)`, build the response,
+//! `release().await`), and the layer with a fixed lease instead of the watchdog
+//! (1 connection only).
+//!
+//! Any non-2xx answer, or a handler that did not see the lock (or saw one where none was
+//! taken), is a problem: the run exits non-zero. Afterwards no lock may be left in Redis.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, Request, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Extension, Json, Router};
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use hyper_util::service::TowerToHyperService;
+use lockwarden::{LockClient, LockInfo, LockLayer};
+use redis::aio::ConnectionManager;
+use serde_json::{json, Value};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::{JoinHandle, JoinSet};
+
+use crate::baselines::{connection_manager, evalsha_pair, BoxError};
+use crate::check::Checks;
+use crate::stats::{Report, Row, Summary, Windows};
+use crate::workloads::{cpu_time, join_all, Ctx};
+
+const NAME: &str = "7 HTTP";
+const SEQUENTIAL: &str = "7 HTTP, 1 connection";
+const CONCURRENT: &str = "7 HTTP, 64 connections";
+const CONNECTIONS: usize = 64;
+const KEY_HEADER: &str = "idempotency-key";
+/// Set by the handler when the request carries a `LockInfo`: proof the layer locked.
+const TOKEN_HEADER: &str = "x-fencing-token";
+const ORDER: &[u8] = br#"{"sku":"A-1001","qty":2}"#;
+/// Throughput windows: a quick round of the no-lock app lasts only ~0.2 s.
+const WINDOW: Duration = Duration::from_millis(20);
+/// Lease of the fixed-lease layer variant.
+const LEASE: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum App {
+    Plain,
+    Evalsha,
+    Engine,
+    Layer,
+    LayerLease,
+}
+
+impl App {
+    /// The apps of the 1-connection part. The first three are the references, in this
+    /// order: no lock, the 2 × EVALSHA floor, the lock in the handler.
+    const SEQUENTIAL: [App; 5] = [
+        App::Plain,
+        App::Evalsha,
+        App::Engine,
+        App::Layer,
+        App::LayerLease,
+    ];
+    /// The apps of the 64-connection part, run in this order and then reversed.
+    const CONCURRENT: [App; 3] = [App::Plain, App::Engine, App::Layer];
+
+    fn name(self) -> &'static str {
+        match self {
+            App::Plain => "axum, no lock",
+            App::Evalsha => "axum + 2 × EVALSHA in handler",
+            App::Engine => "axum + lock in handler (no layer)",
+            App::Layer => "axum + LockLayer::by_header",
+            App::LayerLease => "axum + LockLayer (10 s lease)",
+        }
+    }
+
+    fn slug(self) -> &'static str {
+        match self {
+            App::Plain => "plain",
+            App::Evalsha => "eval",
+            App::Engine => "engine",
+            App::Layer => "layer",
+            App::LayerLease => "lease",
+        }
+    }
+
+    fn locked(self) -> bool {
+        matches!(self, App::Engine | App::Layer | App::LayerLease)
+    }
+
+    fn router(self, client: &LockClient, redis: &ConnectionManager) -> Router {
+        let orders = Router::new().route("/orders", post(create_order));
+        let layer = LockLayer::by_header("Idempotency-Key").client(client.clone());
+        match self {
+            App::Plain => orders,
+            App::Evalsha => Router::new()
+                .route("/orders", post(create_order_after_evalsha))
+                .with_state(redis.clone()),
+            App::Engine => Router::new()
+                .route("/orders", post(create_order_under_lock))
+                .with_state(client.clone()),
+            App::Layer => orders.layer(layer),
+            App::LayerLease => orders.layer(layer.lease(LEASE)),
+        }
+    }
+}
+
+static NEXT_ORDER: AtomicU64 = AtomicU64::new(1);
+
+async fn create_order(lock: Option<Extension<LockInfo>>, Json(order): Json<Value>) -> Response {
+    let id = NEXT_ORDER.fetch_add(1, Ordering::Relaxed);
+    let body = json!({ "id": id, "sku": order["sku"], "qty": order["qty"], "status": "created" });
+    let mut response = (StatusCode::CREATED, Json(body)).into_response();
+    if let Some(Extension(info)) = lock {
+        response
+            .headers_mut()
+            .insert(TOKEN_HEADER, info.fencing_token().into());
+    }
+    response
+}
+
+async fn create_order_after_evalsha(
+    State(mut redis): State<ConnectionManager>,
+    lock: Option<Extension<LockInfo>>,
+    order: Json<Value>,
+) -> Response {
+    if let Err(e) = evalsha_pair(&mut redis).await {
+        return (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response();
+    }
+    create_order(lock, order).await
+}
+
+/// The layer's work done by hand: lock the key (one attempt, as the layer's default),
+/// build the response, release (awaited, as the layer does before the last body frame).
+async fn create_order_under_lock(
+    State(client): State<LockClient>,
+    headers: HeaderMap,
+    order: Json<Value>,
+) -> Response {
+    let Some(key) = headers.get(KEY_HEADER).and_then(|v| v.to_str().ok()) else {
+        return (StatusCode::BAD_REQUEST, "no key").into_response();
+    };
+    match client
+        .lock(format!("engine:{key}"))
+        .try_acquire(Duration::ZERO)
+        .await
+    {
+        Ok(guard) => {
+            let response = create_order(Some(Extension(guard.info())), order).await;
+            match guard.release().await {
+                Ok(()) => response,
+                Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
+            }
+        }
+        Err(e) => (StatusCode::CONFLICT, e.to_string()).into_response(),
+    }
+}
+
+/// An app served on 127.0.0.1:0; dropping it stops the server and its connections.
+struct Server {
+    addr: SocketAddr,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn serve(router: Router) -> Result<Server, BoxError> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let task = tokio::spawn(async move {
+        // Owned by the accept loop, so aborting it closes every connection as well.
+        let mut connections = JoinSet::new();
+        while let Ok((stream, _)) = listener.accept().await {
+            let _ = stream.set_nodelay(true);
+            let service = TowerToHyperService::new(router.clone());
+            connections.spawn(async move {
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    Ok(Server { addr, task })
+}
+
+type Sender = SendRequest<Full<Bytes>>;
+
+/// A keep-alive HTTP/1.1 client connection; its task ends when the sender is dropped.
+async fn connect(addr: SocketAddr) -> Result<Sender, BoxError> {
+    let stream = TcpStream::connect(addr).await?;
+    stream.set_nodelay(true)?;
+    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(connection);
+    Ok(sender)
+}
+
+/// One `POST /orders` with the fresh key `key`, body read to the end; returns its latency.
+/// A non-2xx answer or a lock seen where none was expected (or the reverse) is a problem.
+async fn order(
+    sender: &mut Sender,
+    app: App,
+    key: &str,
+    checks: &Checks,
+) -> Result<Duration, BoxError> {
+    let started = Instant::now();
+    sender.ready().await?;
+    let request = Request::post("/orders")
+        .header(header::HOST, "127.0.0.1")
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(KEY_HEADER, key)
+        .body(Full::new(Bytes::from_static(ORDER)))?;
+    let response = sender.send_request(request).await?;
+    let status = response.status();
+    let saw_lock = response.headers().contains_key(TOKEN_HEADER);
+    let body = response.into_body().collect().await?.to_bytes();
+    let latency = started.elapsed();
+    if !status.is_success() {
+        checks.problem(format!(
+            "{NAME}: {} answered {status} to a request with the fresh key `{key}`: {}",
+            app.name(),
+            String::from_utf8_lossy(&body)
+        ));
+    } else if saw_lock != app.locked() {
+        let saw = if saw_lock { "saw" } else { "did not see" };
+        checks.problem(format!(
+            "{NAME}: {}: the handler {saw} a lock for `{key}`",
+            app.name()
+        ));
+    }
+    Ok(latency)
+}
+
+pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
+    let sequential_requests = ctx.pick(2_000, 10_000);
+    let sequential_limit = ctx.pick(Duration::from_secs(6), Duration::from_secs(30));
+    let requests: u64 = ctx.pick(20_000, 200_000);
+    let round_limit = ctx.pick(Duration::from_secs(4), Duration::from_secs(30));
+    let warmup: u64 = ctx.pick(2_000, 5_000);
+
+    let client = LockClient::connect(&ctx.url).await?;
+    let redis = connection_manager(&ctx.url).await?;
+    let mut servers = Vec::new();
+    for app in App::SEQUENTIAL {
+        servers.push((app, serve(app.router(&client, &redis)).await?));
+    }
+    let addr = |app: App| {
+        servers
+            .iter()
+            .find(|(a, _)| *a == app)
+            .map(|(_, s)| s.addr)
+            .expect("every app is served")
+    };
+
+    let (_, evalsha) = ctx.fresh_baseline(report, NAME).await?;
+
+    // 1 connection per app, sequential, the apps taking turns.
+    let mut senders = Vec::new();
+    for app in App::SEQUENTIAL {
+        let mut sender = connect(addr(app)).await?;
+        for i in 0..200 {
+            let key = format!("w7-{}-seqwarm-{i}", app.slug());
+            order(&mut sender, app, &key, &ctx.checks).await?;
+        }
+        senders.push(sender);
+    }
+    let samples = sequential(ctx, &mut senders, sequential_requests, sequential_limit).await?;
+    drop(senders);
+    let latency: Vec<Summary> = samples.iter().map(|s| Summary::micros(s)).collect();
+    let (plain, floor, engine) = (latency[0], latency[1], latency[2]);
+    for (app, s) in App::SEQUENTIAL.iter().zip(&latency) {
+        let mut row = Row::new(SEQUENTIAL, app.name(), "latency per request", "µs")
+            .summary(*s)
+            .note(format!("{} sequential requests", s.n));
+        if s.n < sequential_requests {
+            row = row.note("stopped by the time limit");
+        }
+        report.push(row);
+        if *app == App::Plain {
+            continue;
+        }
+        let mut row = Row::new(
+            SEQUENTIAL,
+            app.name(),
+            "added latency (p50 difference)",
+            "µs",
+        )
+        .value(s.median - plain.median)
+        .ratio_to(evalsha.median, "round trips: ÷ EVALSHA median")
+        .note(format!("p99 difference {:.0} µs", s.p99 - plain.p99));
+        row = match app {
+            App::Evalsha => row.note("the floor: two round trips on the request path"),
+            App::Engine => row.note(format!(
+                "{:+.1} µs vs the 2 × EVALSHA app",
+                s.median - floor.median
+            )),
+            _ => row.note(format!(
+                "{:+.1} µs vs the 2 × EVALSHA app, {:+.1} µs vs the lock in the handler",
+                s.median - floor.median,
+                s.median - engine.median
+            )),
+        };
+        report.push(row);
+    }
+
+    // 64 connections per app, rounds A B C C B A.
+    let apps = App::CONCURRENT;
+    let mut pools = Vec::new();
+    for app in apps {
+        let mut pool = Vec::with_capacity(CONNECTIONS);
+        for _ in 0..CONNECTIONS {
+            pool.push(connect(addr(app)).await?);
+        }
+        round(ctx, app, &mut pool, "warm", warmup, round_limit).await?;
+        pools.push(pool);
+    }
+    let mut totals: Vec<Totals> = apps.iter().map(|_| Totals::default()).collect();
+    let sequence = (0..apps.len()).chain((0..apps.len()).rev());
+    for (i, k) in sequence.enumerate() {
+        let phase = format!("r{i}");
+        let r = round(
+            ctx,
+            apps[k],
+            &mut pools[k],
+            &phase,
+            requests / 2,
+            round_limit,
+        )
+        .await?;
+        totals[k].add(r);
+    }
+    drop(pools);
+    let rates: Vec<Summary> = totals
+        .iter()
+        .map(|t| Summary::rates(t.rates.clone()))
+        .collect();
+    let latencies: Vec<Summary> = totals.iter().map(|t| Summary::micros(&t.samples)).collect();
+    for (k, (app, t)) in apps.iter().zip(&totals).enumerate() {
+        let done = t.samples.len() as f64;
+        let mut row = Row::new(CONCURRENT, app.name(), "requests/s", "/s")
+            .summary(rates[k])
+            .note(format!(
+                "{} requests, {:.0}/s overall ({} windows of {} ms)",
+                t.samples.len(),
+                done / t.elapsed.as_secs_f64(),
+                t.rates.len(),
+                WINDOW.as_millis()
+            ))
+            .note(format!(
+                "CPU per request: this process {:.1} µs, redis {:.1} µs",
+                t.cpu.as_secs_f64() * 1e6 / done,
+                t.redis_cpu.as_secs_f64() * 1e6 / done
+            ));
+        row = row.note(format!(
+            "Redis commands per request, incl. in scripts: {:.2} ({:.2} EVALSHA)",
+            t.commands as f64 / done,
+            t.evalsha as f64 / done
+        ));
+        if k > 0 {
+            row = row.ratio_to(rates[0].median, "÷ no-lock median");
+        }
+        if t.stopped_early {
+            row = row.note("stopped by the time limit");
+        }
+        report.push(row);
+        report.push(
+            Row::new(CONCURRENT, app.name(), "latency per request", "µs").summary(latencies[k]),
+        );
+        if k > 0 {
+            report.push(
+                Row::new(
+                    CONCURRENT,
+                    app.name(),
+                    "added latency (p50 difference)",
+                    "µs",
+                )
+                .value(latencies[k].median - latencies[0].median)
+                .ratio_to(evalsha.median, "round trips: ÷ EVALSHA median")
+                .note(format!(
+                    "p99 difference {:.0} µs; mostly queueing (64 in flight)",
+                    latencies[k].p99 - latencies[0].p99
+                )),
+            );
+        }
+    }
+
+    drop(servers);
+    left_behind(ctx).await
+}
+
+/// Sequential requests over one connection per app (in `App::SEQUENTIAL` order), the apps
+/// taking turns and the first app rotating, until `requests` each or `limit`.
+async fn sequential(
+    ctx: &Ctx,
+    senders: &mut [Sender],
+    requests: usize,
+    limit: Duration,
+) -> Result<Vec<Vec<Duration>>, BoxError> {
+    let apps = App::SEQUENTIAL;
+    let deadline = Instant::now() + limit;
+    let mut samples = vec![Vec::with_capacity(requests); apps.len()];
+    for i in 0..requests {
+        if Instant::now() >= deadline {
+            break;
+        }
+        for k in 0..apps.len() {
+            let j = (i + k) % apps.len();
+            let key = format!("w7-{}-seq-{i}", apps[j].slug());
+            samples[j].push(order(&mut senders[j], apps[j], &key, &ctx.checks).await?);
+        }
+    }
+    Ok(samples)
+}
+
+/// What the rounds of one app add up to.
+#[derive(Default)]
+struct Totals {
+    samples: Vec<Duration>,
+    rates: Vec<f64>,
+    elapsed: Duration,
+    cpu: Duration,
+    redis_cpu: Duration,
+    evalsha: u64,
+    commands: u64,
+    stopped_early: bool,
+}
+
+impl Totals {
+    fn add(&mut self, other: Totals) {
+        self.samples.extend(other.samples);
+        self.rates.extend(other.rates);
+        self.elapsed += other.elapsed;
+        self.cpu += other.cpu;
+        self.redis_cpu += other.redis_cpu;
+        self.evalsha += other.evalsha;
+        self.commands += other.commands;
+        self.stopped_early |= other.stopped_early;
+    }
+}
+
+/// `requests` requests to `app` over the connections of `pool`, one task per connection,
+/// keys `w7-<app>-<phase>-<n>`, stopping at `limit`.
+async fn round(
+    ctx: &Ctx,
+    app: App,
+    pool: &mut Vec<Sender>,
+    phase: &str,
+    requests: u64,
+    limit: Duration,
+) -> Result<Totals, BoxError> {
+    let (cpu, redis_cpu) = (cpu_time(), ctx.redis_cpu()?);
+    let evalsha = ctx.evalsha_calls()?;
+    // Every admin query counts too (with whatever its fresh connection sends): measure it.
+    let before = ctx.commands_processed()?;
+    let commands = ctx.commands_processed()?;
+    let per_query = commands.saturating_sub(before);
+    let next = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let deadline = start + limit;
+    let windows = Arc::new(Windows::with_width(start, limit, WINDOW));
+    let per_task = requests as usize / pool.len() + 1;
+    let mut set = JoinSet::new();
+    for mut sender in pool.drain(..) {
+        let (next, windows, checks) = (next.clone(), windows.clone(), ctx.checks.clone());
+        let prefix = format!("w7-{}-{phase}-", app.slug());
+        set.spawn(async move {
+            let mut samples = Vec::with_capacity(per_task);
+            while Instant::now() < deadline {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= requests {
+                    break;
+                }
+                let key = format!("{prefix}{i}");
+                samples.push(order(&mut sender, app, &key, &checks).await?);
+                windows.record();
+            }
+            Ok::<_, BoxError>((sender, samples))
+        });
+    }
+    let joined = join_all(set, limit + Duration::from_secs(30)).await?;
+    let elapsed = start.elapsed();
+    let mut totals = Totals {
+        rates: windows.rates_until(elapsed),
+        elapsed,
+        cpu: cpu_time() - cpu,
+        redis_cpu: ctx.redis_cpu()? - redis_cpu,
+        evalsha: ctx.evalsha_calls()? - evalsha,
+        // Less the three queries after the count (the last one counts only once it has run).
+        commands: ctx
+            .commands_processed()?
+            .saturating_sub(commands + 3 * per_query),
+        ..Totals::default()
+    };
+    for (sender, samples) in joined {
+        pool.push(sender);
+        totals.samples.extend(samples);
+    }
+    totals.stopped_early = (totals.samples.len() as u64) < requests;
+    Ok(totals)
+}
+
+/// Every request has ended, so once the background releases are through no lock hash of
+/// this workload (`…{http:w7-…}`, `…{engine:w7-…}`) may be left in Redis. Fencing keys
+/// (`…}:fence`) stay until their lease ends, by design.
+async fn left_behind(ctx: &Ctx) -> Result<(), BoxError> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let left = ctx.admin::<Vec<String>>(&["KEYS", "*w7-*}"])?;
+        if left.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            ctx.checks.problem(format!(
+                "{NAME}: {} lock(s) still in Redis 5 s after the last request, e.g. `{}`",
+                left.len(),
+                left[0]
+            ));
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
