@@ -66,6 +66,8 @@ enum App {
     Engine,
     Layer,
     LayerLease,
+    /// `.remember(..)`, every request a retry of one of 64 completed ones: the replay path.
+    Replay,
 }
 
 impl App {
@@ -79,7 +81,7 @@ impl App {
         App::LayerLease,
     ];
     /// The apps of the 64-connection part, run in this order and then reversed.
-    const CONCURRENT: [App; 3] = [App::Plain, App::Engine, App::Layer];
+    const CONCURRENT: [App; 4] = [App::Plain, App::Engine, App::Layer, App::Replay];
 
     fn name(self) -> &'static str {
         match self {
@@ -88,6 +90,7 @@ impl App {
             App::Engine => "axum + lock in handler (no layer)",
             App::Layer => "axum + LockLayer::by_header",
             App::LayerLease => "axum + LockLayer (10 s lease)",
+            App::Replay => "axum + LockLayer.remember, replays",
         }
     }
 
@@ -98,6 +101,7 @@ impl App {
             App::Engine => "engine",
             App::Layer => "layer",
             App::LayerLease => "lease",
+            App::Replay => "replay",
         }
     }
 
@@ -118,6 +122,12 @@ impl App {
                 .with_state(client.clone()),
             App::Layer => orders.layer(layer),
             App::LayerLease => orders.layer(layer.lease(LEASE)),
+            // A retry that overlaps the first request waits for its response.
+            App::Replay => orders.layer(
+                layer
+                    .wait(Duration::from_secs(2))
+                    .remember(Duration::from_secs(3600)),
+            ),
         }
     }
 }
@@ -241,7 +251,7 @@ async fn order(
             app.name(),
             String::from_utf8_lossy(&body)
         ));
-    } else if saw_lock != app.locked() {
+    } else if app != App::Replay && saw_lock != app.locked() {
         let saw = if saw_lock { "saw" } else { "did not see" };
         checks.problem(format!(
             "{NAME}: {}: the handler {saw} a lock for `{key}`",
@@ -261,7 +271,7 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
     let client = LockClient::connect(&ctx.url).await?;
     let redis = connection_manager(&ctx.url).await?;
     let mut servers = Vec::new();
-    for app in App::SEQUENTIAL {
+    for app in App::SEQUENTIAL.into_iter().chain([App::Replay]) {
         servers.push((app, serve(app.router(&client, &redis)).await?));
     }
     let addr = |app: App| {
@@ -490,7 +500,11 @@ async fn round(
                 if i >= requests {
                     break;
                 }
-                let key = format!("{prefix}{i}");
+                // The replay app answers retries of 64 keys, stored on first use.
+                let key = match app {
+                    App::Replay => format!("w7-replay-{}", i % CONNECTIONS as u64),
+                    _ => format!("{prefix}{i}"),
+                };
                 samples.push(order(&mut sender, app, &key, &checks).await?);
                 windows.record();
             }
