@@ -379,7 +379,13 @@ async fn max_hold_caps_the_watchdog(env: Env) {
     tokio::time::timeout(Duration::from_secs(2), guard.lost())
         .await
         .expect("lost once max_hold has run out");
-    assert!(!client.lock("capped").is_locked().await.unwrap());
+    // Lost is signalled when the lease ends by the client's clock, which starts before
+    // Redis applies it: the lock may outlive the signal by that command's latency only.
+    let left = client.lock("capped").remaining_ttl().await.unwrap();
+    assert!(
+        left.is_none_or(|t| t < Duration::from_millis(50)),
+        "still held {left:?} after lost"
+    );
     assert_eq!(client.stats().watched_locks, 0);
 }
 

@@ -9,6 +9,13 @@ use crate::key::Key;
 use crate::memory::MemoryBackend;
 use crate::redis::RedisBackend;
 
+/// Which kind of lock a hold belongs to: it decides the scripts that renew and release it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Kind {
+    /// The plain re-entrant lock (`acquire.lua`).
+    Plain,
+}
+
 /// Answer of one acquire attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Attempt {
@@ -49,6 +56,7 @@ pub(crate) enum Released {
 /// One lock for the watchdog to renew.
 #[derive(Debug, Clone)]
 pub(crate) struct Renewal {
+    pub kind: Kind,
     pub key: Key,
     pub holder: Holder,
     pub lease: Duration,
@@ -72,6 +80,20 @@ impl Backend {
         match self {
             Backend::Redis(r) => r.attempt(key, holder, lease, claim).await,
             Backend::Memory(m) => Ok(m.attempt(key, holder, lease, claim)),
+        }
+    }
+
+    /// Releases one hold of `holder`, storing `outcome` with it if given.
+    pub(crate) async fn release(
+        &self,
+        kind: Kind,
+        key: &Key,
+        holder: &Holder,
+        outcome: Option<Outcome<'_>>,
+    ) -> Result<Released, BackendError> {
+        match self {
+            Backend::Redis(r) => r.release(kind, key, holder, outcome).await,
+            Backend::Memory(m) => Ok(m.release(kind, key, holder, outcome)),
         }
     }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::backend::{Backend, Released};
+use crate::backend::{Backend, Kind, Released};
 use crate::error::{BackendError, KeyError, LockError};
 use crate::guard::{LockGuard, LockInfo};
 use crate::holder::Holder;
@@ -52,7 +52,7 @@ pub(crate) struct Inner {
     watchdog_task: OnceLock<JoinHandle<()>>,
     pubsub_task: Option<JoinHandle<()>>,
     /// Guards dropped without `release().await` (Redis only; in-process releases at once).
-    dropped: Option<mpsc::UnboundedSender<(Key, Holder)>>,
+    dropped: Option<mpsc::UnboundedSender<(Kind, Key, Holder)>>,
     holders: AtomicU64,
 }
 
@@ -201,6 +201,10 @@ impl LockClient {
         Ok(out)
     }
 
+    pub(crate) fn is_redis(&self) -> bool {
+        matches!(self.inner.backend, Backend::Redis(_))
+    }
+
     /// `"redis"` or `"in-memory"`: which store this client uses.
     pub fn backend_name(&self) -> &'static str {
         match self.inner.backend {
@@ -227,13 +231,13 @@ impl LockClient {
     }
 
     /// Releases a guard that was dropped: at once in-process, through the release task on Redis.
-    pub(crate) fn release_dropped(&self, key: Key, holder: Holder) {
+    pub(crate) fn release_dropped(&self, kind: Kind, key: Key, holder: Holder) {
         match (&self.inner.backend, &self.inner.dropped) {
             (Backend::Memory(memory), _) => {
-                memory.release(&key, &holder, None);
+                memory.release(kind, &key, &holder, None);
             }
             (Backend::Redis(_), Some(dropped)) => {
-                let _ = dropped.send((key, holder));
+                let _ = dropped.send((kind, key, holder));
             }
             (Backend::Redis(_), None) => {}
         }
@@ -364,7 +368,7 @@ impl LockClientBuilder {
         backend: Backend,
         waiters: Arc<Waiters>,
         pubsub_task: Option<JoinHandle<()>>,
-        dropped: Option<mpsc::UnboundedSender<(Key, Holder)>>,
+        dropped: Option<mpsc::UnboundedSender<(Kind, Key, Holder)>>,
     ) -> LockClient {
         LockClient {
             inner: Arc::new(Inner {
@@ -383,12 +387,15 @@ impl LockClientBuilder {
 }
 
 /// Releases dropped guards, all that queued up meanwhile in one pipeline.
-async fn release_dropped(redis: RedisBackend, mut queue: mpsc::UnboundedReceiver<(Key, Holder)>) {
+async fn release_dropped(
+    redis: RedisBackend,
+    mut queue: mpsc::UnboundedReceiver<(Kind, Key, Holder)>,
+) {
     let mut batch = Vec::new();
     while queue.recv_many(&mut batch, 1024).await > 0 {
         match redis.release_many(&batch).await {
             Ok(outcomes) => {
-                for ((key, _), outcome) in batch.iter().zip(outcomes) {
+                for ((_, key, _), outcome) in batch.iter().zip(outcomes) {
                     if outcome == Released::NotHeld {
                         tracing::debug!(%key, "dropped guard's lock was no longer held");
                     }

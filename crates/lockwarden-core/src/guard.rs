@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{Backend, Outcome, Released};
+use crate::backend::{Kind, Outcome, Released};
 use crate::client::LockClient;
 use crate::error::{BackendError, LockError};
 use crate::holder::Holder;
@@ -32,6 +32,7 @@ use crate::lost::LostSignal;
 #[must_use = "the lock is released as soon as the guard is dropped"]
 pub struct LockGuard {
     client: LockClient,
+    kind: Kind,
     key: Key,
     holder: Holder,
     token: u64,
@@ -62,8 +63,13 @@ impl LockInfo {
 }
 
 impl LockGuard {
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one call site per lock kind, each passing what it just learnt"
+    )]
     pub(crate) fn new(
         client: LockClient,
+        kind: Kind,
         key: Key,
         holder: Holder,
         token: u64,
@@ -81,12 +87,13 @@ impl LockGuard {
                 let r = client
                     .inner
                     .watchdog
-                    .register(&key, &holder, sent, max_hold);
+                    .register(kind, &key, &holder, sent, max_hold);
                 (Some(r.generation), LostSignal::new(r.lost, None, sent))
             }
         };
         Self {
             client,
+            kind,
             key,
             holder,
             token,
@@ -180,26 +187,24 @@ impl LockGuard {
         self.released = true;
         self.unwatch();
         let completes = outcome.is_some();
-        let released = match &self.client.inner.backend {
-            Backend::Memory(memory) => {
-                Ok(memory.release(&self.key, &self.holder, outcome.as_ref().map(Outcome::from)))
-            }
-            // On a task of its own: a caller that stops waiting (an aborted task, a lost
-            // `select!`) would otherwise keep the command from being sent, leaving the lock
-            // held for its lease by a guard that already counts as released.
-            Backend::Redis(redis) => {
-                let (redis, key, holder) = (redis.clone(), self.key.clone(), self.holder.clone());
-                let release = async move {
-                    redis
-                        .release(&key, &holder, outcome.as_ref().map(Outcome::from))
-                        .await
-                };
-                tokio::spawn(release).await.unwrap_or_else(|e| {
-                    Err(BackendError::Protocol(format!(
-                        "the release task failed: {e}"
-                    )))
-                })
-            }
+        let backend = self.client.inner.backend.clone();
+        let (kind, key, holder) = (self.kind, self.key.clone(), self.holder.clone());
+        let release = async move {
+            backend
+                .release(kind, &key, &holder, outcome.as_ref().map(Outcome::from))
+                .await
+        };
+        // On a task of its own: a caller that stops waiting (an aborted task, a lost
+        // `select!`) would otherwise keep the command from being sent, leaving the lock
+        // held for its lease by a guard that already counts as released.
+        let released = if self.client.is_redis() {
+            tokio::spawn(release).await.unwrap_or_else(|e| {
+                Err(BackendError::Protocol(format!(
+                    "the release task failed: {e}"
+                )))
+            })
+        } else {
+            release.await
         };
         tracing::debug!(key = %self.key, ?released, completes, "lock release");
         match released? {
@@ -218,7 +223,7 @@ impl LockGuard {
             self.client
                 .inner
                 .watchdog
-                .unregister(&self.key, &self.holder, generation);
+                .unregister(self.kind, &self.key, &self.holder, generation);
         }
     }
 }
@@ -230,7 +235,7 @@ impl Drop for LockGuard {
         }
         self.unwatch();
         self.client
-            .release_dropped(self.key.clone(), self.holder.clone());
+            .release_dropped(self.kind, self.key.clone(), self.holder.clone());
     }
 }
 

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::Attempt;
+use crate::backend::{Attempt, Kind};
 use crate::client::LockClient;
 use crate::error::{BackendError, KeyError, LockError};
 use crate::guard::LockGuard;
@@ -242,6 +242,7 @@ impl Lock {
     fn guard(&self, key: &Key, holder: Holder, token: u64, sent: Instant) -> LockGuard {
         LockGuard::new(
             self.client.clone(),
+            Kind::Plain,
             key.clone(),
             holder,
             token,

@@ -13,12 +13,12 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{Backend, Renewal};
+use crate::backend::{Backend, Kind, Renewal};
 use crate::holder::Holder;
 use crate::key::Key;
 
 pub(crate) struct Watchdog {
-    entries: Mutex<HashMap<(Key, Holder), Entry>>,
+    entries: Mutex<HashMap<(Kind, Key, Holder), Entry>>,
     /// Woken when the first entry arrives while the task is parked.
     wake: Notify,
     parked: AtomicBool,
@@ -56,7 +56,7 @@ impl Watchdog {
         }
     }
 
-    fn entries(&self) -> MutexGuard<'_, HashMap<(Key, Holder), Entry>> {
+    fn entries(&self) -> MutexGuard<'_, HashMap<(Kind, Key, Holder), Entry>> {
         // Every critical section leaves the map consistent, so a poisoned lock is usable.
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -68,6 +68,7 @@ impl Watchdog {
     /// Watches a hold acquired with the watchdog lease, the request sent at `sent`.
     pub(crate) fn register(
         &self,
+        kind: Kind,
         key: &Key,
         holder: &Holder,
         sent: Instant,
@@ -77,7 +78,7 @@ impl Watchdog {
         let was_empty = entries.is_empty();
         let hold_until = max_hold.map(|d| sent + d);
         let entry = entries
-            .entry((key.clone(), holder.clone()))
+            .entry((kind, key.clone(), holder.clone()))
             .and_modify(|e| {
                 e.guards += 1;
                 e.expires = e.expires.max(sent + self.lease);
@@ -106,9 +107,9 @@ impl Watchdog {
     }
 
     /// Stops watching for one guard; the entry goes when its last guard does.
-    pub(crate) fn unregister(&self, key: &Key, holder: &Holder, generation: u64) {
+    pub(crate) fn unregister(&self, kind: Kind, key: &Key, holder: &Holder, generation: u64) {
         let mut entries = self.entries();
-        let id = (key.clone(), holder.clone());
+        let id = (kind, key.clone(), holder.clone());
         if let Some(entry) = entries.get_mut(&id) {
             if entry.generation == generation {
                 entry.guards -= 1;
@@ -154,14 +155,14 @@ impl Watchdog {
             {
                 let mut entries = self.entries();
                 let mut lost = Vec::new();
-                for ((key, holder), e) in entries.iter_mut() {
+                for ((kind, key, holder), e) in entries.iter_mut() {
                     if e.due > horizon {
                         continue;
                     }
                     let lease = match e.hold_until {
                         Some(until) if until <= now => {
                             if now >= e.expires {
-                                lost.push((key.clone(), holder.clone(), "max_hold reached"));
+                                lost.push((*kind, key.clone(), holder.clone(), "max_hold reached"));
                             } else {
                                 e.due = e.expires;
                             }
@@ -172,14 +173,15 @@ impl Watchdog {
                     };
                     e.due = now + retry.max(interval);
                     let renewal = Renewal {
+                        kind: *kind,
                         key: key.clone(),
                         holder: holder.clone(),
                         lease,
                     };
                     due.push((e.expires, renewal, e.generation));
                 }
-                for (key, holder, why) in lost {
-                    mark_lost(&mut entries, &key, &holder, why);
+                for (kind, key, holder, why) in lost {
+                    mark_lost(&mut entries, kind, &key, &holder, why);
                 }
             }
             if due.is_empty() {
@@ -205,7 +207,7 @@ impl Watchdog {
             match outcome {
                 Ok(renewed) => {
                     for ((r, generation), ok) in batch.iter().zip(generations).zip(renewed) {
-                        let id = (r.key.clone(), r.holder.clone());
+                        let id = (r.kind, r.key.clone(), r.holder.clone());
                         let Some(e) = entries.get_mut(&id).filter(|e| e.generation == generation)
                         else {
                             continue; // released meanwhile
@@ -217,6 +219,7 @@ impl Watchdog {
                         } else {
                             mark_lost(
                                 &mut entries,
+                                r.kind,
                                 &r.key,
                                 &r.holder,
                                 "it was gone or held by another holder at renewal",
@@ -227,7 +230,7 @@ impl Watchdog {
                 Err(error) => {
                     tracing::warn!(%error, locks = batch.len(), "lock renewal failed; retrying until the lease runs out");
                     for (r, generation) in batch.iter().zip(generations) {
-                        let id = (r.key.clone(), r.holder.clone());
+                        let id = (r.kind, r.key.clone(), r.holder.clone());
                         let Some(e) = entries.get_mut(&id).filter(|e| e.generation == generation)
                         else {
                             continue;
@@ -235,6 +238,7 @@ impl Watchdog {
                         if after >= e.expires {
                             mark_lost(
                                 &mut entries,
+                                r.kind,
                                 &r.key,
                                 &r.holder,
                                 "renewals failed until the lease ran out",
@@ -250,12 +254,13 @@ impl Watchdog {
 }
 
 fn mark_lost(
-    entries: &mut HashMap<(Key, Holder), Entry>,
+    entries: &mut HashMap<(Kind, Key, Holder), Entry>,
+    kind: Kind,
     key: &Key,
     holder: &Holder,
     why: &'static str,
 ) {
-    if let Some(entry) = entries.remove(&(key.clone(), holder.clone())) {
+    if let Some(entry) = entries.remove(&(kind, key.clone(), holder.clone())) {
         tracing::warn!(%key, %holder, reason = why, "lock lost while held");
         entry.lost.cancel();
     }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use redis::aio::ConnectionManager;
 use redis::{RedisResult, Script, Value};
 
-use crate::backend::{Attempt, Outcome, Released, Renewal};
+use crate::backend::{Attempt, Kind, Outcome, Released, Renewal};
 use crate::error::BackendError;
 use crate::holder::Holder;
 use crate::key::Key;
@@ -25,6 +25,9 @@ static RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../../lua/release.lua")));
 static FORCE_RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../../lua/force_release.lua")));
+
+/// Every script that [`RedisBackend::pipelined`] may send (loaded again if Redis lost them).
+static PIPELINED: [&LazyLock<Script>; 2] = [&RELEASE, &RENEW];
 
 /// Commands per pipeline when renewing or releasing in bulk.
 const BATCH: usize = 1024;
@@ -68,6 +71,7 @@ impl RedisBackend {
         let reply = Box::pin(async move { call.invoke_async::<(i64, Value)>(&mut conn).await });
         let orphan = Orphan {
             backend: self.clone(),
+            kind: Kind::Plain,
             key: key.clone(),
             holder: holder.clone(),
         };
@@ -111,6 +115,18 @@ impl RedisBackend {
 
     pub(crate) async fn release(
         &self,
+        kind: Kind,
+        key: &Key,
+        holder: &Holder,
+        outcome: Option<Outcome<'_>>,
+    ) -> Result<Released, BackendError> {
+        match kind {
+            Kind::Plain => self.release_plain(key, holder, outcome).await,
+        }
+    }
+
+    async fn release_plain(
+        &self,
         key: &Key,
         holder: &Holder,
         outcome: Option<Outcome<'_>>,
@@ -132,14 +148,17 @@ impl RedisBackend {
     /// Releases in bulk (guards dropped without `release().await`), one round trip per batch.
     pub(crate) async fn release_many(
         &self,
-        items: &[(Key, Holder)],
+        items: &[(Kind, Key, Holder)],
     ) -> Result<Vec<Released>, BackendError> {
         let replies = self
-            .pipelined(&RELEASE, items, |pipe, (key, holder)| {
-                pipe.arg(1)
-                    .arg(key.redis_key())
-                    .arg(holder.id())
-                    .arg(key.channel());
+            .pipelined(items, |pipe, (kind, key, holder)| match kind {
+                Kind::Plain => {
+                    eval(pipe, &RELEASE)
+                        .arg(1)
+                        .arg(key.redis_key())
+                        .arg(holder.id())
+                        .arg(key.channel());
+                }
             })
             .await?;
         Ok(replies.into_iter().map(released).collect())
@@ -147,12 +166,15 @@ impl RedisBackend {
 
     pub(crate) async fn renew_many(&self, renewals: &[Renewal]) -> Result<Vec<bool>, BackendError> {
         let replies = self
-            .pipelined(&RENEW, renewals, |pipe, r| {
-                pipe.arg(2)
-                    .arg(r.key.redis_key())
-                    .arg(r.key.fence_key())
-                    .arg(r.holder.id())
-                    .arg(millis(r.lease));
+            .pipelined(renewals, |pipe, r| match r.kind {
+                Kind::Plain => {
+                    eval(pipe, &RENEW)
+                        .arg(2)
+                        .arg(r.key.redis_key())
+                        .arg(r.key.fence_key())
+                        .arg(r.holder.id())
+                        .arg(millis(r.lease));
+                }
             })
             .await?;
         Ok(replies.into_iter().map(|r| r == 1).collect())
@@ -213,20 +235,18 @@ impl RedisBackend {
         })
     }
 
-    /// Runs `script` once per item as EVALSHA commands pipelined in batches; loads the
-    /// script and retries once if Redis lost it (e.g. after a restart).
+    /// Runs one script call per item (`push` adds it, see [`eval`]) pipelined in batches;
+    /// loads the scripts and retries once if Redis lost them (e.g. after a restart).
     async fn pipelined<T>(
         &self,
-        script: &Script,
         items: &[T],
-        args: impl Fn(&mut redis::Pipeline, &T),
+        push: impl Fn(&mut redis::Pipeline, &T),
     ) -> Result<Vec<i64>, BackendError> {
         let mut pipes = Vec::with_capacity(items.len().div_ceil(BATCH));
         for chunk in items.chunks(BATCH) {
             let mut pipe = redis::pipe();
             for item in chunk {
-                pipe.cmd("EVALSHA").arg(script.get_hash());
-                args(&mut pipe, item);
+                push(&mut pipe, item);
             }
             pipes.push(pipe);
         }
@@ -235,7 +255,7 @@ impl RedisBackend {
         for group in pipes.chunks(PIPELINES_IN_FLIGHT) {
             let mut replies = Vec::with_capacity(group.len());
             for pipe in group {
-                replies.push(self.run_pipeline(script, pipe));
+                replies.push(self.run_pipeline(pipe));
             }
             for reply in futures_util::future::try_join_all(replies).await? {
                 out.extend(reply);
@@ -244,17 +264,15 @@ impl RedisBackend {
         Ok(out)
     }
 
-    async fn run_pipeline(
-        &self,
-        script: &Script,
-        pipe: &redis::Pipeline,
-    ) -> Result<Vec<i64>, BackendError> {
+    async fn run_pipeline(&self, pipe: &redis::Pipeline) -> Result<Vec<i64>, BackendError> {
         let mut conn = self.conn.clone();
         match bounded(self.timeout, pipe.query_async::<Vec<i64>>(&mut conn)).await {
             Err(BackendError::Redis(e))
                 if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
             {
-                bounded(self.timeout, script.prepare_invoke().load_async(&mut conn)).await?;
+                for script in PIPELINED {
+                    bounded(self.timeout, script.prepare_invoke().load_async(&mut conn)).await?;
+                }
                 bounded(self.timeout, pipe.query_async::<Vec<i64>>(&mut conn)).await
             }
             other => other,
@@ -262,7 +280,12 @@ impl RedisBackend {
     }
 }
 
-fn released(left: i64) -> Released {
+/// Starts an `EVALSHA` of `script` in `pipe`; the caller adds the key count, keys and args.
+pub(crate) fn eval<'p>(pipe: &'p mut redis::Pipeline, script: &Script) -> &'p mut redis::Pipeline {
+    pipe.cmd("EVALSHA").arg(script.get_hash())
+}
+
+pub(crate) fn released(left: i64) -> Released {
     match left {
         n if n < 0 => Released::NotHeld,
         0 => Released::Freed,
@@ -270,11 +293,11 @@ fn released(left: i64) -> Released {
     }
 }
 
-fn millis(d: Duration) -> u64 {
+pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
-async fn bounded<T>(
+pub(crate) async fn bounded<T>(
     timeout: Duration,
     fut: impl Future<Output = RedisResult<T>>,
 ) -> Result<T, BackendError> {
@@ -284,25 +307,26 @@ async fn bounded<T>(
     }
 }
 
-type Reply = Pin<Box<dyn Future<Output = RedisResult<(i64, Value)>> + Send>>;
+pub(crate) type Reply = Pin<Box<dyn Future<Output = RedisResult<(i64, Value)>> + Send>>;
 
 /// What to undo if an acquire's reply arrives after nobody waits for it any more.
-struct Orphan {
-    backend: RedisBackend,
-    key: Key,
-    holder: Holder,
+pub(crate) struct Orphan {
+    pub backend: RedisBackend,
+    pub kind: Kind,
+    pub key: Key,
+    pub holder: Holder,
 }
 
 /// An acquire call whose caller may go away (cancellation or a local timeout) while the
 /// script is in flight. If it does, the call is finished in the background and an
 /// acquisition it made is released, so a dropped acquire never leaves a lock held.
-struct Unclaimed {
+pub(crate) struct Unclaimed {
     reply: Option<Reply>,
     orphan: Option<Orphan>,
 }
 
 impl Unclaimed {
-    fn new(reply: Reply, orphan: Orphan) -> Self {
+    pub(crate) fn new(reply: Reply, orphan: Orphan) -> Self {
         Self {
             reply: Some(reply),
             orphan: Some(orphan),
@@ -336,10 +360,11 @@ impl Drop for Unclaimed {
             if let Ok((1 | 2, _)) = reply.await {
                 let Orphan {
                     backend,
+                    kind,
                     key,
                     holder,
                 } = orphan;
-                match backend.release(&key, &holder, None).await {
+                match backend.release(kind, &key, &holder, None).await {
                     Ok(_) => tracing::debug!(%key, "released a lock whose acquire was abandoned"),
                     Err(error) => tracing::warn!(%key, %error,
                         "could not release a lock whose acquire was abandoned; it expires with its lease"),

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
 
-use crate::backend::{Attempt, Outcome, Released, Renewal};
+use crate::backend::{Attempt, Kind, Outcome, Released, Renewal};
 use crate::holder::Holder;
 use crate::key::Key;
 use crate::waiters::Waiters;
@@ -121,10 +121,17 @@ impl MemoryBackend {
 
     pub(crate) fn release(
         &self,
+        kind: Kind,
         key: &Key,
         holder: &Holder,
         outcome: Option<Outcome<'_>>,
     ) -> Released {
+        match kind {
+            Kind::Plain => self.release_plain(key, holder, outcome),
+        }
+    }
+
+    fn release_plain(&self, key: &Key, holder: &Holder, outcome: Option<Outcome<'_>>) -> Released {
         let now = Instant::now();
         let mut state = self.state();
         let Some(held) = state.live(key, now).filter(|h| h.holder == *holder) else {
@@ -152,6 +159,12 @@ impl MemoryBackend {
     }
 
     pub(crate) fn renew(&self, renewal: &Renewal) -> bool {
+        match renewal.kind {
+            Kind::Plain => self.renew_plain(renewal),
+        }
+    }
+
+    fn renew_plain(&self, renewal: &Renewal) -> bool {
         let now = Instant::now();
         let mut state = self.state();
         match state.live(&renewal.key, now) {
