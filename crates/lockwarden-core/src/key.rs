@@ -137,8 +137,16 @@ impl Key {
     /// The Redis key that keeps the outcome of a completed claim
     /// (see [`Lock::try_claim`](crate::Lock::try_claim)); made on use, as only claims need it.
     pub(crate) fn outcome_key(&self) -> String {
+        self.companion("done")
+    }
+
+    /// The name of another key (or channel) that belongs to this lock, in the lock's slot:
+    /// `<lock key>:<what>` in the tagged layout, `redisson_lock__<what>:{<name>}` in
+    /// Redisson's. Made on use, for the kinds of lock that need more than the three
+    /// laid out up front.
+    pub(crate) fn companion(&self, what: &str) -> String {
         let mut out = self.redis_key().to_owned();
-        push_companion(&mut out, self.0.layout, self.0.lock_end, "done");
+        push_companion(&mut out, self.0.layout, self.0.lock_end, what);
         out.replace_range(..self.0.lock_end, "");
         out
     }
