@@ -14,6 +14,8 @@ use crate::redis::RedisBackend;
 pub(crate) enum Kind {
     /// The plain re-entrant lock (`acquire.lua`).
     Plain,
+    /// The fair lock (`fair_acquire.lua`): the plain hash plus a queue of waiters.
+    Fair,
 }
 
 /// Answer of one acquire attempt.
@@ -102,6 +104,44 @@ impl Backend {
         match self {
             Backend::Redis(r) => r.renew_many(renewals).await,
             Backend::Memory(m) => Ok(renewals.iter().map(|r| m.renew(r)).collect()),
+        }
+    }
+
+    /// One attempt at a fair lock; `join` queues a waiter that does not get it.
+    pub(crate) async fn fair_attempt(
+        &self,
+        key: &Key,
+        holder: &Holder,
+        lease: Duration,
+        queue_timeout: Duration,
+        join: bool,
+    ) -> Result<Attempt, BackendError> {
+        match self {
+            Backend::Redis(r) => {
+                r.fair_attempt(key, holder, lease, queue_timeout, join)
+                    .await
+            }
+            Backend::Memory(m) => Ok(m.fair_attempt(key, holder, lease, queue_timeout, join)),
+        }
+    }
+
+    /// Takes `holder` out of a fair lock's queue; whether it was in it.
+    pub(crate) async fn fair_leave(
+        &self,
+        key: &Key,
+        holder: &Holder,
+    ) -> Result<bool, BackendError> {
+        match self {
+            Backend::Redis(r) => r.fair_leave(key, holder).await,
+            Backend::Memory(m) => Ok(m.fair_leave(key, holder)),
+        }
+    }
+
+    /// Waiters in a fair lock's queue.
+    pub(crate) async fn fair_queued(&self, key: &Key) -> Result<usize, BackendError> {
+        match self {
+            Backend::Redis(r) => r.fair_queued(key).await,
+            Backend::Memory(m) => Ok(m.fair_queued(key)),
         }
     }
 

@@ -12,6 +12,7 @@ use tokio::task::JoinHandle;
 
 use crate::backend::{Backend, Kind, Released};
 use crate::error::{BackendError, KeyError, LockError};
+use crate::fair::FairLock;
 use crate::guard::{LockGuard, LockInfo};
 use crate::holder::Holder;
 use crate::key::{Key, KeyLayout, DEFAULT_MAX_KEY_LEN, DEFAULT_NAMESPACE};
@@ -131,6 +132,21 @@ impl LockClient {
     /// An invalid name is reported by the operation that uses it.
     pub fn lock(&self, name: impl AsRef<str>) -> Lock {
         Lock::new(self.clone(), self.make_key(name.as_ref()))
+    }
+
+    /// A handle on the fair lock named `name`: waiters get it first come, first served
+    /// (see [`FairLock`]). An invalid name is reported by the operation that uses it.
+    ///
+    /// ```
+    /// # use lockwarden_core::LockClient;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden_core::LockError> {
+    /// let client = LockClient::in_memory();
+    /// let guard = client.fair_lock("tickets").acquire().await?;
+    /// guard.release().await
+    /// # }
+    /// ```
+    pub fn fair_lock(&self, name: impl AsRef<str>) -> FairLock {
+        FairLock::new(self.clone(), self.make_key(name.as_ref()))
     }
 
     /// Several locks to take as one (all or nothing, in a fixed order; see [`MultiLock`]).

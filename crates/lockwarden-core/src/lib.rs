@@ -27,6 +27,7 @@
 mod backend;
 mod client;
 mod error;
+mod fair;
 mod guard;
 mod holder;
 mod key;
@@ -40,6 +41,7 @@ mod watchdog;
 
 pub use client::{ClientStats, LockClient, LockClientBuilder};
 pub use error::{BackendError, KeyError, LockError};
+pub use fair::{FairLock, DEFAULT_QUEUE_TIMEOUT};
 pub use guard::{LockGuard, LockInfo};
 pub use holder::{Holder, Scoped};
 pub use key::{Key, KeyLayout, DEFAULT_MAX_KEY_LEN, DEFAULT_NAMESPACE};

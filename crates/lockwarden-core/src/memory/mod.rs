@@ -1,6 +1,8 @@
 //! The in-process lock store: the same semantics as the Lua scripts, under one mutex.
 //! For single-process apps, tests and zero-setup examples.
 
+mod fair;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -27,6 +29,8 @@ struct State {
     outcomes: HashMap<Key, (Vec<u8>, Instant)>,
     last_token: u64,
     ops: u32,
+    /// Waiters of fair locks (see `fair.rs`).
+    queues: HashMap<Key, fair::Queue>,
 }
 
 struct Held {
@@ -45,12 +49,33 @@ impl State {
         self.locks.get_mut(key)
     }
 
+    /// Takes the free lock `key` for `holder`; returns its fencing token.
+    fn take(&mut self, key: &Key, holder: &Holder, lease: Duration, now: Instant) -> u64 {
+        // Same rule as the script: the clock in µs, never at or below the last token.
+        let clock = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+        let token = clock.max(self.last_token + 1);
+        self.last_token = token;
+        self.locks.insert(
+            key.clone(),
+            Held {
+                holder: holder.clone(),
+                count: 1,
+                token,
+                expires: now + lease,
+            },
+        );
+        token
+    }
+
     fn sweep(&mut self, now: Instant) {
         self.ops += 1;
         if self.ops >= SWEEP_EVERY {
             self.ops = 0;
             self.locks.retain(|_, h| h.expires > now);
             self.outcomes.retain(|_, (_, until)| *until > now);
+            self.queues.retain(|_, q| !q.prune(now).is_empty());
         }
     }
 }
@@ -101,22 +126,9 @@ impl MemoryBackend {
                 ttl: Some(held.expires - now),
             };
         }
-        // Same rule as the script: the clock in µs, never at or below the last token.
-        let clock = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
-        let token = clock.max(state.last_token + 1);
-        state.last_token = token;
-        state.locks.insert(
-            key.clone(),
-            Held {
-                holder: holder.clone(),
-                count: 1,
-                token,
-                expires: now + lease,
-            },
-        );
-        Attempt::Taken { token }
+        Attempt::Taken {
+            token: state.take(key, holder, lease, now),
+        }
     }
 
     pub(crate) fn release(
@@ -128,6 +140,7 @@ impl MemoryBackend {
     ) -> Released {
         match kind {
             Kind::Plain => self.release_plain(key, holder, outcome),
+            Kind::Fair => self.release_fair(key, holder, outcome),
         }
     }
 
@@ -160,7 +173,8 @@ impl MemoryBackend {
 
     pub(crate) fn renew(&self, renewal: &Renewal) -> bool {
         match renewal.kind {
-            Kind::Plain => self.renew_plain(renewal),
+            // A fair lock is held as a plain one is; its queue needs no renewal.
+            Kind::Plain | Kind::Fair => self.renew_plain(renewal),
         }
     }
 

@@ -1,6 +1,7 @@
 //! The Redis lock store: the Lua scripts in `lua/`, run over one auto-reconnecting
 //! multiplexed connection, plus the client's pub/sub connection (`pubsub.rs`).
 
+mod fair;
 pub(crate) mod pubsub;
 
 use std::future::Future;
@@ -27,7 +28,7 @@ static FORCE_RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../../lua/force_release.lua")));
 
 /// Every script that [`RedisBackend::pipelined`] may send (loaded again if Redis lost them).
-static PIPELINED: [&LazyLock<Script>; 2] = [&RELEASE, &RENEW];
+static PIPELINED: [&LazyLock<Script>; 3] = [&RELEASE, &RENEW, &fair::FAIR_RELEASE];
 
 /// Commands per pipeline when renewing or releasing in bulk.
 const BATCH: usize = 1024;
@@ -122,6 +123,7 @@ impl RedisBackend {
     ) -> Result<Released, BackendError> {
         match kind {
             Kind::Plain => self.release_plain(key, holder, outcome).await,
+            Kind::Fair => self.release_fair(key, holder, outcome).await,
         }
     }
 
@@ -159,6 +161,7 @@ impl RedisBackend {
                         .arg(holder.id())
                         .arg(key.channel());
                 }
+                Kind::Fair => Self::push_fair_release(pipe, key, holder),
             })
             .await?;
         Ok(replies.into_iter().map(released).collect())
@@ -167,7 +170,8 @@ impl RedisBackend {
     pub(crate) async fn renew_many(&self, renewals: &[Renewal]) -> Result<Vec<bool>, BackendError> {
         let replies = self
             .pipelined(renewals, |pipe, r| match r.kind {
-                Kind::Plain => {
+                // A fair lock's hash has the plain shape; its queue needs no renewal.
+                Kind::Plain | Kind::Fair => {
                     eval(pipe, &RENEW)
                         .arg(2)
                         .arg(r.key.redis_key())
@@ -356,19 +360,28 @@ impl Drop for Unclaimed {
             return;
         };
         runtime.spawn(async move {
-            // Taken or re-entered: one count is ours and nobody will release it.
-            if let Ok((1 | 2, _)) = reply.await {
-                let Orphan {
-                    backend,
-                    kind,
-                    key,
-                    holder,
-                } = orphan;
-                match backend.release(kind, &key, &holder, None).await {
+            let Orphan {
+                backend,
+                kind,
+                key,
+                holder,
+            } = orphan;
+            match (reply.await, kind) {
+                // Taken or re-entered: one count is ours and nobody will release it.
+                (Ok((1 | 2, _)), _) => match backend.release(kind, &key, &holder, None).await {
                     Ok(_) => tracing::debug!(%key, "released a lock whose acquire was abandoned"),
                     Err(error) => tracing::warn!(%key, %error,
                         "could not release a lock whose acquire was abandoned; it expires with its lease"),
+                },
+                // Queued for a fair lock: nobody will wait for the turn, so give it up now
+                // rather than make the ones behind wait for the queue timeout.
+                (Ok((0, _)), Kind::Fair) => {
+                    if let Err(error) = backend.fair_leave(&key, &holder).await {
+                        tracing::debug!(%key, %error,
+                            "could not leave the queue of an abandoned fair acquire; its queue timeout removes it");
+                    }
                 }
+                _ => {}
             }
         });
     }
