@@ -7,7 +7,8 @@
 -- ARGV[4] wake channel prefix (a waiter hears its turn on prefix .. its id),
 -- ARGV[5] '1' to join (or keep) a place in the queue, '0' for a single try that never queues
 -- Returns {1, token} taken, {2, token} re-entered,
--- {0, ms} not yours: retry by yourself after ms at the latest (a notice may come sooner).
+-- {0, ms} not yours: retry by yourself after ms at the latest (a notice may come sooner);
+-- ms is -1 if the lock has no expiry and nobody is ahead.
 local me = ARGV[1]
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
@@ -57,18 +58,33 @@ if ARGV[5] == '1' then
   local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
   redis.call('PEXPIREAT', KEYS[3], tonumber(last[2]) + 1)
   redis.call('PEXPIREAT', KEYS[4], tonumber(last[2]) + 1)
-  head = redis.call('LINDEX', KEYS[3], 0)
+end
+
+-- Retry by the deadline of the waiter in front (of the tail, if not queued): if it has
+-- died, it can be dropped then, so a dead waiter stalls the next for its own timeout only.
+local pos = redis.call('LPOS', KEYS[3], me)
+local ahead
+if not pos then
+  ahead = redis.call('LINDEX', KEYS[3], -1)
+elseif pos > 0 then
+  ahead = redis.call('LINDEX', KEYS[3], pos - 1)
+end
+local wait = -1
+if ahead then
+  wait = tonumber(redis.call('ZSCORE', KEYS[4], ahead) or now) - now + 1
 end
 
 if free then
   -- Free, but another waiter's turn. Its notice may have been lost, or it has just become
   -- head because the one before it was dropped: tell it (again; a spare notice is harmless).
-  -- Retry by the head's deadline: if it is dead, it can be dropped then.
+  head = redis.call('LINDEX', KEYS[3], 0)
   if head and head ~= me then
     redis.call('PUBLISH', ARGV[4] .. head, '0')
-    local until_head = tonumber(redis.call('ZSCORE', KEYS[4], head) or now) - now
-    return {0, math.max(until_head, 0) + 1}
   end
-  return {0, 0}
+  return {0, math.max(wait, 0)}
 end
-return {0, redis.call('PTTL', KEYS[1])}
+local ttl = redis.call('PTTL', KEYS[1])
+if wait >= 0 and (ttl < 0 or wait < ttl) then
+  ttl = wait
+end
+return {0, ttl}

@@ -75,25 +75,31 @@ impl MemoryBackend {
                 None => queue.waiting.push_back((holder.clone(), deadline)),
             }
         }
-        let head = queue.head().cloned();
+        // Retry by the deadline of the waiter in front (of the tail, if not queued): if
+        // it has died, it can be dropped then.
+        let ahead = match queue.waiting.iter().position(|(h, _)| h == holder) {
+            Some(0) => None,
+            Some(at) => queue.waiting.get(at - 1),
+            None => queue.waiting.back(),
+        };
+        let wait = ahead.map(|(_, deadline)| *deadline - now + Duration::from_millis(1));
+        let head = queue.head().map(|(h, _)| h.clone());
         if queue.is_empty() {
             state.queues.remove(key);
         }
         drop(state);
-        match (held_for, head) {
-            (Some(ttl), _) => Attempt::Busy { ttl: Some(ttl) },
-            // Free, but another waiter's turn: tell it (its notice may have been lost, or
-            // it has just become head), and retry by its deadline in case it is dead.
-            (None, Some((head, deadline))) => {
-                self.waiters.notify_one(&wake_channel(key, &head));
-                Attempt::Busy {
-                    ttl: Some(deadline - now + Duration::from_millis(1)),
+        let ttl = match held_for {
+            Some(ttl) => wait.map_or(ttl, |wait| wait.min(ttl)),
+            None => {
+                // Free, but another waiter's turn: tell it (its notice may have been lost,
+                // or it has just become head).
+                if let Some(head) = head.filter(|h| h != holder) {
+                    self.waiters.notify_one(&wake_channel(key, &head));
                 }
+                wait.unwrap_or(Duration::ZERO)
             }
-            (None, None) => Attempt::Busy {
-                ttl: Some(Duration::ZERO),
-            },
-        }
+        };
+        Attempt::Busy { ttl: Some(ttl) }
     }
 
     pub(super) fn release_fair(
