@@ -1,0 +1,657 @@
+//! The fair lock's promises (`LockClient::fair_lock`): first come, first served, no
+//! barging, a waiter that gives up or dies leaves the queue in bounded time, only the
+//! head is woken. Against both stores where it makes sense; the cross-process ones
+//! against a real `redis-server`, with a waiter that is a real process (this test binary
+//! re-executed, see [`WAITER_ENV`]) killed with SIGKILL.
+
+mod common;
+
+use std::future::Future;
+use std::io::{BufRead, BufReader};
+use std::pin::pin;
+use std::process::{Child, Command, Stdio};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+
+use common::Env;
+use lockwarden::{FairLock, LockClient, LockError, LockGuard};
+use lockwarden_testkit::RedisServer;
+use tokio::time::Instant;
+
+conformance!(
+    acquisition_order_is_arrival_order,
+    no_barging_past_a_queued_head,
+    waiters_that_give_up_leave_the_queue,
+    cancelled_acquires_leave_no_queue_and_no_lock,
+    reentry_fencing_and_watchdog,
+    dropped_guard_hands_over_to_the_head,
+);
+
+/// Long enough that no waiter's own retry (every third of it) falls inside a test.
+const PATIENT: Duration = Duration::from_secs(30);
+
+/// Waits (bounded) until `lock` has `n` waiters queued.
+async fn queued(lock: &FairLock, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = lock.queued().await.unwrap();
+        if now == n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the queue stayed at {now} waiters, never {n}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Promise: under contention the lock goes to the waiters in the order they arrived,
+/// whichever client (process, on Redis: connection) they came from.
+async fn acquisition_order_is_arrival_order(env: Env) {
+    const WAITERS: usize = 8;
+    let clients = [env.client().await, env.client().await, env.client().await];
+    let lock = clients[0].fair_lock("fifo");
+    let held = lock.acquire().await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..WAITERS {
+        let lock = clients[i % clients.len()]
+            .fair_lock("fifo")
+            .queue_timeout(PATIENT);
+        let order = order.clone();
+        tasks.push(tokio::spawn({
+            let lock = lock.clone();
+            async move {
+                let guard = lock.try_acquire(Duration::from_secs(20)).await.unwrap();
+                order.lock().unwrap().push((i, guard.fencing_token()));
+                guard.release().await.unwrap();
+            }
+        }));
+        // Arrival order made certain: the next one starts once this one is queued.
+        queued(&lock, i + 1).await;
+    }
+    assert!(order.lock().unwrap().is_empty(), "a waiter got a held lock");
+    held.release().await.unwrap();
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(20), task)
+            .await
+            .expect("every waiter gets its turn")
+            .unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    let arrivals: Vec<usize> = order.iter().map(|(i, _)| *i).collect();
+    assert_eq!(arrivals, (0..WAITERS).collect::<Vec<_>>());
+    assert!(
+        order.windows(2).all(|w| w[0].1 < w[1].1),
+        "fencing tokens must increase with each turn: {order:?}"
+    );
+    assert_eq!(lock.queued().await.unwrap(), 0);
+    assert!(!lock.is_locked().await.unwrap());
+}
+
+/// Drives `fut` until `until` resolves, then stops polling it without dropping it: a
+/// waiter that is queued but does not answer, as a slow process would.
+async fn drive_until<F: Future + Unpin>(fut: &mut F, until: impl Future<Output = ()>) {
+    tokio::select! {
+        _ = fut => panic!("the waiter finished while it should be queued"),
+        _ = until => {}
+    }
+}
+
+/// Promise: while a waiter is queued, a newcomer does not get the lock even in the
+/// moment it is free (neither with a zero budget nor by waiting), and the head does.
+///
+/// The head is made slow on purpose (its acquire is queued, then not polled), so the
+/// lock is certainly free while the newcomers try: a lock that let them barge would fail
+/// here, not only lose a race.
+async fn no_barging_past_a_queued_head(env: Env) {
+    let owner = env.client().await;
+    let head_client = env.client().await;
+    let newcomer = env.client().await;
+    let held = owner.fair_lock("barge").acquire().await.unwrap();
+    let head_lock = head_client.fair_lock("barge").queue_timeout(PATIENT);
+    let mut head = pin!(head_lock.try_acquire(Duration::from_secs(20)));
+    drive_until(&mut head, queued(&head_lock, 1)).await;
+
+    held.release().await.unwrap();
+    assert!(!owner.fair_lock("barge").is_locked().await.unwrap());
+    match newcomer
+        .fair_lock("barge")
+        .try_acquire(Duration::ZERO)
+        .await
+    {
+        Err(LockError::Timeout { .. }) => {}
+        other => panic!("a newcomer barged past the queue: {other:?}"),
+    }
+    match newcomer
+        .fair_lock("barge")
+        .try_acquire(Duration::from_millis(300))
+        .await
+    {
+        Err(LockError::Timeout { .. }) => {}
+        other => panic!("a waiting newcomer barged past the queue: {other:?}"),
+    }
+    assert!(!owner.fair_lock("barge").is_locked().await.unwrap());
+    assert_eq!(
+        head_lock.queued().await.unwrap(),
+        1,
+        "only the head is queued"
+    );
+
+    let guard = tokio::time::timeout(Duration::from_secs(5), head)
+        .await
+        .expect("the head takes its turn")
+        .unwrap();
+    assert!(head_lock.is_held_by(guard.holder()).await.unwrap());
+    guard.release().await.unwrap();
+}
+
+/// Promise: a waiter whose budget is spent has left the queue when `try_acquire`
+/// returns, one whose acquire is dropped leaves it in the background, and neither stalls
+/// the waiter behind it (all keep their place for 30 s otherwise).
+async fn waiters_that_give_up_leave_the_queue(env: Env) {
+    let client = env.client().await;
+    let other = env.client().await;
+    let held = client.fair_lock("leave").acquire().await.unwrap();
+    let lock = |c: &LockClient| c.fair_lock("leave").queue_timeout(PATIENT);
+
+    let timing_out = tokio::spawn({
+        let lock = lock(&other);
+        async move { lock.try_acquire(Duration::from_millis(1500)).await }
+    });
+    queued(&lock(&client), 1).await;
+    let dropped = tokio::spawn({
+        let lock = lock(&client);
+        async move { lock.acquire().await }
+    });
+    queued(&lock(&client), 2).await;
+    let behind = tokio::spawn({
+        let lock = lock(&other);
+        async move { lock.acquire().await }
+    });
+    queued(&lock(&client), 3).await;
+
+    dropped.abort();
+    assert!(dropped.await.unwrap_err().is_cancelled());
+    queued(&lock(&client), 2).await;
+    match timing_out.await.unwrap() {
+        Err(LockError::Timeout { .. }) => {}
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    assert_eq!(
+        lock(&client).queued().await.unwrap(),
+        1,
+        "a waiter that timed out is still queued"
+    );
+
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let guard = tokio::time::timeout(Duration::from_secs(5), behind)
+        .await
+        .expect("the waiter behind the ones that gave up is not stalled")
+        .unwrap()
+        .unwrap();
+    assert!(
+        released.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        released.elapsed()
+    );
+    assert_eq!(lock(&client).queued().await.unwrap(), 0);
+    guard.release().await.unwrap();
+}
+
+/// Promise: acquires cut at any point (before, during or after their attempt reaches
+/// the store) leave neither a held lock nor a queued waiter behind.
+async fn cancelled_acquires_leave_no_queue_and_no_lock(env: Env) {
+    let client = env.client().await;
+    let held = client.fair_lock("cut").acquire().await.unwrap();
+    for i in 0..60u64 {
+        let cut = Duration::from_micros(i * 97 % 3000);
+        let lock = client.fair_lock("cut").queue_timeout(PATIENT);
+        let _ = tokio::time::timeout(cut, lock.acquire()).await;
+    }
+    held.release().await.unwrap();
+    for i in 0..60u64 {
+        let cut = Duration::from_micros(i * 97 % 3000);
+        let lock = client.fair_lock("cut").queue_timeout(PATIENT);
+        let _ = tokio::time::timeout(cut, lock.acquire()).await;
+    }
+    // Background leaves and releases finish soon; a queued leftover would stay 30 s.
+    let lock = client.fair_lock("cut");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while lock.queued().await.unwrap() > 0 || lock.is_locked().await.unwrap() {
+        assert!(
+            Instant::now() < deadline,
+            "left behind: {} queued, locked: {}",
+            lock.queued().await.unwrap(),
+            lock.is_locked().await.unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    lock.try_acquire(Duration::ZERO)
+        .await
+        .expect("free and nobody queued")
+        .release()
+        .await
+        .unwrap();
+}
+
+/// Promise: held, a fair lock is an ordinary lock: re-entrant per holder with one
+/// fencing token per hold, tokens increasing from hold to hold, kept alive by the
+/// watchdog past its lease, and free after the last release.
+async fn reentry_fencing_and_watchdog(env: Env) {
+    let lease = Duration::from_millis(300);
+    let client = env.client_with(|b| b.watchdog_timeout(lease)).await;
+    let me = client.holder();
+    let lock = client.fair_lock("held").holder(&me);
+    let outer = lock.acquire().await.unwrap();
+    let inner = lock.try_acquire(Duration::ZERO).await.unwrap();
+    assert_eq!(lock.hold_count(&me).await.unwrap(), 2);
+    assert_eq!(outer.fencing_token(), inner.fencing_token());
+    inner.release().await.unwrap();
+    assert_eq!(lock.hold_count(&me).await.unwrap(), 1);
+
+    tokio::time::sleep(lease * 4).await;
+    assert!(!outer.is_lost());
+    assert!(
+        lock.is_held_by(&me).await.unwrap(),
+        "the watchdog let it go"
+    );
+    assert!(client
+        .fair_lock("held")
+        .try_acquire(Duration::ZERO)
+        .await
+        .is_err());
+    let first = outer.fencing_token();
+    outer.release().await.unwrap();
+    assert!(!lock.is_locked().await.unwrap());
+    assert_eq!(client.stats().watched_locks, 0);
+
+    let next = client.fair_lock("held").acquire().await.unwrap();
+    assert!(next.fencing_token() > first);
+    next.release().await.unwrap();
+}
+
+/// Promise: a guard dropped without `release().await` frees the lock and wakes the head
+/// (on Redis through the batched release of dropped guards).
+async fn dropped_guard_hands_over_to_the_head(env: Env) {
+    let client = env.client().await;
+    let other = env.client().await;
+    let held = client.fair_lock("drop").acquire().await.unwrap();
+    let lock = other.fair_lock("drop").queue_timeout(PATIENT);
+    let waiter = tokio::spawn({
+        let lock = lock.clone();
+        async move { lock.acquire().await }
+    });
+    queued(&lock, 1).await;
+    let dropped = Instant::now();
+    drop(held);
+    let guard = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the head is woken")
+        .unwrap()
+        .unwrap();
+    assert!(
+        dropped.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        dropped.elapsed()
+    );
+    guard.release().await.unwrap();
+}
+
+// --- Redis only ---------------------------------------------------------------------
+
+fn evalsha_calls(server: &RedisServer) -> u64 {
+    let info: String = server.query(&["INFO", "commandstats"]).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+/// Promise: a release wakes the head of the queue only: the waiters behind it make no
+/// attempt (counted by Redis itself: EVALSHA calls), where a broadcast would make each
+/// of them try once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_head_is_woken() {
+    const WAITERS: usize = 5;
+    let env = Env::redis();
+    let server = env.server();
+    let owner = env.client().await;
+    // Loads the fair scripts, so the counted calls are single EVALSHAs.
+    owner
+        .fair_lock("warm-up")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    // Fixed leases: no watchdog renewals in the count.
+    let lease = Duration::from_secs(60);
+    let held = owner
+        .fair_lock("head")
+        .lease(lease)
+        .acquire()
+        .await
+        .unwrap();
+    let clients = [env.client().await, env.client().await];
+    let mut tasks = Vec::new();
+    let mut channels = Vec::new();
+    for i in 0..WAITERS {
+        let client = &clients[i % 2];
+        let me = client.holder();
+        channels.push(format!("lockwarden:{{head}}:released:{}", me.id()));
+        let lock = client
+            .fair_lock("head")
+            .lease(lease)
+            .queue_timeout(PATIENT)
+            .holder(&me);
+        tasks.push(tokio::spawn({
+            let lock = lock.clone();
+            async move { (i, lock.acquire().await.unwrap()) }
+        }));
+        queued(&lock, i + 1).await;
+    }
+    // Every waiter subscribed to its own channel, and no attempt in flight any more.
+    let settled = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut args = vec!["PUBSUB", "NUMSUB"];
+        args.extend(channels.iter().map(String::as_str));
+        let counts: Vec<(String, u64)> = server.query(&args).unwrap();
+        let before = evalsha_calls(server);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if counts.iter().all(|(_, n)| *n == 1) && evalsha_calls(server) == before {
+            break;
+        }
+        assert!(
+            Instant::now() < settled,
+            "waiters never settled: {counts:?}"
+        );
+    }
+
+    let before = evalsha_calls(server);
+    held.release().await.unwrap();
+    let (first, guard) = tokio::time::timeout(Duration::from_secs(5), tasks.remove(0))
+        .await
+        .expect("the head is woken")
+        .unwrap();
+    assert_eq!(first, 0);
+    // Give woken non-heads time to show up: each would add one EVALSHA.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let calls = evalsha_calls(server) - before;
+    assert_eq!(
+        calls,
+        2,
+        "expected the release and the head's attempt only; {} waiters behind it",
+        WAITERS - 1
+    );
+    assert!(tasks.iter().all(|t| !t.is_finished()));
+    assert_eq!(owner.fair_lock("head").queued().await.unwrap(), WAITERS - 1);
+    guard.release().await.unwrap();
+    for task in tasks {
+        let (_, guard) = tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("each waiter gets its turn")
+            .unwrap();
+        guard.release().await.unwrap();
+    }
+}
+
+/// Set (to a Redis URL) only in the re-executed child: it makes [`waiter_child`] act as a
+/// waiter process.
+const WAITER_ENV: &str = "LOCKWARDEN_FAIR_WAITER_URL";
+const CHILD_TEST: &str = "waiter_child";
+const DEAD_LOCK: &str = "dead-waiter";
+const DEAD_QUEUE: &str = "lockwarden:{dead-waiter}:queue";
+const DEAD_DEADLINES: &str = "lockwarden:{dead-waiter}:deadlines";
+/// The child's queue timeout: how long its place outlives it.
+const CHILD_QUEUE_TIMEOUT: Duration = Duration::from_millis(1500);
+
+/// Not a test on its own: the body of the waiter process. Without [`WAITER_ENV`] it
+/// returns at once. With it, it prints `WAITING <holder id>` and queues for
+/// [`DEAD_LOCK`] with a 1.5 s queue timeout (so it renews its place every 500 ms) until
+/// the parent SIGKILLs it (at most 120 s, in case the parent died).
+#[test]
+fn waiter_child() {
+    let Ok(url) = std::env::var(WAITER_ENV) else {
+        return;
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async move {
+        let client = LockClient::connect(&url).await.unwrap();
+        let me = client.holder();
+        println!("WAITING {}", me.id());
+        let lock = client
+            .fair_lock(DEAD_LOCK)
+            .queue_timeout(CHILD_QUEUE_TIMEOUT)
+            .holder(&me);
+        let got = lock.try_acquire(Duration::from_secs(120)).await;
+        println!("UNEXPECTED {got:?}");
+    });
+}
+
+/// Kills (SIGKILL) and reaps the child when dropped, so a failing test leaves no process.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Server clock in ms, the clock of the queue deadlines.
+fn server_ms(server: &RedisServer) -> u64 {
+    let (secs, micros): (u64, u64) = server.query(&["TIME"]).unwrap();
+    secs * 1000 + micros / 1000
+}
+
+/// A lock held by `owner`, queued for by `first` (this process), a waiter process that
+/// was SIGKILLed (its place kept by its last renewal), and `behind` (this process); both
+/// live waiters keep their place for 30 s and record when they get the lock.
+struct DeadInTheMiddle {
+    env: Env,
+    _child: Reaped,
+    lock: FairLock,
+    child_id: String,
+    /// When the dead waiter's place runs out (from its deadline by the server clock).
+    dead_until: Instant,
+    left: Duration,
+    order: Arc<Mutex<Vec<(&'static str, Instant)>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+async fn dead_in_the_middle() -> (DeadInTheMiddle, LockGuard) {
+    let env = Env::redis();
+    let owner = env.client().await;
+    let waiters = env.client().await;
+    let held = owner.fair_lock(DEAD_LOCK).acquire().await.unwrap();
+    let lock = waiters.fair_lock(DEAD_LOCK).queue_timeout(PATIENT);
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let wait = |name: &'static str| {
+        let lock = lock.clone();
+        let order = order.clone();
+        tokio::spawn(async move {
+            let guard = lock.try_acquire(Duration::from_secs(20)).await.unwrap();
+            order.lock().unwrap().push((name, Instant::now()));
+            guard.release().await.unwrap();
+        })
+    };
+
+    let first = wait("first");
+    queued(&lock, 1).await;
+
+    let server = env.server();
+    let exe = std::env::current_exe().unwrap();
+    let mut child = Reaped(
+        Command::new(exe)
+            .args(["--exact", CHILD_TEST, "--nocapture", "--test-threads=1"])
+            .env(WAITER_ENV, server.url())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+    let stdout = child.0.stdout.take().unwrap();
+    let (lines_tx, lines_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let child_id = loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let line = lines_rx
+            .recv_timeout(left)
+            .expect("the waiter process prints WAITING within 30 s");
+        // libtest may have written `test waiter_child ... ` on the same line.
+        if let Some((_, id)) = line.split_once("WAITING ") {
+            break id.trim().to_owned();
+        }
+    };
+    queued(&lock, 2).await;
+    let second: Option<String> = server.query(&["LINDEX", DEAD_QUEUE, "1"]).unwrap();
+    assert_eq!(second.as_deref(), Some(child_id.as_str()));
+
+    let behind = wait("behind");
+    queued(&lock, 3).await;
+    // Outlive the child's queue timeout: it can only still be queued if it renews.
+    tokio::time::sleep(CHILD_QUEUE_TIMEOUT + Duration::from_millis(300)).await;
+    let queue: Vec<String> = server.query(&["LRANGE", DEAD_QUEUE, "0", "-1"]).unwrap();
+    assert_eq!(queue.len(), 3);
+    assert_eq!(
+        queue[1], child_id,
+        "the live child lost its place: {queue:?}"
+    );
+
+    child.0.kill().unwrap();
+    child.0.wait().unwrap();
+    let asked_at = Instant::now();
+    let score: f64 = server
+        .query(&["ZSCORE", DEAD_DEADLINES, &child_id])
+        .unwrap();
+    let left = Duration::from_millis((score as u64).saturating_sub(server_ms(server)));
+    assert!(left <= CHILD_QUEUE_TIMEOUT, "{left:?}");
+    let setup = DeadInTheMiddle {
+        env,
+        _child: child,
+        lock,
+        child_id,
+        dead_until: asked_at + left,
+        left,
+        order,
+        tasks: vec![first, behind],
+    };
+    (setup, held)
+}
+
+impl DeadInTheMiddle {
+    /// Waits for both live waiters; returns when each got the lock, in turn order.
+    async fn turns(self) -> Vec<(&'static str, Instant)> {
+        for task in self.tasks {
+            tokio::time::timeout(Duration::from_secs(10), task)
+                .await
+                .expect("the waiters get their turns")
+                .unwrap();
+        }
+        assert_eq!(self.lock.queued().await.unwrap(), 0);
+        let order = self.order.lock().unwrap().clone();
+        let names: Vec<&str> = order.iter().map(|(n, _)| *n).collect();
+        assert_eq!(names, ["first", "behind"]);
+        order
+    }
+}
+
+/// Promise: a waiter whose process died is dropped from the middle of the queue once its
+/// queue timeout has passed, while the lock is still held (not only when it reaches the
+/// head): the queue goes from [first, dead, behind] to [first, behind]
+/// - not before the dead one's deadline (100 ms tolerance for clock granularity), and
+/// - no later than 500 ms after it (scheduling slack), although the live waiters keep
+///   their places for 30 s: the one behind retries by the deadline of the one in front.
+///
+/// Then the turns go on in order, at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_waiter_in_the_middle_is_dropped_after_its_timeout() {
+    let (setup, held) = dead_in_the_middle().await;
+    let server = setup.env.server();
+    let limit = setup.dead_until + Duration::from_secs(5);
+    let dropped_at = loop {
+        if setup.lock.queued().await.unwrap() == 2 {
+            break Instant::now();
+        }
+        assert!(Instant::now() < limit, "the dead waiter was never dropped");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    println!(
+        "dead waiter's place had {:?} left; dropped {:?} after its deadline",
+        setup.left,
+        dropped_at.saturating_duration_since(setup.dead_until)
+    );
+    assert!(
+        dropped_at + Duration::from_millis(100) >= setup.dead_until,
+        "dropped {:?} before its deadline",
+        setup.dead_until - dropped_at
+    );
+    assert!(
+        dropped_at <= setup.dead_until + Duration::from_millis(500),
+        "dropped {:?} after its deadline",
+        dropped_at - setup.dead_until
+    );
+    let queue: Vec<String> = server.query(&["LRANGE", DEAD_QUEUE, "0", "-1"]).unwrap();
+    assert!(!queue.contains(&setup.child_id), "{queue:?}");
+    assert!(setup.lock.is_locked().await.unwrap());
+
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let turns = setup.turns().await;
+    assert!(turns[1].1 - released < Duration::from_millis(500));
+}
+
+/// Promise: released while a dead waiter stands right behind the head, the lock goes to
+/// the head at once, then to the waiter behind the dead one
+/// - not before the dead one's deadline (it keeps its place until then; 100 ms
+///   tolerance), and
+/// - no later than 500 ms after it, so within the dead one's queue timeout (1.5 s) +
+///   500 ms of the release, although nobody tells the waiter behind (the release wakes the
+///   dead head) and its own place lasts 30 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_waiter_stalls_the_next_for_its_timeout_only() {
+    let (setup, held) = dead_in_the_middle().await;
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let (dead_until, left) = (setup.dead_until, setup.left);
+    let turns = setup.turns().await;
+    let (first_at, behind_at) = (turns[0].1, turns[1].1);
+    println!(
+        "dead waiter's place had {left:?} left; first took it {:?} after the release, \
+         the one behind the dead waiter {:?} after",
+        first_at - released,
+        behind_at - released
+    );
+    assert!(
+        first_at - released < Duration::from_millis(500),
+        "the live head was slow: {:?}",
+        first_at - released
+    );
+    assert!(
+        behind_at + Duration::from_millis(100) >= dead_until,
+        "the waiter behind overtook the dead one {:?} before its deadline",
+        dead_until - behind_at
+    );
+    assert!(
+        behind_at <= dead_until + Duration::from_millis(500),
+        "the waiter behind got it {:?} after the dead one's deadline",
+        behind_at - dead_until
+    );
+    assert!(behind_at - released <= CHILD_QUEUE_TIMEOUT + Duration::from_millis(500));
+}
