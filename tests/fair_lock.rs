@@ -14,7 +14,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use common::Env;
-use lockwarden::{FairLock, LockClient, LockError, LockGuard};
+use lockwarden::{Claim, FairLock, LockClient, LockError, LockGuard};
 use lockwarden_testkit::RedisServer;
 use tokio::time::Instant;
 
@@ -25,6 +25,7 @@ conformance!(
     cancelled_acquires_leave_no_queue_and_no_lock,
     reentry_fencing_and_watchdog,
     dropped_guard_hands_over_to_the_head,
+    completing_a_fair_hold_stores_the_outcome_and_hands_over,
 );
 
 /// Long enough that no waiter's own retry (every third of it) falls inside a test.
@@ -298,6 +299,33 @@ async fn dropped_guard_hands_over_to_the_head(env: Env) {
         dropped.elapsed()
     );
     guard.release().await.unwrap();
+}
+
+/// Promise: `complete` works on a fair guard as on a plain one (claims of the name get
+/// the outcome), and still hands the lock to the head of the queue.
+async fn completing_a_fair_hold_stores_the_outcome_and_hands_over(env: Env) {
+    let client = env.client().await;
+    let other = env.client().await;
+    let held = client.fair_lock("done").acquire().await.unwrap();
+    let lock = other.fair_lock("done").queue_timeout(PATIENT);
+    let waiter = tokio::spawn({
+        let lock = lock.clone();
+        async move { lock.acquire().await }
+    });
+    queued(&lock, 1).await;
+    held.complete(b"42 rows".to_vec(), Duration::from_secs(60))
+        .await
+        .unwrap();
+    let guard = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the head is woken")
+        .unwrap()
+        .unwrap();
+    guard.release().await.unwrap();
+    match client.lock("done").try_claim(Duration::ZERO).await.unwrap() {
+        Claim::Completed(outcome) => assert_eq!(outcome, b"42 rows"),
+        Claim::Acquired(_) => panic!("the outcome was not stored"),
+    }
 }
 
 // --- Redis only ---------------------------------------------------------------------
