@@ -1,23 +1,6 @@
-//! The fair lock: first come, first served across processes.
-//!
-//! What it promises: a waiter that does not get the lock joins a queue kept in the store
-//! (on Redis: a list of holder ids in arrival order, plus each waiter's deadline by the
-//! server clock), and the lock goes to the head of that queue, never to a newcomer, as
-//! long as the head keeps its place. A waiter keeps its place by trying again at least
-//! every third of its [queue timeout](FairLock::queue_timeout); one that dies, hangs or
-//! is cut off stays silent and is dropped from the queue once its timeout has passed,
-//! wherever it stands, so it stalls the ones behind it for at most that long. A waiter
-//! that gives up (its wait budget is spent, or its acquire future is dropped) leaves the
-//! queue at once. On release only the head is woken, through a channel of its own.
-//!
-//! What it costs: one round trip per attempt, as the plain lock; a waiting holder retries
-//! by itself every third of the queue timeout besides the wake-up on its turn; on Redis,
-//! one pub/sub subscription per waiting holder (not per lock) and two more keys per
-//! contended lock, which expire with the last waiter's deadline.
-//!
-//! Held, a fair lock is an ordinary lock: the same hash, so the same re-entry, fencing
-//! tokens, watchdog and [`LockGuard`]. Do not also take the same name with
-//! [`LockClient::lock`]: that still excludes, but barges past the queue.
+//! The fair lock, [`FairLock`]: first come, first served across processes. Waiters queue
+//! in the store and only the head is woken; one round trip per attempt. Its promises,
+//! costs and Redis layout are documented on the type.
 
 use std::time::Duration;
 
@@ -54,7 +37,35 @@ pub(crate) fn wake_channel(key: &Key, holder: &Holder) -> String {
 }
 
 /// One named fair lock, made by [`LockClient::fair_lock`]: waiters get it in the order
-/// they asked for it. Set options, then acquire or inspect; see the [module](self) docs.
+/// they asked for it. Set options, then acquire or inspect.
+///
+/// What it promises: a waiter that does not get the lock joins a queue kept in the store
+/// (on Redis: a list of holder ids in arrival order, plus each waiter's deadline by the
+/// server clock), and the lock goes to the head of that queue, never to a newcomer, as
+/// long as the head keeps its place. A waiter keeps its place by trying again at least
+/// every third of its [queue timeout](FairLock::queue_timeout); one that dies, hangs or
+/// is cut off stays silent and is dropped from the queue once its timeout has passed,
+/// wherever it stands, so it stalls the ones behind it for at most that long. A waiter
+/// that gives up (its wait budget is spent, or its acquire future is dropped) leaves the
+/// queue at once. On release only the head is woken, through a channel of its own.
+///
+/// What it costs: one round trip per attempt, as the plain lock; a waiting holder retries
+/// by itself every third of the queue timeout besides the wake-up on its turn; on Redis,
+/// one pub/sub subscription per waiting holder (not per lock) and two more keys per
+/// contended lock, which expire with the last waiter's deadline.
+///
+/// Held, a fair lock is an ordinary lock: the same hash, so the same re-entry, fencing
+/// tokens, watchdog and [`LockGuard`]. Do not also take the same name with
+/// [`LockClient::lock`]: that still excludes, but barges past the queue.
+///
+/// On Redis (6.0.6 or later, for `LPOS`), next to the lock hash and fencing key of
+/// [`Key`], all in the lock's slot ([`KeyLayout::Tagged`](crate::KeyLayout::Tagged) names):
+///
+/// | what | Redis name |
+/// |---|---|
+/// | the queue: a list of holder ids, oldest first | `<lock key>:queue` |
+/// | each waiter's deadline: a zset of holder id to ms, server clock | `<lock key>:deadlines` |
+/// | the channel on which a waiter hears its turn | `<release channel>:<holder id>` |
 ///
 /// ```
 /// # use lockwarden_core::LockClient;
@@ -125,7 +136,8 @@ impl FairLock {
 
     /// Acquires as `holder` (re-entering if it already holds the lock), as
     /// [`Lock::holder`](crate::Lock::holder). The holder is also the waiter's place in the
-    /// queue, so one holder waits in one place however many tasks wait as it.
+    /// queue, so one holder waits in one place however many tasks wait as it (and when one
+    /// of them gives up, the others join again at the tail on their next retry).
     ///
     /// ```
     /// # use lockwarden_core::LockClient;
