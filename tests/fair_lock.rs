@@ -159,7 +159,7 @@ async fn waiters_that_give_up_leave_the_queue(env: Env) {
 
     let timing_out = tokio::spawn({
         let lock = lock(&other);
-        async move { lock.try_acquire(Duration::from_millis(1500)).await }
+        async move { lock.try_acquire(Duration::from_secs(3)).await }
     });
     queued(&lock(&client), 1).await;
     let dropped = tokio::spawn({
