@@ -201,10 +201,6 @@ impl LockClient {
         Ok(out)
     }
 
-    pub(crate) fn is_redis(&self) -> bool {
-        matches!(self.inner.backend, Backend::Redis(_))
-    }
-
     /// `"redis"` or `"in-memory"`: which store this client uses.
     pub fn backend_name(&self) -> &'static str {
         match self.inner.backend {

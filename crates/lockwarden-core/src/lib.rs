@@ -26,6 +26,7 @@
 
 mod backend;
 mod client;
+mod detach;
 mod error;
 mod guard;
 mod holder;

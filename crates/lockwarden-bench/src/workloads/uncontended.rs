@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::baselines::{connection_manager, evalsha_pair, BoxError, Kind};
+use crate::baselines::{connection_manager, evalsha_pair, own_scripts_pair, BoxError, Kind};
 use crate::stats::{Report, Row, Summary};
 use crate::workloads::{release, Ctx};
 
@@ -22,11 +22,15 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
     }
 
     let mut raw_samples = Vec::with_capacity(cycles);
+    let mut own_samples = Vec::with_capacity(cycles);
     let mut samples = vec![Vec::<Duration>::with_capacity(cycles); lockers.len()];
     for i in 0..cycles {
         let t = Instant::now();
         evalsha_pair(&mut raw).await?;
         raw_samples.push(t.elapsed());
+        let t = Instant::now();
+        own_scripts_pair(&mut raw, &format!("w1:{i}")).await?;
+        own_samples.push(t.elapsed());
         for ((kind, locker), samples) in lockers.iter().zip(&mut samples) {
             let key = format!("{}:w1:{i}", kind.slug());
             let t = Instant::now();
@@ -45,6 +49,17 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
             "µs",
         )
         .summary(raw),
+    );
+    report.push(
+        Row::new(
+            NAME,
+            "raw ConnectionManager",
+            "lockwarden's acquire.lua + release.lua, called directly",
+            "µs",
+        )
+        .summary(Summary::micros(&own_samples))
+        .ratio_to(raw.median, "÷ 2×EVALSHA median")
+        .note("the Redis side of a cycle: scripts, no client work"),
     );
     for ((kind, _), samples) in lockers.iter().zip(&samples) {
         let mut row = Row::new(NAME, kind.name(), "acquire + release", "µs")
