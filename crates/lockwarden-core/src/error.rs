@@ -92,6 +92,19 @@ pub enum BackendError {
     /// Redis answered with something the scripts never return.
     #[error("unexpected reply from redis: {0}")]
     Protocol(String),
+    /// The lock was taken but fewer replicas than asked for acknowledged it within the
+    /// `WAIT` timeout (see
+    /// [`LockClientBuilder::wait_for_replicas`](crate::LockClientBuilder::wait_for_replicas)),
+    /// so it was released again: a failover could have lost it.
+    #[error(
+        "only {acknowledged} of {wanted} replicas acknowledged the lock in time; it was released"
+    )]
+    NotReplicated {
+        /// Replicas that acknowledged the write.
+        acknowledged: u32,
+        /// Replicas asked for.
+        wanted: u32,
+    },
     /// Redis could not be reached moments ago; the next attempt is not due yet.
     #[error("redis was unreachable moments ago; retrying in {0:?}")]
     Unreachable(Duration),
@@ -109,7 +122,7 @@ impl BackendError {
                     || e.is_timeout()
             }
             BackendError::TimedOut(_) | BackendError::Unreachable(_) => true,
-            BackendError::Protocol(_) => false,
+            BackendError::Protocol(_) | BackendError::NotReplicated { .. } => false,
         }
     }
 }

@@ -4,6 +4,9 @@
 
 use std::time::{Duration, Instant};
 
+use lockwarden_core::LockClient;
+use lockwarden_testkit::RedisServer;
+
 use crate::baselines::{connection_manager, evalsha_pair, own_scripts_pair, BoxError, Kind};
 use crate::stats::{Report, Row, Summary};
 use crate::workloads::{release, Ctx};
@@ -70,5 +73,64 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
         }
         report.push(row);
     }
+    replicated(ctx, report).await
+}
+
+/// The cost of `wait_for_replicas(1)`: the same cycle on a primary with one replica,
+/// with and without waiting for the replica's acknowledgement, cycle by cycle.
+async fn replicated(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
+    let cycles = ctx.pick(1_000, 5_000);
+    let primary = RedisServer::start()?;
+    let port = primary.port().to_string();
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port])?;
+    let synced = Instant::now();
+    while !replica
+        .query::<String>(&["INFO", "replication"])?
+        .contains("master_link_status:up")
+    {
+        if synced.elapsed() > Duration::from_secs(10) {
+            return Err("the benchmark's replica never synced".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let plain = LockClient::connect(&primary.url()).await?;
+    let waiting = LockClient::builder()
+        .wait_for_replicas(1, Duration::from_secs(1))
+        .connect(&primary.url())
+        .await?;
+    let (mut plain_samples, mut waiting_samples) =
+        (Vec::with_capacity(cycles), Vec::with_capacity(cycles));
+    for i in 0..cycles {
+        for (client, samples) in [
+            (&plain, &mut plain_samples),
+            (&waiting, &mut waiting_samples),
+        ] {
+            let t = Instant::now();
+            let guard = client.acquire(format!("w1r:{i}")).await?;
+            guard.release().await?;
+            samples.push(t.elapsed());
+        }
+    }
+    let plain = Summary::micros(&plain_samples);
+    report.push(
+        Row::new(
+            NAME,
+            "lockwarden",
+            "acquire + release, primary with 1 replica",
+            "µs",
+        )
+        .summary(plain),
+    );
+    report.push(
+        Row::new(
+            NAME,
+            "lockwarden, wait_for_replicas(1)",
+            "acquire (+ WAIT 1) + release, same primary",
+            "µs",
+        )
+        .summary(Summary::micros(&waiting_samples))
+        .ratio_to(plain.median, "÷ without WAIT")
+        .note("the price of narrowing the failover window"),
+    );
     Ok(())
 }
