@@ -29,6 +29,16 @@ pub(crate) enum Attempt {
     Completed { outcome: Vec<u8> },
 }
 
+/// Answer of one attempt to take several locks at once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum MultiAttempt {
+    /// Every lock is now held by the holder: the token of each, in the order asked.
+    Taken { tokens: Vec<u64> },
+    /// The lock at `index` is held by another holder (`ttl` as in [`Attempt::Busy`]);
+    /// nothing was taken.
+    Busy { index: usize, ttl: Option<Duration> },
+}
+
 /// An outcome to store on release, completing a claim.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Outcome<'a> {
@@ -94,6 +104,19 @@ impl Backend {
         match self {
             Backend::Redis(r) => r.release(kind, key, holder, outcome).await,
             Backend::Memory(m) => Ok(m.release(kind, key, holder, outcome)),
+        }
+    }
+
+    /// Takes (or re-enters) every lock in `keys` for `holder`, or none, in one step.
+    pub(crate) async fn attempt_many(
+        &self,
+        keys: &[Key],
+        holder: &Holder,
+        lease: Duration,
+    ) -> Result<MultiAttempt, BackendError> {
+        match self {
+            Backend::Redis(r) => r.attempt_many(keys, holder, lease).await,
+            Backend::Memory(m) => Ok(m.attempt_many(keys, holder, lease)),
         }
     }
 

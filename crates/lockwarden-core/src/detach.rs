@@ -49,6 +49,63 @@ where
     }
 }
 
+/// Work to do with the output of a future nobody awaited to the end.
+pub(crate) type Undo<T> = Box<dyn FnOnce(T) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
+
+/// Like awaiting `F`, but if dropped before `F` completes, `F` is finished on a task of
+/// its own and its output handed to `undo`: for an acquisition whose caller went away
+/// (cancelled, or a local timeout) while the command was in flight, whose locks must then
+/// be released by someone.
+pub(crate) struct Undone<F: Future + Send + 'static>
+where
+    F::Output: Send,
+{
+    fut: Option<Pin<Box<F>>>,
+    undo: Option<Undo<F::Output>>,
+}
+
+impl<F: Future + Send + 'static> Undone<F>
+where
+    F::Output: Send,
+{
+    pub(crate) fn new(fut: F, undo: Undo<F::Output>) -> Self {
+        Self {
+            fut: Some(Box::pin(fut)),
+            undo: Some(undo),
+        }
+    }
+}
+
+impl<F: Future + Send + 'static> Future for Undone<F>
+where
+    F::Output: Send,
+{
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let Some(fut) = self.fut.as_mut() else {
+            panic!("Undone polled after completion");
+        };
+        let out = std::task::ready!(fut.as_mut().poll(cx));
+        self.fut = None;
+        Poll::Ready(out)
+    }
+}
+
+impl<F: Future + Send + 'static> Drop for Undone<F>
+where
+    F::Output: Send,
+{
+    fn drop(&mut self) {
+        let (Some(fut), Some(undo)) = (self.fut.take(), self.undo.take()) else {
+            return;
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move { undo(fut.await).await });
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -71,6 +128,29 @@ mod tests {
         assert!(!done.load(Ordering::SeqCst));
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(done.load(Ordering::SeqCst), "finished in the background");
+    }
+
+    #[tokio::test]
+    async fn abandoned_work_is_undone_with_its_output() {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let work = Undone::new(
+            async {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                41
+            },
+            Box::new(
+                move |out: i32| -> Pin<Box<dyn Future<Output = ()> + Send>> {
+                    Box::pin(async move {
+                        let _ = tx.send(out + 1);
+                    })
+                },
+            ),
+        );
+        assert!(tokio::time::timeout(Duration::from_millis(1), work)
+            .await
+            .is_err());
+        let undone = tokio::time::timeout(Duration::from_secs(1), rx).await;
+        assert_eq!(undone.ok().and_then(Result::ok), Some(42));
     }
 
     #[tokio::test]

@@ -12,6 +12,8 @@ use crate::holder::Holder;
 use crate::key::Key;
 use crate::waiters::Waiters;
 
+mod multi;
+
 /// Operations between sweeps of expired entries.
 const SWEEP_EVERY: u32 = 1024;
 
@@ -43,6 +45,36 @@ impl State {
             self.locks.remove(key);
         }
         self.locks.get_mut(key)
+    }
+
+    /// Takes or re-enters `key` for `holder`, as `acquire.lua` does.
+    fn take(&mut self, key: &Key, holder: &Holder, lease: Duration, now: Instant) -> Attempt {
+        if let Some(held) = self.live(key, now) {
+            if held.holder == *holder {
+                held.count += 1;
+                held.expires = now + lease;
+                return Attempt::Reentered { token: held.token };
+            }
+            return Attempt::Busy {
+                ttl: Some(held.expires - now),
+            };
+        }
+        // Same rule as the script: the clock in µs, never at or below the last token.
+        let clock = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+        let token = clock.max(self.last_token + 1);
+        self.last_token = token;
+        self.locks.insert(
+            key.clone(),
+            Held {
+                holder: holder.clone(),
+                count: 1,
+                token,
+                expires: now + lease,
+            },
+        );
+        Attempt::Taken { token }
     }
 
     fn sweep(&mut self, now: Instant) {
@@ -91,32 +123,7 @@ impl MemoryBackend {
                 None => {}
             }
         }
-        if let Some(held) = state.live(key, now) {
-            if held.holder == *holder {
-                held.count += 1;
-                held.expires = now + lease;
-                return Attempt::Reentered { token: held.token };
-            }
-            return Attempt::Busy {
-                ttl: Some(held.expires - now),
-            };
-        }
-        // Same rule as the script: the clock in µs, never at or below the last token.
-        let clock = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
-        let token = clock.max(state.last_token + 1);
-        state.last_token = token;
-        state.locks.insert(
-            key.clone(),
-            Held {
-                holder: holder.clone(),
-                count: 1,
-                token,
-                expires: now + lease,
-            },
-        );
-        Attempt::Taken { token }
+        state.take(key, holder, lease, now)
     }
 
     pub(crate) fn release(

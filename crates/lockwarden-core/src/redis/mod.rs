@@ -1,6 +1,7 @@
 //! The Redis lock store: the Lua scripts in `lua/`, run over one auto-reconnecting
 //! multiplexed connection, plus the client's pub/sub connection (`pubsub.rs`).
 
+mod multi;
 pub(crate) mod pubsub;
 mod replicated;
 
