@@ -2,6 +2,7 @@
 //! multiplexed connection, plus the client's pub/sub connection (`pubsub.rs`).
 
 pub(crate) mod pubsub;
+mod rw;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -27,7 +28,7 @@ static FORCE_RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../../lua/force_release.lua")));
 
 /// Every script that [`RedisBackend::pipelined`] may send (loaded again if Redis lost them).
-static PIPELINED: [&LazyLock<Script>; 2] = [&RELEASE, &RENEW];
+static PIPELINED: [&LazyLock<Script>; 4] = [&RELEASE, &RENEW, &rw::RELEASE, &rw::RENEW];
 
 /// Commands per pipeline when renewing or releasing in bulk.
 const BATCH: usize = 1024;
@@ -122,6 +123,7 @@ impl RedisBackend {
     ) -> Result<Released, BackendError> {
         match kind {
             Kind::Plain => self.release_plain(key, holder, outcome).await,
+            Kind::Read | Kind::Write => self.rw_release(kind, key, holder).await,
         }
     }
 
@@ -159,6 +161,7 @@ impl RedisBackend {
                         .arg(holder.id())
                         .arg(key.channel());
                 }
+                Kind::Read | Kind::Write => rw::push_release(pipe, *kind, key, holder),
             })
             .await?;
         Ok(replies.into_iter().map(released).collect())
@@ -175,6 +178,7 @@ impl RedisBackend {
                         .arg(r.holder.id())
                         .arg(millis(r.lease));
                 }
+                Kind::Read | Kind::Write => rw::push_renew(pipe, r),
             })
             .await?;
         Ok(replies.into_iter().map(|r| r == 1).collect())
