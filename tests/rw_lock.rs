@@ -724,3 +724,159 @@ async fn redis_plain_lock_under_the_same_name_refuses_both_sides() {
     );
     write.release().await.unwrap();
 }
+
+/// Set (to a Redis URL) only in the re-executed child: it makes [`rw_reader_child`] act
+/// as the reader process.
+const READER_ENV: &str = "LOCKWARDEN_RW_READER_URL";
+/// The reader process's watchdog lease (renewed every 500 ms).
+const CHILD_LEASE: Duration = Duration::from_millis(1500);
+
+/// Not a test on its own: the body of the reader process of
+/// [`redis_killed_reader_process_stops_counting_after_its_lease`]. Without [`READER_ENV`]
+/// it returns at once; with it, it takes a read hold with a 1.5 s watchdog lease, prints
+/// `HELD <holder id>` and sleeps (at most 120 s) until it is SIGKILLed.
+#[test]
+fn rw_reader_child() {
+    let Ok(url) = std::env::var(READER_ENV) else {
+        return;
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async move {
+        let client = lockwarden::LockClient::builder()
+            .watchdog_timeout(CHILD_LEASE)
+            .connect(&url)
+            .await
+            .unwrap();
+        let guard = client
+            .rw_lock("killed-reader")
+            .read()
+            .acquire()
+            .await
+            .unwrap();
+        println!("HELD {}", guard.holder().id());
+        tokio::time::sleep(Duration::from_secs(120)).await;
+        drop(guard);
+    });
+}
+
+/// Kills (SIGKILL) and reaps the child when dropped, so a failing test leaves no process.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Promise: when a reader's *process* is SIGKILLed, its read hold stops counting within
+/// one watchdog lease of the kill (+500 ms of slack), while a reader in another process
+/// keeps renewing its own; a waiting writer then gets the lock as soon as the live reader
+/// leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_reader_process_stops_counting_after_its_lease() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+
+    let env = Env::redis();
+    let server = env.server();
+    let mut child = Reaped(
+        Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "rw_reader_child",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(READER_ENV, server.url())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+    let stdout = child.0.stdout.take().unwrap();
+    let (lines_tx, lines_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let child_holder = loop {
+        let line = lines_rx
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .expect("the reader process prints HELD within 30 s");
+        if let Some((_, holder)) = line.split_once("HELD ") {
+            break holder.trim().to_owned();
+        }
+    };
+    let field = format!("{child_holder}:r");
+
+    let client = env.client_with(|b| b.watchdog_timeout(CHILD_LEASE)).await;
+    let rw = client.rw_lock("killed-reader");
+    let live = rw.read().acquire().await.unwrap();
+    let writer = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let guard = client
+                .rw_lock("killed-reader")
+                .write()
+                .try_acquire(Duration::from_secs(20))
+                .await;
+            (Instant::now(), guard)
+        })
+    };
+    // The child's hold outlives one lease only if its watchdog renews it.
+    tokio::time::sleep(CHILD_LEASE + Duration::from_millis(300)).await;
+    let count: Option<u64> = server
+        .query(&["HGET", "lockwarden:{killed-reader}", &field])
+        .unwrap();
+    assert_eq!(count, Some(1), "the reader process did not renew its hold");
+
+    child.0.kill().unwrap();
+    let killed = Instant::now();
+    child.0.wait().unwrap();
+
+    // Counted out by the next script that runs (here, the live reader's renewals).
+    let gone = loop {
+        let score: Option<String> = server
+            .query(&["ZSCORE", "lockwarden:{killed-reader}:leases", &field])
+            .unwrap();
+        if score.is_none() {
+            break Instant::now();
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(10),
+            "the killed reader's hold is still counted"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let after = gone - killed;
+    assert!(
+        after <= CHILD_LEASE + Duration::from_millis(500),
+        "the killed reader counted for {after:?} after the kill"
+    );
+    assert!(
+        !writer.is_finished(),
+        "the writer got in beside a live reader"
+    );
+    assert!(!live.is_lost());
+
+    let released = Instant::now();
+    live.release().await.unwrap();
+    let (acquired, guard) = writer.await.unwrap();
+    let guard = guard.expect("the writer gets the lock once the live reader leaves");
+    let after = acquired.saturating_duration_since(released);
+    assert!(
+        after < Duration::from_millis(500),
+        "the writer acquired {after:?} after the release"
+    );
+    guard.release().await.unwrap();
+}

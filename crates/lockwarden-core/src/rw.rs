@@ -84,6 +84,13 @@ pub(crate) fn readers_channel(key: &Key) -> String {
 }
 
 /// Which side of a read-write lock a handle takes.
+///
+/// ```
+/// # use lockwarden_core::{LockClient, RwMode};
+/// let rw = LockClient::in_memory().rw_lock("stock");
+/// assert_eq!(rw.read().mode(), RwMode::Read);
+/// assert_eq!(rw.write().mode(), RwMode::Write);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RwMode {
     /// Shared with other readers.
