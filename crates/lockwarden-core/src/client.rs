@@ -19,6 +19,7 @@ use crate::lock::Lock;
 use crate::memory::MemoryBackend;
 use crate::multi::MultiLock;
 use crate::redis::{pubsub, RedisBackend};
+use crate::rw::RwLock;
 use crate::waiters::Waiters;
 use crate::watchdog::Watchdog;
 
@@ -133,6 +134,23 @@ impl LockClient {
     /// An invalid name is reported by the operation that uses it.
     pub fn lock(&self, name: impl AsRef<str>) -> Lock {
         Lock::new(self.clone(), self.make_key(name.as_ref()))
+    }
+
+    /// A handle on the read-write lock named `name`: many readers or one writer (see
+    /// [`RwLock`]). An invalid name is reported by the operation that uses it.
+    ///
+    /// ```
+    /// # use lockwarden_core::LockClient;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden_core::LockError> {
+    /// let client = LockClient::in_memory();
+    /// let a = client.rw_lock("catalog").read().acquire().await?;
+    /// let b = client.rw_lock("catalog").read().acquire().await?; // readers share it
+    /// a.release().await?;
+    /// b.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn rw_lock(&self, name: impl AsRef<str>) -> RwLock {
+        RwLock::new(self.clone(), self.make_key(name.as_ref()))
     }
 
     /// Several locks to take as one (all or nothing, in a fixed order; see [`MultiLock`]).

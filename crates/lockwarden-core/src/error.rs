@@ -41,6 +41,16 @@ pub enum LockError {
         /// The lock's name.
         key: String,
     },
+    /// A holder that holds only the read side of a read-write lock asked for the write
+    /// side. Waiting would deadlock (the write waits for every reader, this holder
+    /// included), so it is refused at once: release the read hold, then take the write.
+    #[error(
+        "lock `{key}`: this holder holds the read lock; release it before taking the write lock"
+    )]
+    UpgradeRefused {
+        /// The lock's name.
+        key: String,
+    },
     /// The lock name was rejected.
     #[error("invalid lock key: {0}")]
     InvalidKey(#[from] KeyError),

@@ -36,6 +36,7 @@ mod lost;
 mod memory;
 mod multi;
 mod redis;
+mod rw;
 mod waiters;
 mod watchdog;
 
@@ -47,3 +48,4 @@ pub use key::{Key, KeyLayout, DEFAULT_MAX_KEY_LEN, DEFAULT_NAMESPACE};
 pub use lock::{Claim, Lock};
 pub use lost::LostSignal;
 pub use multi::{MultiGuard, MultiLock};
+pub use rw::{RwLock, RwLockHandle, RwMode};

@@ -1,6 +1,8 @@
 //! The in-process lock store: the same semantics as the Lua scripts, under one mutex.
 //! For single-process apps, tests and zero-setup examples.
 
+mod rw;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -20,6 +22,8 @@ const SWEEP_EVERY: u32 = 1024;
 pub(crate) struct MemoryBackend {
     state: Mutex<State>,
     waiters: Arc<Waiters>,
+    /// Read-write locks, kept apart from the plain ones.
+    pub(crate) rw: rw::RwStore,
 }
 
 #[derive(Default)]
@@ -91,6 +95,7 @@ impl MemoryBackend {
     pub(crate) fn new(waiters: Arc<Waiters>) -> Self {
         Self {
             state: Mutex::default(),
+            rw: rw::RwStore::new(waiters.clone()),
             waiters,
         }
     }
@@ -135,6 +140,7 @@ impl MemoryBackend {
     ) -> Released {
         match kind {
             Kind::Plain => self.release_plain(key, holder, outcome),
+            Kind::Read | Kind::Write => self.rw.release(kind, key, holder),
         }
     }
 
@@ -168,6 +174,7 @@ impl MemoryBackend {
     pub(crate) fn renew(&self, renewal: &Renewal) -> bool {
         match renewal.kind {
             Kind::Plain => self.renew_plain(renewal),
+            Kind::Read | Kind::Write => self.rw.renew(renewal),
         }
     }
 

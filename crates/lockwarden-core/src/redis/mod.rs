@@ -4,6 +4,7 @@
 mod multi;
 pub(crate) mod pubsub;
 mod replicated;
+mod rw;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -30,7 +31,7 @@ static FORCE_RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../../lua/force_release.lua")));
 
 /// Every script that [`RedisBackend::pipelined`] may send (loaded again if Redis lost them).
-static PIPELINED: [&LazyLock<Script>; 2] = [&RELEASE, &RENEW];
+static PIPELINED: [&LazyLock<Script>; 4] = [&RELEASE, &RENEW, &rw::RELEASE, &rw::RENEW];
 
 /// Commands per pipeline when renewing or releasing in bulk.
 const BATCH: usize = 1024;
@@ -178,6 +179,7 @@ impl RedisBackend {
     ) -> Result<Released, BackendError> {
         match kind {
             Kind::Plain => self.release_plain(key, holder, outcome).await,
+            Kind::Read | Kind::Write => self.rw_release(kind, key, holder).await,
         }
     }
 
@@ -215,6 +217,7 @@ impl RedisBackend {
                         .arg(holder.id())
                         .arg(key.channel());
                 }
+                Kind::Read | Kind::Write => rw::push_release(pipe, *kind, key, holder),
             })
             .await?;
         Ok(replies.into_iter().map(released).collect())
@@ -231,6 +234,7 @@ impl RedisBackend {
                         .arg(r.holder.id())
                         .arg(millis(r.lease));
                 }
+                Kind::Read | Kind::Write => rw::push_renew(pipe, r),
             })
             .await?;
         Ok(replies.into_iter().map(|r| r == 1).collect())
