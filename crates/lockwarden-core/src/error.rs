@@ -57,6 +57,10 @@ pub enum LockError {
     /// The lock store could not be reached or answered with an error.
     #[error("lock backend failed: {0}")]
     Backend(#[from] BackendError),
+    /// A [`Redlock`](crate::Redlock) could not get, extend or release a majority, or was
+    /// set up wrongly.
+    #[error(transparent)]
+    Redlock(#[from] crate::redlock::RedlockError),
 }
 
 /// Why a lock name was rejected.
