@@ -472,6 +472,17 @@ async fn node_sets_and_settings_that_cannot_work_are_refused() {
     );
     refused(Redlock::connect(&["redis://127.0.0.1:1/"; 3]).await, 3);
     let node = servers(1);
+    // Different URLs, one server: it must not count twice.
+    let port = node[0].port();
+    refused(
+        Redlock::connect(&[
+            format!("redis://127.0.0.1:{port}/"),
+            format!("redis://localhost:{port}/"),
+            format!("redis://127.0.0.1:{port}/0"),
+        ])
+        .await,
+        3,
+    );
     let client = LockClient::connect(&node[0].url()).await.unwrap();
     refused(
         Redlock::new(vec![client.clone(), client.clone(), client]),

@@ -3,86 +3,7 @@
 //! [`RedlockBuilder`]), the acquisition rounds ([`RedlockLock`]) and the guard
 //! ([`RedlockGuard`]).
 //!
-//! # The algorithm as implemented
-//!
-//! * **Nodes.** N independent Redis masters (no replication between them), N odd: 1 for
-//!   development, 3 or 5 in production. Each node is driven by its own [`LockClient`] and
-//!   the same scripts as a single-node lock, so a node's key is an ordinary lockwarden lock.
-//! * **A round.** A fresh holder id (the same on every node) asks every node at once, each
-//!   answer bounded by the node timeout (default 100 ms, far below the lease). The round
-//!   started at `t0`; the lock is valid until `t0 + lease - drift`, with
-//!   `drift = lease * clock_drift_factor + 2 ms` (default factor 0.01). It is held iff a
-//!   majority (`N / 2 + 1`) took it and that instant is still ahead once every node has
-//!   answered or timed out.
-//! * **A failed round** is undone on every node that did not answer "busy", including the
-//!   ones that timed out (their script may still run): the releases are sent before the
-//!   next round, and a fresh holder id per round keeps a late release from touching a
-//!   later hold.
-//! * **Waiting.** While another holder has the lock, the waiter subscribes to the release
-//!   notices of every node (through each node client's pub/sub) and retries on the first
-//!   one, or when the holder's lease should end, or after ten retry delays at the latest
-//!   (a lost notice costs no more). After a split vote (some nodes granted, no majority)
-//!   or unreachable nodes it sleeps a random delay up to the retry delay (default 200 ms)
-//!   first, so contenders that failed together do not retry together. At the wait budget it
-//!   gives up with [`LockError::Timeout`] (someone holds it) or
-//!   [`RedlockError::NoQuorum`] (too few nodes answered).
-//! * **Extension** renews the lease on every node; it succeeds only if a majority still
-//!   held it and the fresh validity (from the start of the extension) is still ahead; at
-//!   most [`max_extensions`](RedlockBuilder::max_extensions) times per guard, so a stuck
-//!   holder cannot keep the lock forever. A failed extension leaves the old validity; when
-//!   that runs out the guard is lost ([`RedlockGuard::lost`]).
-//! * **Release** is sent to every node; dropping a guard releases in the background.
-//!
-//! # What it promises, and what it does not
-//!
-//! Redlock gives mutual exclusion *while the validity lasts*, under assumptions about time:
-//! the clocks of the client and the nodes advance at about the same rate (within the drift
-//! factor), nothing (GC, a stopped process, a swapped-out VM, network delay) pauses the
-//! holder for longer than its remaining validity between checking it and using the
-//! resource, and a node that crashes does not come back without the keys it had granted
-//! (run it with `appendfsync always`, or keep it down for longer than the lease before it
-//! rejoins: a "delayed restart").
-//!
-//! It does **not** protect against any of these:
-//! * a holder paused past its validity keeps acting while a second holder has the lock;
-//! * a clock jump on a node (an NTP step, an operator) expires keys early and lets a second
-//!   holder take a majority;
-//! * a node restarted without its data (the throw-away servers in our tests are like that)
-//!   forgets holds, so two holders can each count it in their majority;
-//! * replication is not a substitute: a master that fails over before its replica received
-//!   the key hands the lock out twice. The seeds describe this race and note that Redisson
-//!   has not solved it for replicated setups
-//!   (`/work/shared/seeds/001_c859c4ef7c70e9e0.txt`, last section); seed
-//!   `004_dd186fbb8ffead1f.txt` calls Redlock the disputed fix, and seed
-//!   `000_f7c8715b0d988db4.txt` points to Redisson's own `RedLock` for several masters.
-//!
-//! Martin Kleppmann, "How to do distributed locking" (2016), shows that a lock built on
-//! timing cannot be safe in an asynchronous system and that a lock service must hand out
-//! *fencing tokens* that the protected resource checks; Salvatore Sanfilippo (antirez)
-//! answers in "Is Redlock safe?" (2016) that Redlock is safe under its timing assumptions.
-//! Both agree on the practical point: **the fencing token, checked by the resource, is the
-//! real safety net.** Pass [`RedlockGuard::fencing_token`] with every write and have the
-//! resource refuse tokens lower than the highest it has seen.
-//!
-//! For most web services a single Redis (see [`LockClient`]), made durable with
-//! replication and `WAIT` where needed, plus fencing tokens, is simpler and just as safe.
-//! Reach for Redlock when the lock must stay available through the loss of a Redis node
-//! without a failover, and accept its timing assumptions knowingly.
-//!
-//! ```no_run
-//! use lockwarden_core::{LockError, Redlock};
-//! use std::time::Duration;
-//!
-//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), LockError> {
-//! let redlock = Redlock::builder()
-//!     .lease(Duration::from_secs(10))
-//!     .connect(&["redis://10.0.0.1/", "redis://10.0.0.2/", "redis://10.0.0.3/"])
-//!     .await?;
-//! let guard = redlock.lock("nightly-report").try_acquire(Duration::from_secs(2)).await?;
-//! // Give guard.fencing_token() to the resource; stop before guard.valid_until().
-//! guard.release().await?;
-//! # Ok(()) }
-//! ```
+//! The algorithm, and what it does and does not promise, are documented on [`Redlock`].
 
 mod error;
 mod guard;
@@ -117,19 +38,91 @@ const RECHECK_DELAYS: u32 = 10;
 /// Used when a node reports a lock without expiry (not one of ours).
 const NO_TTL_RECHECK: Duration = Duration::from_secs(1);
 
-/// A lock over N independent Redis masters that holds only with a majority (see the
-/// [module docs](self) for the algorithm and, before using it, for what it does not
-/// promise). Cheap to clone; clones share the node clients.
+/// A lock over N independent Redis masters that holds only with a majority. Cheap to
+/// clone; clones share the node clients. Read what it does **not** promise below before
+/// using it.
+///
+/// # The algorithm as implemented
+///
+/// * **Nodes.** N independent Redis masters (no replication between them), N odd: 1 for
+///   development, 3 or 5 in production. Each node is driven by its own [`LockClient`] and
+///   the same scripts as a single-node lock, so a node's key is an ordinary lockwarden lock.
+/// * **A round.** A fresh holder id (the same on every node) asks every node at once, each
+///   answer bounded by the node timeout (default 100 ms, far below the lease). The round
+///   started at `t0`; the lock is valid until `t0 + lease - drift`, with
+///   `drift = lease * clock_drift_factor + 2 ms` (default factor 0.01). It is held iff a
+///   majority (`N / 2 + 1`) took it and that instant is still ahead once every node has
+///   answered or timed out.
+/// * **A failed round** is undone on every node that did not answer "busy", including the
+///   ones that timed out (their script may still run): the releases are sent before the
+///   next round, and a fresh holder id per round keeps a late release from touching a
+///   later hold.
+/// * **Waiting.** While another holder has a majority, the waiter subscribes to the
+///   release notices of every node (through each node client's pub/sub) and retries on the
+///   first one, when the holder's lease should end, or after ten retry delays at the latest
+///   (so a lost notice costs no more). When nobody has a majority (a split vote between
+///   contenders, or nodes down) it retries after a random delay up to the retry delay
+///   (default 200 ms), so contenders that failed together do not retry together. At the
+///   wait budget it gives up with [`LockError::Timeout`] (someone holds it) or
+///   [`RedlockError::NoQuorum`] (too few nodes answered to make a majority).
+/// * **Extension** renews the lease on every node; it succeeds only if a majority still
+///   held it and the fresh validity (from the start of the extension) is still ahead; at
+///   most [`max_extensions`](RedlockBuilder::max_extensions) times per guard, so a stuck
+///   holder cannot keep the lock forever. A failed extension leaves the old validity; when
+///   that runs out the guard is lost ([`RedlockGuard::lost`]).
+/// * **Release** is sent to every node; dropping a guard releases in the background.
+///
+/// # What it promises, and what it does not
+///
+/// Redlock gives mutual exclusion *while the validity lasts*, under assumptions about time:
+/// the clocks of the client and the nodes advance at about the same rate (within the drift
+/// factor), nothing (GC, a stopped process, a swapped-out VM, network delay) pauses the
+/// holder for longer than its remaining validity between checking it and using the
+/// resource, and a node that crashes does not come back without the keys it had granted
+/// (run it with `appendfsync always`, or keep it down for longer than the lease before it
+/// rejoins: a "delayed restart").
+///
+/// It does **not** protect against any of these:
+/// * a holder paused past its validity keeps acting while a second holder has the lock;
+/// * a clock jump on a node (an NTP step, an operator) expires keys early and lets a second
+///   holder take a majority;
+/// * a node restarted without its data (the throw-away servers in our tests are like that)
+///   forgets holds, so two holders can each count it in their majority;
+/// * the nodes must not be replicas or failover pairs of each other: a master that fails
+///   over before its replica received the key hands the lock out twice. The project's
+///   seed articles describe this race from the Redis documentation and conclude that
+///   Redisson has not solved it for master-replica, Sentinel or Cluster setups (seed
+///   `001_c859c4ef7c70e9e0.txt`, first and last sections); seed `004_dd186fbb8ffead1f.txt`
+///   lists Redlock as the fix to that problem and marks it as disputed, and seed
+///   `000_f7c8715b0d988db4.txt` points to Redisson's `RedLock` for several masters.
+///
+/// Martin Kleppmann, "How to do distributed locking" (2016), shows that a lock built on
+/// timing cannot be safe in an asynchronous system and that a lock service must hand out
+/// *fencing tokens* that the protected resource checks; Salvatore Sanfilippo (antirez)
+/// answers in "Is Redlock safe?" (2016) that Redlock is safe under its timing assumptions.
+/// Whatever one concludes, **the fencing token, checked by the resource, is the real
+/// safety net.** Pass [`RedlockGuard::fencing_token`] with every write and have the
+/// resource refuse tokens lower than the highest it has seen. Redlock has no counter that
+/// all nodes agree on, so its token is best effort: see that method for what it does and
+/// does not order.
+///
+/// For most web services a single Redis (see [`LockClient`]) is the better choice:
+/// replicated, with `WAIT` where a failover must not lose a hold, and with fencing tokens.
+/// Redlock's extra nodes buy availability through the loss of a node, not a guarantee the
+/// fencing token does not already give; choose it for that, knowing its timing
+/// assumptions.
 ///
 /// ```no_run
-/// use lockwarden_core::Redlock;
+/// use lockwarden_core::{LockError, Redlock};
 /// use std::time::Duration;
 ///
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden_core::LockError> {
-/// let redlock = Redlock::connect(&["redis://10.0.0.1/", "redis://10.0.0.2/", "redis://10.0.0.3/"]).await?;
-/// let mut guard = redlock.lock("ledger").try_acquire(Duration::from_secs(1)).await?;
-/// assert!(guard.validity() > Duration::ZERO);
-/// guard.extend().await?; // a fresh validity, if a majority still holds it
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), LockError> {
+/// let redlock = Redlock::builder()
+///     .lease(Duration::from_secs(10))
+///     .connect(&["redis://10.0.0.1/", "redis://10.0.0.2/", "redis://10.0.0.3/"])
+///     .await?;
+/// let guard = redlock.lock("nightly-report").try_acquire(Duration::from_secs(2)).await?;
+/// // Give guard.fencing_token() to the resource; stop before guard.valid_until().
 /// guard.release().await?;
 /// # Ok(()) }
 /// ```
@@ -207,8 +200,8 @@ impl Redlock {
     /// ```
     ///
     /// # Errors
-    /// [`RedlockError::InvalidNodes`] for zero, an even number of, or repeated URLs;
-    /// [`LockError::Backend`] if a node cannot be reached.
+    /// [`RedlockError::InvalidNodes`] for zero or an even number of URLs, or two that lead
+    /// to the same server; [`LockError::Backend`] if a node cannot be reached.
     pub async fn connect<S: AsRef<str>>(urls: &[S]) -> Result<Self, LockError> {
         RedlockBuilder::default().connect(urls).await
     }
@@ -370,6 +363,17 @@ impl RedlockBuilder {
             }
             .into());
         }
+        // Different URLs may still name one server (a hostname and its address): each
+        // server's run id is unique, and one server counted twice would fake a majority.
+        let run_ids = try_join_all(urls.iter().map(|url| run_id(url.as_ref()))).await?;
+        let mut seen = HashSet::new();
+        if !run_ids.iter().all(|id| seen.insert(id.as_str())) {
+            return Err(RedlockError::InvalidNodes {
+                nodes: urls.len(),
+                reason: "two URLs lead to the same Redis server",
+            }
+            .into());
+        }
         let nodes = try_join_all(urls.iter().map(|url| {
             let mut builder = LockClient::builder();
             if let Some(namespace) = &self.config.namespace {
@@ -409,6 +413,23 @@ impl RedlockBuilder {
             }),
         })
     }
+}
+
+/// The `run_id` a Redis server reports in `INFO server`: random per server start.
+async fn run_id(url: &str) -> Result<String, BackendError> {
+    const TIMEOUT: Duration = Duration::from_secs(2);
+    let client = redis::Client::open(url)?;
+    let mut conn =
+        crate::redis::bounded(TIMEOUT, client.get_multiplexed_async_connection()).await?;
+    let info: String = crate::redis::bounded(
+        TIMEOUT,
+        redis::cmd("INFO").arg("server").query_async(&mut conn),
+    )
+    .await?;
+    info.lines()
+        .find_map(|line| line.strip_prefix("run_id:"))
+        .map(|id| id.trim().to_owned())
+        .ok_or_else(|| BackendError::Protocol(format!("{url} reports no run_id")))
 }
 
 fn check_count(nodes: usize) -> Result<(), RedlockError> {
