@@ -508,3 +508,45 @@ async fn node_sets_and_settings_that_cannot_work_are_refused() {
         .await
         .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_acquire_leaves_no_hold_behind() {
+    let nodes = servers(3);
+    let redlock = connect(&nodes, settings()).await;
+    let key = redlock.key("abandoned").unwrap().redis_key().to_owned();
+    let fence = fence_key(&redlock, "abandoned");
+    // With one node stopped the round lasts the node timeout; give up in the middle of it,
+    // after the two live nodes have granted.
+    nodes[0].pause();
+    let abandoned = tokio::time::timeout(
+        NODE_TIMEOUT / 2,
+        redlock.lock("abandoned").try_acquire(Duration::ZERO),
+    )
+    .await;
+    assert!(abandoned.is_err(), "the caller went away mid-round");
+    assert!(
+        exists(&nodes[1], &fence) && exists(&nodes[2], &fence),
+        "they granted"
+    );
+    // The round finished on its own and released what it won, well before the lease.
+    wait_until(
+        "the live nodes are free again",
+        Duration::from_secs(2),
+        || !exists(&nodes[1], &key) && !exists(&nodes[2], &key),
+    )
+    .await;
+    nodes[0].resume();
+    wait_until("the stopped node's late hold is undone", LEASE / 2, || {
+        exists(&nodes[0], &fence) && !exists(&nodes[0], &key)
+    })
+    .await;
+    // And the lock is free for the next caller.
+    redlock
+        .lock("abandoned")
+        .try_acquire(Duration::ZERO)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
