@@ -107,7 +107,8 @@ const NO_TTL_RECHECK: Duration = Duration::from_secs(1);
 /// does not order.
 ///
 /// For most web services a single Redis (see [`LockClient`]) is the better choice:
-/// replicated, with `WAIT` where a failover must not lose a hold, and with fencing tokens.
+/// replicated, with [`wait_for_replicas`](crate::LockClientBuilder::wait_for_replicas)
+/// (Redis `WAIT`) where a failover must not lose a hold, and with fencing tokens.
 /// Redlock's extra nodes buy availability through the loss of a node, not a guarantee the
 /// fencing token does not already give; choose it for that, knowing its timing
 /// assumptions.
