@@ -17,14 +17,15 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
   -- fencing key cannot make tokens go backwards.
   local now = redis.call('TIME')
   local token = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  local last = tonumber(redis.call('GET', KEYS[2]))
+  -- SET .. GET writes the token and reads the last one in one call; only a clock that
+  -- stepped back needs the second write. %.0f: tostring would write 1.7e+15.
+  local last = tonumber(redis.call('SET', KEYS[2], string.format('%.0f', token), 'PX', ARGV[2], 'GET'))
   if last and last >= token then
     token = last + 1
+    redis.call('SET', KEYS[2], string.format('%.0f', token), 'PX', ARGV[2])
   end
   redis.call('HSET', KEYS[1], ARGV[1], 1)
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  -- %.0f: a plain number would be written as 1.7e+15 by Lua's tostring.
-  redis.call('SET', KEYS[2], string.format('%.0f', token), 'PX', ARGV[2])
   return {1, token}
 end
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then

@@ -12,6 +12,8 @@ conformance!(
     all_or_nothing,
     opposite_orders_do_not_deadlock,
     one_release_frees_every_key,
+    nothing_is_held_while_waiting_and_the_set_follows_the_release,
+    reenters_locks_the_holder_already_has,
 );
 
 /// Promise: if one key cannot be had within the budget, none stays held, and the error
@@ -89,4 +91,98 @@ async fn one_release_frees_every_key(env: Env) {
     for name in ["r:1", "r:2"] {
         assert!(!client.lock(name).is_locked().await.unwrap());
     }
+}
+
+/// Promise: a caller waiting for a busy lock of its set holds none of the others
+/// meanwhile (so it blocks nobody), and gets the whole set right after the release.
+async fn nothing_is_held_while_waiting_and_the_set_follows_the_release(env: Env) {
+    let client = env.client().await;
+    let other = env.client().await;
+    let busy = other.acquire("w:b").await.unwrap();
+    let waiter = tokio::spawn({
+        let client = client.clone();
+        async move {
+            let set = client
+                .multi_lock(["w:a", "w:b", "w:c"])
+                .try_acquire(Duration::from_secs(10))
+                .await
+                .unwrap();
+            (std::time::Instant::now(), set)
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for name in ["w:a", "w:c"] {
+        // Anyone else can take and give back the free ones while the set waits.
+        let g = other.try_acquire(name, Duration::ZERO).await.unwrap();
+        g.release().await.unwrap();
+    }
+    let released = std::time::Instant::now();
+    busy.release().await.unwrap();
+    let (got, set) = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the set follows the release")
+        .unwrap();
+    assert!(
+        got.duration_since(released) < Duration::from_millis(500),
+        "took {:?} after the release: the waiter was not notified",
+        got.duration_since(released)
+    );
+    for name in ["w:a", "w:b", "w:c"] {
+        assert!(client.lock(name).is_locked().await.unwrap());
+    }
+    set.release().await.unwrap();
+}
+
+/// Promise: keys the holder already holds are re-entered, and releasing the set leaves
+/// the outer hold in place.
+async fn reenters_locks_the_holder_already_has(env: Env) {
+    let client = env.client().await;
+    let me = client.holder();
+    let outer = client.lock("e:1").holder(&me).acquire().await.unwrap();
+    let set = client
+        .multi_lock(["e:1", "e:2"])
+        .holder(&me)
+        .try_acquire(Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(client.lock("e:1").hold_count(&me).await.unwrap(), 2);
+    assert_eq!(set.guards()[0].fencing_token(), outer.fencing_token());
+    set.release().await.unwrap();
+    assert_eq!(client.lock("e:1").hold_count(&me).await.unwrap(), 1);
+    assert!(!client.lock("e:2").is_locked().await.unwrap());
+    outer.release().await.unwrap();
+}
+
+/// Promise (Redis): the whole set is taken in one script call, one round trip.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_set_is_taken_in_one_script_call() {
+    let env = Env::redis();
+    let client = env.client().await;
+    let names: Vec<String> = (0..8).map(|i| format!("one:{i}")).collect();
+    let calls = |server: &lockwarden_testkit::RedisServer| -> u64 {
+        let info: String = server.query(&["INFO", "commandstats"]).unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    // Once first, so the script is loaded (a first EVALSHA is answered NOSCRIPT).
+    let warm = client
+        .multi_lock(["warm"])
+        .try_acquire(Duration::ZERO)
+        .await
+        .unwrap();
+    warm.release().await.unwrap();
+    let before = calls(env.server());
+    let set = client
+        .multi_lock(names.clone())
+        .try_acquire(Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(calls(env.server()) - before, 1, "one EVALSHA for 8 locks");
+    for name in &names {
+        assert!(client.lock(name).is_locked().await.unwrap());
+    }
+    set.release().await.unwrap();
 }

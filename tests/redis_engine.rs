@@ -298,3 +298,29 @@ async fn data_layout_is_a_hash_of_holder_to_count() {
     let exists: i64 = server.query(&["EXISTS", "lockwarden:{layout}"]).unwrap();
     assert_eq!(exists, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_never_go_back_even_if_the_server_clock_does() {
+    // A last token far ahead of the server clock stands for a clock that stepped back
+    // since it was issued: the next token must still be above it.
+    let server = RedisServer::start().unwrap();
+    let client = LockClient::connect(&server.url()).await.unwrap();
+    let ahead: u64 = 9_000_000_000_000_000;
+    let _: () = server
+        .query(&[
+            "SET",
+            "lockwarden:{clock}:fence",
+            &ahead.to_string(),
+            "PX",
+            "60000",
+        ])
+        .unwrap();
+    let first = client.acquire("clock").await.unwrap();
+    assert_eq!(first.fencing_token(), ahead + 1);
+    first.release().await.unwrap();
+    let second = client.acquire("clock").await.unwrap();
+    assert_eq!(second.fencing_token(), ahead + 2);
+    let stored: String = server.query(&["GET", "lockwarden:{clock}:fence"]).unwrap();
+    assert_eq!(stored, (ahead + 2).to_string());
+    second.release().await.unwrap();
+}

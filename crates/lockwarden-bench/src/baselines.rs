@@ -29,6 +29,10 @@ static COMPARE_AND_DELETE: LazyLock<Script> = LazyLock::new(|| {
     )
 });
 static TRIVIAL: LazyLock<Script> = LazyLock::new(|| Script::new("return 1"));
+static ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../lua/acquire.lua")));
+static RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../lua/release.lua")));
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -240,6 +244,33 @@ pub async fn round_trips(url: &str, n: usize) -> Result<(Vec<Duration>, Vec<Dura
 pub async fn evalsha_pair(conn: &mut ConnectionManager) -> Result<(), BoxError> {
     let _: i64 = TRIVIAL.invoke_async(conn).await?;
     let _: i64 = TRIVIAL.invoke_async(conn).await?;
+    Ok(())
+}
+
+/// lockwarden's own acquire and release scripts on `key`, called directly: what the
+/// library would cost with no client-side work at all (the Redis side of a cycle).
+pub async fn own_scripts_pair(conn: &mut ConnectionManager, key: &str) -> Result<(), BoxError> {
+    let (lock, fence, channel) = (
+        format!("raw:{{{key}}}"),
+        format!("raw:{{{key}}}:fence"),
+        format!("raw:{{{key}}}:released"),
+    );
+    let (state, _): (i64, i64) = ACQUIRE
+        .key(&lock)
+        .key(&fence)
+        .arg("bench-holder")
+        .arg(30_000)
+        .invoke_async(conn)
+        .await?;
+    let left: i64 = RELEASE
+        .key(&lock)
+        .arg("bench-holder")
+        .arg(&channel)
+        .invoke_async(conn)
+        .await?;
+    if state != 1 || left != 0 {
+        return Err(format!("own scripts answered {state} / {left} on a fresh key").into());
+    }
     Ok(())
 }
 

@@ -16,6 +16,20 @@ pub(crate) enum Kind {
     Plain,
     /// The fair lock (`fair_acquire.lua`): the plain hash plus a queue of waiters.
     Fair,
+    /// A read hold of a read-write lock (`rw_*.lua`).
+    Read,
+    /// The write hold of a read-write lock (`rw_*.lua`).
+    Write,
+}
+
+impl Kind {
+    /// The suffix of a read-write hold's field in the lock hash (`<holder>:r`, `<holder>:w`).
+    pub(crate) fn side(self) -> &'static str {
+        match self {
+            Kind::Write => "w",
+            Kind::Read | Kind::Plain | Kind::Fair => "r",
+        }
+    }
 }
 
 /// Answer of one acquire attempt.
@@ -29,6 +43,29 @@ pub(crate) enum Attempt {
     Busy { ttl: Option<Duration> },
     /// A claim found the work done: the outcome its holder stored (no lock was taken).
     Completed { outcome: Vec<u8> },
+}
+
+/// Answer of one attempt to take several locks at once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum MultiAttempt {
+    /// Every lock is now held by the holder: the token of each, in the order asked.
+    Taken { tokens: Vec<u64> },
+    /// The lock at `index` is held by another holder (`ttl` as in [`Attempt::Busy`]);
+    /// nothing was taken.
+    Busy { index: usize, ttl: Option<Duration> },
+}
+
+/// Answer of one read-write acquire attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RwAttempt {
+    /// A new hold of this holder (its first read or write hold), with its fencing token.
+    Taken { token: u64 },
+    /// This holder held this side already; its count went up by one.
+    Reentered { token: u64 },
+    /// Refused for now; retry on a notice or after `ttl` at the latest.
+    Busy { ttl: Duration },
+    /// A write asked by a holder that holds only the read side: it would wait for itself.
+    Upgrade,
 }
 
 /// An outcome to store on release, completing a claim.
@@ -93,9 +130,81 @@ impl Backend {
         holder: &Holder,
         outcome: Option<Outcome<'_>>,
     ) -> Result<Released, BackendError> {
-        match self {
+        let released = match self {
             Backend::Redis(r) => r.release(kind, key, holder, outcome).await,
             Backend::Memory(m) => Ok(m.release(kind, key, holder, outcome)),
+        };
+        // The read-write scripts have nowhere to keep a claim's outcome, so the hold was
+        // released without storing it (plain and fair locks store it).
+        if matches!(kind, Kind::Read | Kind::Write) && outcome.is_some() {
+            released?;
+            return Err(BackendError::Protocol(
+                "only plain locks store outcomes; the read-write hold was released without it"
+                    .to_owned(),
+            ));
+        }
+        released
+    }
+
+    /// One read (`Kind::Read`) or write (`Kind::Write`) attempt on a read-write lock; a
+    /// refused writer stays registered as waiting for `register` (see `crate::rw`).
+    pub(crate) async fn rw_attempt(
+        &self,
+        kind: Kind,
+        key: &Key,
+        holder: &Holder,
+        lease: Duration,
+        register: Duration,
+    ) -> Result<RwAttempt, BackendError> {
+        match self {
+            Backend::Redis(r) => r.rw_attempt(kind, key, holder, lease, register).await,
+            Backend::Memory(m) => Ok(m.rw.attempt(kind, key, holder, lease, register)),
+        }
+    }
+
+    /// Drops `holder`'s registration as a waiting writer (it gave up).
+    pub(crate) async fn rw_withdraw(&self, key: &Key, holder: &Holder) -> Result<(), BackendError> {
+        match self {
+            Backend::Redis(r) => r.rw_withdraw(key, holder).await,
+            Backend::Memory(m) => {
+                m.rw.withdraw(key, holder);
+                Ok(())
+            }
+        }
+    }
+
+    /// How many times `holder` holds one side of a read-write lock.
+    pub(crate) async fn rw_hold_count(
+        &self,
+        kind: Kind,
+        key: &Key,
+        holder: &Holder,
+    ) -> Result<u64, BackendError> {
+        match self {
+            Backend::Redis(r) => r.rw_hold_count(kind, key, holder).await,
+            Backend::Memory(m) => Ok(m.rw.hold_count(kind, key, holder)),
+        }
+    }
+
+    /// Whether anyone holds a read-write lock.
+    pub(crate) async fn rw_is_locked(&self, key: &Key) -> Result<bool, BackendError> {
+        match self {
+            // The hash expires with the latest hold's lease and goes with the last release.
+            Backend::Redis(r) => r.is_locked(key).await,
+            Backend::Memory(m) => Ok(m.rw.is_locked(key)),
+        }
+    }
+
+    /// Takes (or re-enters) every lock in `keys` for `holder`, or none, in one step.
+    pub(crate) async fn attempt_many(
+        &self,
+        keys: &[Key],
+        holder: &Holder,
+        lease: Duration,
+    ) -> Result<MultiAttempt, BackendError> {
+        match self {
+            Backend::Redis(r) => r.attempt_many(keys, holder, lease).await,
+            Backend::Memory(m) => Ok(m.attempt_many(keys, holder, lease)),
         }
     }
 

@@ -20,6 +20,7 @@ use crate::lock::Lock;
 use crate::memory::MemoryBackend;
 use crate::multi::MultiLock;
 use crate::redis::{pubsub, RedisBackend};
+use crate::rw::RwLock;
 use crate::waiters::Waiters;
 use crate::watchdog::Watchdog;
 
@@ -64,6 +65,7 @@ pub(crate) struct Config {
     pub(crate) max_key_len: usize,
     pub(crate) watchdog_timeout: Duration,
     pub(crate) command_timeout: Duration,
+    pub(crate) replicas: Option<(u32, Duration)>,
 }
 
 impl Default for Config {
@@ -74,6 +76,7 @@ impl Default for Config {
             max_key_len: DEFAULT_MAX_KEY_LEN,
             watchdog_timeout: Duration::from_secs(30),
             command_timeout: Duration::from_secs(2),
+            replicas: None,
         }
     }
 }
@@ -132,6 +135,23 @@ impl LockClient {
     /// An invalid name is reported by the operation that uses it.
     pub fn lock(&self, name: impl AsRef<str>) -> Lock {
         Lock::new(self.clone(), self.make_key(name.as_ref()))
+    }
+
+    /// A handle on the read-write lock named `name`: many readers or one writer (see
+    /// [`RwLock`]). An invalid name is reported by the operation that uses it.
+    ///
+    /// ```
+    /// # use lockwarden_core::LockClient;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden_core::LockError> {
+    /// let client = LockClient::in_memory();
+    /// let a = client.rw_lock("catalog").read().acquire().await?;
+    /// let b = client.rw_lock("catalog").read().acquire().await?; // readers share it
+    /// a.release().await?;
+    /// b.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn rw_lock(&self, name: impl AsRef<str>) -> RwLock {
+        RwLock::new(self.clone(), self.make_key(name.as_ref()))
     }
 
     /// A handle on the fair lock named `name`: waiters get it first come, first served
@@ -215,10 +235,6 @@ impl LockClient {
         let out = guard.holder().clone().scope(work(guard.info())).await;
         guard.release().await?;
         Ok(out)
-    }
-
-    pub(crate) fn is_redis(&self) -> bool {
-        matches!(self.inner.backend, Backend::Redis(_))
     }
 
     /// `"redis"` or `"in-memory"`: which store this client uses.
@@ -348,6 +364,32 @@ impl LockClientBuilder {
         self
     }
 
+    /// Makes every acquisition wait until `replicas` replicas have acknowledged it (Redis
+    /// `WAIT`, sent in the same round trip as the acquire script), for at most `timeout`.
+    /// An acquisition fewer replicas acknowledged in time is released and reported as
+    /// [`BackendError::NotReplicated`], so a failover to a replica cannot hand a lock
+    /// you were told you hold to someone else, as long as that replica is among those
+    /// that acknowledged. Costs the replication delay on every acquisition, and acquisitions
+    /// share one connection of their own (`WAIT` blocks the connection it is sent on, so
+    /// renewals and releases do not queue behind it). Releases and renewals do not wait.
+    /// Ignored by the in-process store.
+    ///
+    /// ```no_run
+    /// # use lockwarden_core::LockClient;
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden_core::LockError> {
+    /// let client = LockClient::builder()
+    ///     .wait_for_replicas(1, Duration::from_millis(50))
+    ///     .connect("redis://127.0.0.1:6379/")
+    ///     .await?;
+    /// let guard = client.acquire("payout:9").await?; // on the primary and one replica
+    /// # guard.release().await }
+    /// ```
+    pub fn wait_for_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.config.replicas = (replicas > 0).then_some((replicas, timeout));
+        self
+    }
+
     /// A client on a new in-process store.
     pub fn in_memory(self) -> LockClient {
         let waiters = Arc::new(Waiters::local());
@@ -362,7 +404,12 @@ impl LockClientBuilder {
     /// command timeout.
     pub async fn connect(self, url: &str) -> Result<LockClient, LockError> {
         let redis_client = redis::Client::open(url).map_err(BackendError::from)?;
-        let redis = RedisBackend::connect(&redis_client, self.config.command_timeout).await?;
+        let redis = RedisBackend::connect(
+            &redis_client,
+            self.config.command_timeout,
+            self.config.replicas,
+        )
+        .await?;
 
         let (changes_tx, changes_rx) = mpsc::unbounded_channel();
         let waiters = Arc::new(Waiters::remote(changes_tx));

@@ -41,12 +41,26 @@ pub enum LockError {
         /// The lock's name.
         key: String,
     },
+    /// A holder that holds only the read side of a read-write lock asked for the write
+    /// side. Waiting would deadlock (the write waits for every reader, this holder
+    /// included), so it is refused at once: release the read hold, then take the write.
+    #[error(
+        "lock `{key}`: this holder holds the read lock; release it before taking the write lock"
+    )]
+    UpgradeRefused {
+        /// The lock's name.
+        key: String,
+    },
     /// The lock name was rejected.
     #[error("invalid lock key: {0}")]
     InvalidKey(#[from] KeyError),
     /// The lock store could not be reached or answered with an error.
     #[error("lock backend failed: {0}")]
     Backend(#[from] BackendError),
+    /// A [`Redlock`](crate::Redlock) could not get, extend or release a majority, or was
+    /// set up wrongly.
+    #[error(transparent)]
+    Redlock(#[from] crate::redlock::RedlockError),
 }
 
 /// Why a lock name was rejected.
@@ -92,6 +106,19 @@ pub enum BackendError {
     /// Redis answered with something the scripts never return.
     #[error("unexpected reply from redis: {0}")]
     Protocol(String),
+    /// The lock was taken but fewer replicas than asked for acknowledged it within the
+    /// `WAIT` timeout (see
+    /// [`LockClientBuilder::wait_for_replicas`](crate::LockClientBuilder::wait_for_replicas)),
+    /// so it was released again: a failover could have lost it.
+    #[error(
+        "only {acknowledged} of {wanted} replicas acknowledged the lock in time; it was released"
+    )]
+    NotReplicated {
+        /// Replicas that acknowledged the write.
+        acknowledged: u32,
+        /// Replicas asked for.
+        wanted: u32,
+    },
     /// Redis could not be reached moments ago; the next attempt is not due yet.
     #[error("redis was unreachable moments ago; retrying in {0:?}")]
     Unreachable(Duration),
@@ -109,7 +136,7 @@ impl BackendError {
                     || e.is_timeout()
             }
             BackendError::TimedOut(_) | BackendError::Unreachable(_) => true,
-            BackendError::Protocol(_) => false,
+            BackendError::Protocol(_) | BackendError::NotReplicated { .. } => false,
         }
     }
 }

@@ -8,7 +8,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backend::{Kind, Outcome, Released};
 use crate::client::LockClient;
-use crate::error::{BackendError, LockError};
+use crate::detach::Detached;
+use crate::error::LockError;
 use crate::holder::Holder;
 use crate::key::Key;
 use crate::lost::LostSignal;
@@ -194,18 +195,10 @@ impl LockGuard {
                 .release(kind, &key, &holder, outcome.as_ref().map(Outcome::from))
                 .await
         };
-        // On a task of its own: a caller that stops waiting (an aborted task, a lost
-        // `select!`) would otherwise keep the command from being sent, leaving the lock
-        // held for its lease by a guard that already counts as released.
-        let released = if self.client.is_redis() {
-            tokio::spawn(release).await.unwrap_or_else(|e| {
-                Err(BackendError::Protocol(format!(
-                    "the release task failed: {e}"
-                )))
-            })
-        } else {
-            release.await
-        };
+        // Finished in the background if the caller stops waiting (an aborted task, a lost
+        // `select!`): otherwise the command might never be sent, leaving the lock held for
+        // its lease by a guard that already counts as released.
+        let released = Detached::new(release).await;
         tracing::debug!(key = %self.key, ?released, completes, "lock release");
         match released? {
             Released::Freed | Released::Remaining(_) => Ok(()),

@@ -26,6 +26,7 @@
 
 mod backend;
 mod client;
+mod detach;
 mod error;
 mod fair;
 mod guard;
@@ -36,6 +37,8 @@ mod lost;
 mod memory;
 mod multi;
 mod redis;
+mod redlock;
+mod rw;
 mod waiters;
 mod watchdog;
 
@@ -48,3 +51,5 @@ pub use key::{Key, KeyLayout, DEFAULT_MAX_KEY_LEN, DEFAULT_NAMESPACE};
 pub use lock::{Claim, Lock};
 pub use lost::LostSignal;
 pub use multi::{MultiGuard, MultiLock};
+pub use redlock::{Redlock, RedlockBuilder, RedlockError, RedlockGuard, RedlockLock};
+pub use rw::{RwLock, RwLockHandle, RwMode};

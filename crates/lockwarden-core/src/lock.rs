@@ -12,10 +12,10 @@ use crate::holder::Holder;
 use crate::key::Key;
 
 /// Used when Redis reports a lock without expiry: re-check this often.
-const NO_TTL_RECHECK: Duration = Duration::from_secs(1);
+pub(crate) const NO_TTL_RECHECK: Duration = Duration::from_secs(1);
 /// Retry pacing while the store is unreachable during a wait.
-const MIN_BACKOFF: Duration = Duration::from_millis(20);
-const MAX_BACKOFF: Duration = Duration::from_secs(1);
+pub(crate) const MIN_BACKOFF: Duration = Duration::from_millis(20);
+pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 /// What [`Lock::try_claim`] found: the lock, to do the work, or the outcome of the work
 /// done before under the same key.

@@ -1,19 +1,23 @@
 //! Several locks taken as one: [`MultiLock`] and its [`MultiGuard`].
 //!
-//! The locks are taken one by one in the order of their Redis keys, the same order for
-//! every caller, so two callers that want overlapping sets cannot each hold a part the
-//! other waits for. If one cannot be had within the wait budget, the ones taken are
-//! released again: all or nothing.
+//! All the locks are taken in one step (one script on Redis, one critical section
+//! in-process) or none is, so no caller ever holds part of a set while waiting for the
+//! rest: two callers wanting overlapping sets cannot deadlock, and no lock is held longer
+//! than the work needs. While one of the locks is busy the caller waits for that lock's
+//! release notice (or its lease end) and tries the whole set again.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::backend::{Kind, MultiAttempt};
 use crate::client::LockClient;
 use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::holder::Holder;
 use crate::key::Key;
+use crate::lock::{MAX_BACKOFF, MIN_BACKOFF, NO_TTL_RECHECK};
+use crate::waiters::Waiting;
 
 /// Several named locks to acquire as one, made by [`LockClient::multi_lock`].
 ///
@@ -75,6 +79,8 @@ impl MultiLock {
             .iter()
             .map(|name| self.client.key(name))
             .collect::<Result<_, _>>()?;
+        // One order for every caller: the guards come back in it, and a store that
+        // takes keys one by one would need it to avoid deadlocks.
         keys.sort_unstable_by(|a, b| a.redis_key().cmp(b.redis_key()));
         keys.dedup();
         let holder = self
@@ -82,22 +88,71 @@ impl MultiLock {
             .clone()
             .or_else(Holder::current)
             .unwrap_or_else(|| self.client.holder());
-        let mut guards = Vec::with_capacity(keys.len());
-        for key in &keys {
-            let mut lock = self.client.lock(key.name()).holder(&holder);
-            if let Some(lease) = self.lease {
-                lock = lock.lease(lease);
+        let inner = &self.client.inner;
+        let lease = self.lease.unwrap_or(inner.config.watchdog_timeout);
+        let mut waiting: Option<(usize, Waiting)> = None;
+        // The lock whose release notice woke us, if the retry has not used it yet.
+        let mut woken_by: Option<usize> = None;
+        let mut backoff = MIN_BACKOFF;
+        loop {
+            let sent = Instant::now();
+            let (index, ttl) = match inner.backend.attempt_many(&keys, &holder, lease).await {
+                Ok(MultiAttempt::Taken { tokens }) => {
+                    let guards = keys
+                        .into_iter()
+                        .zip(tokens)
+                        .map(|(key, token)| {
+                            LockGuard::new(
+                                self.client.clone(),
+                                Kind::Plain,
+                                key,
+                                holder.clone(),
+                                token,
+                                self.lease,
+                                None,
+                                sent,
+                            )
+                        })
+                        .collect();
+                    return Ok(MultiGuard { guards });
+                }
+                Ok(MultiAttempt::Busy { index, ttl }) => (index, ttl.unwrap_or(NO_TTL_RECHECK)),
+                Err(error) if error.is_transient() && Instant::now() + backoff < deadline => {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                    continue;
+                }
+                Err(error) => return Err(error.into()),
+            };
+            // A notice for a lock we then did not take is passed on to the next local
+            // waiter of that lock, which may well get it.
+            if let Some(woken) = woken_by.take().filter(|&w| w != index) {
+                inner.waiters.notify_one(keys[woken].channel());
             }
-            let left = deadline.saturating_duration_since(Instant::now());
-            match lock.try_acquire(left).await {
-                Ok(guard) => guards.push(guard),
-                Err(error) => {
-                    MultiGuard { guards }.release_quietly().await;
-                    return Err(error);
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(LockError::Timeout {
+                    key: keys[index].name().to_owned(),
+                    retry_after: ttl,
+                });
+            }
+            let wake_at = deadline.min(now + ttl);
+            match &waiting {
+                Some((on, w)) if *on == index => {
+                    tokio::select! {
+                        _ = w.notified() => woken_by = Some(index),
+                        _ = tokio::time::sleep_until(wake_at) => {}
+                    }
+                }
+                // Newly busy: subscribe to its notices, then retry at once, so a release
+                // between the attempt and the subscription is not missed.
+                _ => {
+                    let w = inner.waiters.register(keys[index].channel());
+                    w.ready_by(wake_at).await;
+                    waiting = Some((index, w));
                 }
             }
         }
-        Ok(MultiGuard { guards })
     }
 }
 
@@ -120,23 +175,14 @@ impl MultiGuard {
         self.guards.iter().any(LockGuard::is_lost)
     }
 
-    /// Releases every lock (in reverse order), all of them even if one fails.
+    /// Releases every lock, all of them even if one fails. The releases are sent
+    /// together, so on Redis they share one round trip.
     ///
     /// # Errors
-    /// The first failure, as [`LockGuard::release`] reports it.
+    /// The first failure in key order, as [`LockGuard::release`] reports it.
     pub async fn release(self) -> Result<(), LockError> {
-        let mut first = None;
-        for guard in self.guards.into_iter().rev() {
-            if let Err(error) = guard.release().await {
-                first.get_or_insert(error);
-            }
-        }
-        first.map_or(Ok(()), Err)
-    }
-
-    async fn release_quietly(self) {
-        if let Err(error) = self.release().await {
-            tracing::debug!(%error, "releasing the part of a multi-lock already taken failed; it expires with its lease");
-        }
+        let released =
+            futures_util::future::join_all(self.guards.into_iter().map(LockGuard::release));
+        released.await.into_iter().collect()
     }
 }

@@ -4,7 +4,10 @@
 
 use std::time::{Duration, Instant};
 
-use crate::baselines::{connection_manager, evalsha_pair, BoxError, Kind};
+use lockwarden_core::LockClient;
+use lockwarden_testkit::RedisServer;
+
+use crate::baselines::{connection_manager, evalsha_pair, own_scripts_pair, BoxError, Kind};
 use crate::stats::{Report, Row, Summary};
 use crate::workloads::{release, Ctx};
 
@@ -22,11 +25,15 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
     }
 
     let mut raw_samples = Vec::with_capacity(cycles);
+    let mut own_samples = Vec::with_capacity(cycles);
     let mut samples = vec![Vec::<Duration>::with_capacity(cycles); lockers.len()];
     for i in 0..cycles {
         let t = Instant::now();
         evalsha_pair(&mut raw).await?;
         raw_samples.push(t.elapsed());
+        let t = Instant::now();
+        own_scripts_pair(&mut raw, &format!("w1:{i}")).await?;
+        own_samples.push(t.elapsed());
         for ((kind, locker), samples) in lockers.iter().zip(&mut samples) {
             let key = format!("{}:w1:{i}", kind.slug());
             let t = Instant::now();
@@ -46,6 +53,17 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
         )
         .summary(raw),
     );
+    report.push(
+        Row::new(
+            NAME,
+            "raw ConnectionManager",
+            "lockwarden's acquire.lua + release.lua, called directly",
+            "µs",
+        )
+        .summary(Summary::micros(&own_samples))
+        .ratio_to(raw.median, "÷ 2×EVALSHA median")
+        .note("the Redis side of a cycle: scripts, no client work"),
+    );
     for ((kind, _), samples) in lockers.iter().zip(&samples) {
         let mut row = Row::new(NAME, kind.name(), "acquire + release", "µs")
             .summary(Summary::micros(samples))
@@ -55,5 +73,64 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
         }
         report.push(row);
     }
+    replicated(ctx, report).await
+}
+
+/// The cost of `wait_for_replicas(1)`: the same cycle on a primary with one replica,
+/// with and without waiting for the replica's acknowledgement, cycle by cycle.
+async fn replicated(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
+    let cycles = ctx.pick(1_000, 5_000);
+    let primary = RedisServer::start()?;
+    let port = primary.port().to_string();
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port])?;
+    let synced = Instant::now();
+    while !replica
+        .query::<String>(&["INFO", "replication"])?
+        .contains("master_link_status:up")
+    {
+        if synced.elapsed() > Duration::from_secs(10) {
+            return Err("the benchmark's replica never synced".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let plain = LockClient::connect(&primary.url()).await?;
+    let waiting = LockClient::builder()
+        .wait_for_replicas(1, Duration::from_secs(1))
+        .connect(&primary.url())
+        .await?;
+    let (mut plain_samples, mut waiting_samples) =
+        (Vec::with_capacity(cycles), Vec::with_capacity(cycles));
+    for i in 0..cycles {
+        for (client, samples) in [
+            (&plain, &mut plain_samples),
+            (&waiting, &mut waiting_samples),
+        ] {
+            let t = Instant::now();
+            let guard = client.acquire(format!("w1r:{i}")).await?;
+            guard.release().await?;
+            samples.push(t.elapsed());
+        }
+    }
+    let plain = Summary::micros(&plain_samples);
+    report.push(
+        Row::new(
+            NAME,
+            "lockwarden",
+            "acquire + release, primary with 1 replica",
+            "µs",
+        )
+        .summary(plain),
+    );
+    report.push(
+        Row::new(
+            NAME,
+            "lockwarden, wait_for_replicas(1)",
+            "acquire (+ WAIT 1) + release, same primary",
+            "µs",
+        )
+        .summary(Summary::micros(&waiting_samples))
+        .ratio_to(plain.median, "÷ without WAIT")
+        .note("the price of narrowing the failover window"),
+    );
     Ok(())
 }

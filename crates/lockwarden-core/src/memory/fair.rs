@@ -64,9 +64,8 @@ impl MemoryBackend {
             if queue.is_empty() {
                 state.queues.remove(key);
             }
-            return Attempt::Taken {
-                token: state.take(key, holder, lease, now),
-            };
+            // Free: `take` takes it.
+            return state.take(key, holder, lease, now);
         }
         if join {
             let deadline = now + queue_timeout;

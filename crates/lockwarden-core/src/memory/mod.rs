@@ -2,6 +2,7 @@
 //! For single-process apps, tests and zero-setup examples.
 
 mod fair;
+mod rw;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -14,12 +15,16 @@ use crate::holder::Holder;
 use crate::key::Key;
 use crate::waiters::Waiters;
 
+mod multi;
+
 /// Operations between sweeps of expired entries.
 const SWEEP_EVERY: u32 = 1024;
 
 pub(crate) struct MemoryBackend {
     state: Mutex<State>,
     waiters: Arc<Waiters>,
+    /// Read-write locks, kept apart from the plain ones.
+    pub(crate) rw: rw::RwStore,
 }
 
 #[derive(Default)]
@@ -49,8 +54,18 @@ impl State {
         self.locks.get_mut(key)
     }
 
-    /// Takes the free lock `key` for `holder`; returns its fencing token.
-    fn take(&mut self, key: &Key, holder: &Holder, lease: Duration, now: Instant) -> u64 {
+    /// Takes or re-enters `key` for `holder`, as `acquire.lua` does.
+    fn take(&mut self, key: &Key, holder: &Holder, lease: Duration, now: Instant) -> Attempt {
+        if let Some(held) = self.live(key, now) {
+            if held.holder == *holder {
+                held.count += 1;
+                held.expires = now + lease;
+                return Attempt::Reentered { token: held.token };
+            }
+            return Attempt::Busy {
+                ttl: Some(held.expires - now),
+            };
+        }
         // Same rule as the script: the clock in µs, never at or below the last token.
         let clock = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -66,7 +81,7 @@ impl State {
                 expires: now + lease,
             },
         );
-        token
+        Attempt::Taken { token }
     }
 
     fn sweep(&mut self, now: Instant) {
@@ -84,6 +99,7 @@ impl MemoryBackend {
     pub(crate) fn new(waiters: Arc<Waiters>) -> Self {
         Self {
             state: Mutex::default(),
+            rw: rw::RwStore::new(waiters.clone()),
             waiters,
         }
     }
@@ -116,19 +132,7 @@ impl MemoryBackend {
                 None => {}
             }
         }
-        if let Some(held) = state.live(key, now) {
-            if held.holder == *holder {
-                held.count += 1;
-                held.expires = now + lease;
-                return Attempt::Reentered { token: held.token };
-            }
-            return Attempt::Busy {
-                ttl: Some(held.expires - now),
-            };
-        }
-        Attempt::Taken {
-            token: state.take(key, holder, lease, now),
-        }
+        state.take(key, holder, lease, now)
     }
 
     pub(crate) fn release(
@@ -140,6 +144,7 @@ impl MemoryBackend {
     ) -> Released {
         match kind {
             Kind::Plain => self.release_plain(key, holder, outcome),
+            Kind::Read | Kind::Write => self.rw.release(kind, key, holder),
             Kind::Fair => self.release_fair(key, holder, outcome),
         }
     }
@@ -175,6 +180,7 @@ impl MemoryBackend {
         match renewal.kind {
             // A fair lock is held as a plain one is; its queue needs no renewal.
             Kind::Plain | Kind::Fair => self.renew_plain(renewal),
+            Kind::Read | Kind::Write => self.rw.renew(renewal),
         }
     }
 

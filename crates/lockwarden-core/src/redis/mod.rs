@@ -2,7 +2,10 @@
 //! multiplexed connection, plus the client's pub/sub connection (`pubsub.rs`).
 
 mod fair;
+mod multi;
 pub(crate) mod pubsub;
+mod replicated;
+mod rw;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -17,6 +20,7 @@ use crate::backend::{Attempt, Kind, Outcome, Released, Renewal};
 use crate::error::BackendError;
 use crate::holder::Holder;
 use crate::key::Key;
+use replicated::{Replicated, NOT_REPLICATED};
 
 static ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../../lua/acquire.lua")));
@@ -28,7 +32,13 @@ static FORCE_RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../../lua/force_release.lua")));
 
 /// Every script that [`RedisBackend::pipelined`] may send (loaded again if Redis lost them).
-static PIPELINED: [&LazyLock<Script>; 3] = [&RELEASE, &RENEW, &fair::FAIR_RELEASE];
+static PIPELINED: [&LazyLock<Script>; 5] = [
+    &RELEASE,
+    &RENEW,
+    &rw::RELEASE,
+    &rw::RENEW,
+    &fair::FAIR_RELEASE,
+];
 
 /// Commands per pipeline when renewing or releasing in bulk.
 const BATCH: usize = 1024;
@@ -39,20 +49,42 @@ const PIPELINES_IN_FLIGHT: usize = 4;
 pub(crate) struct RedisBackend {
     conn: ConnectionManager,
     timeout: Duration,
+    /// Set when acquisitions wait for replicas (`WAIT`).
+    replicated: Option<Replicated>,
 }
 
 impl RedisBackend {
+    /// Connects; with `replicas = Some((n, wait))` acquisitions also wait up to `wait`
+    /// for `n` replicas to acknowledge them.
     pub(crate) async fn connect(
         client: &redis::Client,
         timeout: Duration,
+        replicas: Option<(u32, Duration)>,
     ) -> Result<Self, BackendError> {
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_response_timeout(Some(timeout))
-            .set_connection_timeout(Some(timeout))
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_millis(500));
-        let conn = bounded(timeout, client.get_connection_manager_with_config(config)).await?;
-        Ok(Self { conn, timeout })
+        let config = |timeout| {
+            redis::aio::ConnectionManagerConfig::new()
+                .set_response_timeout(Some(timeout))
+                .set_connection_timeout(Some(timeout))
+                .set_number_of_retries(2)
+                .set_max_delay(Duration::from_millis(500))
+        };
+        let conn = bounded(
+            timeout,
+            client.get_connection_manager_with_config(config(timeout)),
+        )
+        .await?;
+        let replicated = match replicas {
+            None => None,
+            Some((n, wait)) => {
+                let conn = client.get_connection_manager_with_config(config(timeout + wait));
+                Some(Replicated::new(bounded(timeout, conn).await?, n, wait))
+            }
+        };
+        Ok(Self {
+            conn,
+            timeout,
+            replicated,
+        })
     }
 
     pub(crate) async fn attempt(
@@ -69,14 +101,45 @@ impl RedisBackend {
             call.key(key.outcome_key());
         }
         call.arg(holder.id()).arg(millis(lease));
-        let reply = Box::pin(async move { call.invoke_async::<(i64, Value)>(&mut conn).await });
+        let mut limit = self.timeout;
+        let reply: Reply = match &self.replicated {
+            None => Box::pin(async move { call.invoke_async::<(i64, Value)>(&mut conn).await }),
+            Some(replicated) => {
+                limit += replicated.timeout();
+                let (replicated, backend) = (replicated.clone(), self.clone());
+                let (key, holder) = (key.clone(), holder.clone());
+                let mut eval = redis::cmd("EVALSHA");
+                eval.arg(ACQUIRE.get_hash())
+                    .arg(if claim { 3 } else { 2 })
+                    .arg(key.redis_key())
+                    .arg(key.fence_key());
+                if claim {
+                    eval.arg(key.outcome_key());
+                }
+                eval.arg(holder.id()).arg(millis(lease));
+                Box::pin(async move {
+                    replicated
+                        .acquire(&ACQUIRE, eval, (&backend, &key, &holder))
+                        .await
+                })
+            }
+        };
         let orphan = Orphan {
             backend: self.clone(),
             kind: Kind::Plain,
             key: key.clone(),
             holder: holder.clone(),
         };
-        let (state, value) = bounded(self.timeout, Unclaimed::new(reply, orphan)).await?;
+        let (state, value) = bounded(limit, Unclaimed::new(reply, orphan)).await?;
+        if state == NOT_REPLICATED {
+            return Err(BackendError::NotReplicated {
+                acknowledged: match value {
+                    Value::Int(n) => u32::try_from(n).unwrap_or(0),
+                    _ => 0,
+                },
+                wanted: self.replicated.as_ref().map_or(0, Replicated::replicas),
+            });
+        }
         if state == 3 {
             return match value {
                 Value::BulkString(outcome) => Ok(Attempt::Completed { outcome }),
@@ -124,6 +187,7 @@ impl RedisBackend {
         match kind {
             Kind::Plain => self.release_plain(key, holder, outcome).await,
             Kind::Fair => self.release_fair(key, holder, outcome).await,
+            Kind::Read | Kind::Write => self.rw_release(kind, key, holder).await,
         }
     }
 
@@ -162,6 +226,7 @@ impl RedisBackend {
                         .arg(key.channel());
                 }
                 Kind::Fair => Self::push_fair_release(pipe, key, holder),
+                Kind::Read | Kind::Write => rw::push_release(pipe, *kind, key, holder),
             })
             .await?;
         Ok(replies.into_iter().map(released).collect())
@@ -179,6 +244,7 @@ impl RedisBackend {
                         .arg(r.holder.id())
                         .arg(millis(r.lease));
                 }
+                Kind::Read | Kind::Write => rw::push_renew(pipe, r),
             })
             .await?;
         Ok(replies.into_iter().map(|r| r == 1).collect())

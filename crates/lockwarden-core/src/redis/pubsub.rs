@@ -68,8 +68,9 @@ pub(crate) async fn run(
             tokio::select! {
                 biased;
                 msg = stream.next() => match msg {
-                    // A completed claim's outcome serves every waiter; a lock serves one.
-                    Some(msg) if msg.get_payload_bytes() == b"completed" => {
+                    // A completed claim's outcome serves every waiter, and so does a
+                    // read-write lock open to readers; a lock serves one.
+                    Some(msg) if matches!(msg.get_payload_bytes(), b"completed" | b"read") => {
                         waiters.notify_all(msg.get_channel_name());
                     }
                     Some(msg) => waiters.notify_one(msg.get_channel_name()),

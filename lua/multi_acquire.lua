@@ -1,0 +1,34 @@
+-- Take (or re-enter) several locks at once, all or nothing.
+-- KEYS: lock hash and fencing key of each lock, in pairs: lock1, fence1, lock2, fence2, ...
+-- ARGV[1] holder id, ARGV[2] lease in ms
+-- Returns {1, token1, token2, ...} when every lock is now held by this holder (each
+-- token as acquire.lua gives it), or {0, i, pttl} when lock i (1-based) is held by
+-- another holder; then nothing was changed.
+local n = #KEYS / 2
+for i = 1, n do
+  local lock = KEYS[2 * i - 1]
+  if redis.call('EXISTS', lock) == 1 and redis.call('HEXISTS', lock, ARGV[1]) == 0 then
+    return {0, i, redis.call('PTTL', lock)}
+  end
+end
+local now = redis.call('TIME')
+local clock = tonumber(now[1]) * 1000000 + tonumber(now[2])
+local out = {1}
+for i = 1, n do
+  local lock, fence = KEYS[2 * i - 1], KEYS[2 * i]
+  if redis.call('HINCRBY', lock, ARGV[1], 1) == 1 then
+    -- Fresh: a new token, above the last one even if the clock stepped back.
+    local token = clock
+    local last = tonumber(redis.call('SET', fence, string.format('%.0f', token), 'PX', ARGV[2], 'GET'))
+    if last and last >= token then
+      token = last + 1
+      redis.call('SET', fence, string.format('%.0f', token), 'PX', ARGV[2])
+    end
+    out[i + 1] = token
+  else
+    redis.call('PEXPIRE', fence, ARGV[2])
+    out[i + 1] = tonumber(redis.call('GET', fence)) or 0
+  end
+  redis.call('PEXPIRE', lock, ARGV[2])
+end
+return out

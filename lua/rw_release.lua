@@ -1,0 +1,35 @@
+-- Drop one re-entry of a read or write hold (after rw_prelude.lua).
+-- ARGV[1] holder id, ARGV[2] 'r' or 'w', ARGV[3] writers' channel, ARGV[4] readers' channel
+-- When the lock becomes free, one waiting writer per client is woken ('0' on the writers'
+-- channel); when it becomes free or leaves write mode and no writer waits, every waiting
+-- reader is ('read' on the readers' channel: they can all proceed at once).
+-- Returns -1 not held by this holder, 0 this hold ended, n > 0 re-entries left.
+local mode = prune()
+local field = ARGV[1] .. ':' .. ARGV[2]
+if mode == 'foreign' or redis.call('HEXISTS', KEYS[1], field) == 0 then
+  return -1
+end
+local left = redis.call('HINCRBY', KEYS[1], field, -1)
+if left > 0 then
+  return left
+end
+redis.call('HDEL', KEYS[1], field)
+redis.call('ZREM', KEYS[2], field)
+local readers_may_go = redis.call('ZCARD', KEYS[4]) == 0
+if redis.call('ZCARD', KEYS[2]) == 0 then
+  redis.call('DEL', KEYS[1], KEYS[2])
+  redis.call('PUBLISH', ARGV[3], '0')
+  if readers_may_go then
+    redis.call('PUBLISH', ARGV[4], 'read')
+  end
+  return 0
+end
+if ARGV[2] == 'w' then
+  -- Downgraded: the holder's read holds remain.
+  redis.call('HSET', KEYS[1], 'mode', 'read')
+  if readers_may_go then
+    redis.call('PUBLISH', ARGV[4], 'read')
+  end
+end
+expire_with_latest()
+return 0

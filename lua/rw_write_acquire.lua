@@ -1,0 +1,30 @@
+-- Take or re-enter the write hold (after rw_prelude.lua); a refused writer registers as
+-- waiting, which keeps new readers out until it gets the lock, gives up or dies.
+-- ARGV[1] holder id, ARGV[2] lease in ms, ARGV[3] how long the registration lasts (ms)
+-- Returns {1, token} taken, {2, token} re-entered, {3, 0} refused for good: this holder
+-- holds a read hold and no write hold (an upgrade would wait for itself), {0, ms} refused:
+-- retry on a notice or after ms.
+local mode = prune()
+if mode == 'foreign' then
+  return foreign()
+end
+local field = ARGV[1] .. ':w'
+if not mode then
+  redis.call('ZREM', KEYS[4], ARGV[1])
+  redis.call('HSET', KEYS[1], 'mode', 'write', field, 1)
+  local token = fresh_token()
+  lease(field, ARGV[2])
+  return {1, token}
+end
+if redis.call('HEXISTS', KEYS[1], field) == 1 then
+  redis.call('HINCRBY', KEYS[1], field, 1)
+  lease(field, ARGV[2])
+  return {2, tonumber(redis.call('HGET', KEYS[1], 'token')) or 0}
+end
+if redis.call('HEXISTS', KEYS[1], ARGV[1] .. ':r') == 1 then
+  return {3, 0}
+end
+redis.call('ZADD', KEYS[4], int(now + tonumber(ARGV[3])), ARGV[1])
+local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
+redis.call('PEXPIREAT', KEYS[4], last[2])
+return busy(false)

@@ -1,0 +1,107 @@
+//! `wait_for_replicas`: an acquisition counts only once a replica has acknowledged it,
+//! proved against a real primary and replica, with the replica paused (SIGSTOP) to make
+//! acknowledgement impossible.
+
+use std::time::{Duration, Instant};
+
+use lockwarden::{BackendError, LockClient, LockError};
+use lockwarden_testkit::RedisServer;
+
+const WAIT: Duration = Duration::from_millis(300);
+
+/// A primary and one replica in sync with it.
+async fn primary_and_replica() -> (RedisServer, RedisServer) {
+    let primary = RedisServer::start().unwrap();
+    let port = primary.port().to_string();
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let info: String = replica.query(&["INFO", "replication"]).unwrap();
+        if info.contains("master_link_status:up") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "replica never synced: {info}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (primary, replica)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquisition_is_on_the_replica_when_it_returns() {
+    let (primary, replica) = primary_and_replica().await;
+    let client = LockClient::builder()
+        .wait_for_replicas(1, WAIT)
+        .connect(&primary.url())
+        .await
+        .unwrap();
+    for i in 0..50 {
+        let name = format!("replicated:{i}");
+        let guard = client.acquire(&name).await.unwrap();
+        // Read from the replica at once: WAIT returned only after it had the write.
+        let key = guard.key().redis_key().to_owned();
+        let count: Option<u64> = replica.query(&["HGET", &key, guard.holder().id()]).unwrap();
+        assert_eq!(count, Some(1), "{key} missing on the replica");
+        guard.release().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unacknowledged_acquisition_is_released_and_reported() {
+    let (primary, replica) = primary_and_replica().await;
+    let waiting = LockClient::builder()
+        .wait_for_replicas(1, WAIT)
+        .connect(&primary.url())
+        .await
+        .unwrap();
+    let plain = LockClient::connect(&primary.url()).await.unwrap();
+    let held = waiting.acquire("held").await.unwrap();
+
+    replica.pause();
+    let started = Instant::now();
+    let attempt = tokio::spawn({
+        let waiting = waiting.clone();
+        async move {
+            waiting
+                .try_acquire("unreplicated", Duration::from_secs(2))
+                .await
+        }
+    });
+    // While that WAIT blocks its connection, releases still go through at once.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let release_started = Instant::now();
+    held.release().await.unwrap();
+    let release_took = release_started.elapsed();
+
+    let outcome = attempt.await.unwrap();
+    let took = started.elapsed();
+    match outcome {
+        Err(LockError::Backend(BackendError::NotReplicated {
+            acknowledged: 0,
+            wanted: 1,
+        })) => {}
+        other => panic!("expected NotReplicated, got {other:?}"),
+    }
+    assert!(took >= WAIT, "answered before the WAIT timeout: {took:?}");
+    assert!(took < WAIT + Duration::from_secs(1), "took {took:?}");
+    assert!(
+        release_took < WAIT / 2,
+        "a release queued behind WAIT: {release_took:?}"
+    );
+    // Nothing left behind on the primary, and a client without the option is not affected.
+    let exists: i64 = primary
+        .query(&["EXISTS", "lockwarden:{unreplicated}"])
+        .unwrap();
+    assert_eq!(exists, 0, "the unacknowledged lock was left on the primary");
+    let guard = plain
+        .try_acquire("unreplicated", Duration::ZERO)
+        .await
+        .unwrap();
+    guard.release().await.unwrap();
+
+    replica.resume();
+    let guard = waiting
+        .try_acquire("after-resume", Duration::from_secs(2))
+        .await
+        .unwrap();
+    guard.release().await.unwrap();
+}

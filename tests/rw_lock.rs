@@ -1,0 +1,882 @@
+//! The read-write lock's promises, checked against both stores (see `common::Env`), plus
+//! its Redis layout against a real `redis-server`.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::Env;
+use lockwarden::{LockError, LockGuard};
+
+conformance!(
+    many_readers_hold_at_once,
+    writer_excludes_readers_and_writers,
+    read_and_write_reenter_per_holder,
+    writer_downgrades_to_read,
+    upgrade_is_refused_at_once,
+    waiting_writer_is_not_starved_by_a_stream_of_readers,
+    write_release_wakes_all_waiting_readers_at_once,
+    dead_reader_expires_on_its_own_lease_while_others_renew,
+    watchdog_keeps_read_and_write_holds_past_their_lease,
+    fencing_tokens_increase_with_each_write,
+    abandoned_writer_does_not_hold_readers_back,
+    dropped_guards_release_both_sides,
+);
+
+fn assert_timeout(result: Result<LockGuard, LockError>, what: &str) {
+    match result {
+        Err(LockError::Timeout { .. }) => {}
+        other => panic!("{what}: expected Timeout, got {other:?}"),
+    }
+}
+
+/// Polls `check` every 10 ms until it holds; panics after `within`.
+async fn eventually<F, Fut>(within: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    while !check().await {
+        assert!(Instant::now() < deadline, "not within {within:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn many_readers_hold_at_once(env: Env) {
+    let clients = [env.client().await, env.client().await, env.client().await];
+    let mut guards = Vec::new();
+    for client in &clients {
+        for _ in 0..4 {
+            let guard = client
+                .rw_lock("shared")
+                .read()
+                .try_acquire(Duration::ZERO)
+                .await
+                .expect("a reader joins the others without waiting");
+            guards.push(guard);
+        }
+    }
+    let rw = clients[0].rw_lock("shared");
+    assert!(rw.is_locked().await.unwrap());
+    for guard in &guards {
+        assert_eq!(rw.read().hold_count(guard.holder()).await.unwrap(), 1);
+    }
+    assert_timeout(
+        rw.write().try_acquire(Duration::ZERO).await,
+        "a writer while 12 readers hold",
+    );
+    for guard in guards {
+        guard.release().await.unwrap();
+    }
+    assert!(!rw.is_locked().await.unwrap());
+    let writer = rw.write().try_acquire(Duration::ZERO).await.unwrap();
+    writer.release().await.unwrap();
+}
+
+async fn writer_excludes_readers_and_writers(env: Env) {
+    let a = env.client().await;
+    let b = env.client().await;
+    let writer = a.rw_lock("excl").write().acquire().await.unwrap();
+    assert_eq!(
+        a.rw_lock("excl")
+            .write()
+            .hold_count(writer.holder())
+            .await
+            .unwrap(),
+        1
+    );
+    assert_timeout(
+        b.rw_lock("excl").read().try_acquire(Duration::ZERO).await,
+        "a reader while a writer holds",
+    );
+    assert_timeout(
+        b.rw_lock("excl").write().try_acquire(Duration::ZERO).await,
+        "a second writer",
+    );
+    // A waiter is woken by the release, well before the writer's 30 s lease.
+    let started = Instant::now();
+    let waiter = {
+        let b = b.clone();
+        tokio::spawn(async move {
+            b.rw_lock("excl")
+                .read()
+                .try_acquire(Duration::from_secs(10))
+                .await
+        })
+    };
+    eventually(Duration::from_secs(5), "the reader waits", || async {
+        b.stats().waited_channels == 1
+    })
+    .await;
+    writer.release().await.unwrap();
+    let reader = waiter
+        .await
+        .unwrap()
+        .expect("the reader gets it after the release");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    reader.release().await.unwrap();
+    let writer = b
+        .rw_lock("excl")
+        .write()
+        .try_acquire(Duration::ZERO)
+        .await
+        .unwrap();
+    writer.release().await.unwrap();
+}
+
+async fn read_and_write_reenter_per_holder(env: Env) {
+    let client = env.client().await;
+    let other = env.client().await;
+    let me = client.holder();
+    let rw = client.rw_lock("reenter");
+
+    let reads = [
+        rw.read().holder(&me).acquire().await.unwrap(),
+        rw.read().holder(&me).acquire().await.unwrap(),
+        rw.read().holder(&me).acquire().await.unwrap(),
+    ];
+    assert_eq!(rw.read().hold_count(&me).await.unwrap(), 3);
+    assert_eq!(rw.write().hold_count(&me).await.unwrap(), 0);
+    assert!(reads
+        .iter()
+        .all(|g| g.fencing_token() == reads[0].fencing_token()));
+    let [r1, r2, r3] = reads;
+    r3.release().await.unwrap();
+    r2.release().await.unwrap();
+    assert_timeout(
+        other
+            .rw_lock("reenter")
+            .write()
+            .try_acquire(Duration::ZERO)
+            .await,
+        "a writer while one read entry is left",
+    );
+    r1.release().await.unwrap();
+    assert!(!rw.is_locked().await.unwrap());
+
+    let w1 = rw.write().holder(&me).acquire().await.unwrap();
+    let w2 = rw
+        .write()
+        .holder(&me)
+        .try_acquire(Duration::ZERO)
+        .await
+        .expect("the writer re-enters without waiting");
+    assert_eq!(rw.write().hold_count(&me).await.unwrap(), 2);
+    assert_eq!(w1.fencing_token(), w2.fencing_token());
+    w2.release().await.unwrap();
+    assert_timeout(
+        other
+            .rw_lock("reenter")
+            .read()
+            .try_acquire(Duration::ZERO)
+            .await,
+        "a reader while one write entry is left",
+    );
+    w1.release().await.unwrap();
+    assert!(!rw.is_locked().await.unwrap());
+}
+
+async fn writer_downgrades_to_read(env: Env) {
+    let client = env.client().await;
+    let other = env.client().await;
+    let me = client.holder();
+    let rw = client.rw_lock("downgrade");
+    let write = rw.write().holder(&me).acquire().await.unwrap();
+    let read = rw
+        .read()
+        .holder(&me)
+        .try_acquire(Duration::ZERO)
+        .await
+        .expect("the writer takes the read side without waiting");
+    assert_eq!(read.fencing_token(), write.fencing_token());
+    // Still in write mode: others are kept out.
+    assert_timeout(
+        other
+            .rw_lock("downgrade")
+            .read()
+            .try_acquire(Duration::ZERO)
+            .await,
+        "another reader before the downgrade",
+    );
+
+    write.release().await.unwrap();
+    assert_eq!(rw.write().hold_count(&me).await.unwrap(), 0);
+    assert_eq!(rw.read().hold_count(&me).await.unwrap(), 1);
+    assert!(
+        rw.is_locked().await.unwrap(),
+        "the downgraded read hold keeps it"
+    );
+    let joined = other
+        .rw_lock("downgrade")
+        .read()
+        .try_acquire(Duration::ZERO)
+        .await
+        .expect("read mode after the downgrade: readers join");
+    assert_timeout(
+        other
+            .rw_lock("downgrade")
+            .write()
+            .try_acquire(Duration::ZERO)
+            .await,
+        "a writer while the downgraded holder reads",
+    );
+    read.release().await.unwrap();
+    joined.release().await.unwrap();
+    assert!(!rw.is_locked().await.unwrap());
+}
+
+async fn upgrade_is_refused_at_once(env: Env) {
+    let client = env.client().await;
+    let other = env.client().await;
+    let me = client.holder();
+    let rw = client.rw_lock("upgrade");
+    let read = rw.read().holder(&me).acquire().await.unwrap();
+
+    let started = Instant::now();
+    match rw
+        .write()
+        .holder(&me)
+        .try_acquire(Duration::from_secs(5))
+        .await
+    {
+        Err(LockError::UpgradeRefused { key }) => assert_eq!(key, "upgrade"),
+        other => panic!("expected UpgradeRefused, got {other:?}"),
+    }
+    // Unbounded too: refused, not deadlocked.
+    match tokio::time::timeout(Duration::from_secs(5), rw.write().holder(&me).acquire()).await {
+        Ok(Err(LockError::UpgradeRefused { .. })) => {}
+        other => panic!("expected UpgradeRefused at once, got {other:?}"),
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+
+    // The refusal changed nothing: the read hold is intact and no writer is waiting, so
+    // other readers still join.
+    assert_eq!(rw.read().hold_count(&me).await.unwrap(), 1);
+    let joined = other
+        .rw_lock("upgrade")
+        .read()
+        .try_acquire(Duration::ZERO)
+        .await
+        .expect("no writer registration was left behind");
+    joined.release().await.unwrap();
+    read.release().await.unwrap();
+    // Once the read hold is gone the same holder may write.
+    let write = rw
+        .write()
+        .holder(&me)
+        .try_acquire(Duration::ZERO)
+        .await
+        .unwrap();
+    write.release().await.unwrap();
+}
+
+/// Promise: a waiting writer gets the lock within a bound although readers keep arriving
+/// and overlapping (each holds 150 ms, a new one every 40 ms, for 3 s): new readers are
+/// refused while it waits, so the readers in place drain. Without writer preference the
+/// lock would stay read-held until the stream ends.
+async fn waiting_writer_is_not_starved_by_a_stream_of_readers(env: Env) {
+    let readers = [env.client().await, env.client().await];
+    let writer_client = env.client().await;
+    let holding = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let refused = Arc::new(AtomicUsize::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+
+    let stream = {
+        let (holding, most, refused, stop) =
+            (holding.clone(), most.clone(), refused.clone(), stop.clone());
+        tokio::spawn(async move {
+            let ends = Instant::now() + Duration::from_secs(3);
+            let mut tasks = Vec::new();
+            let mut n = 0;
+            while Instant::now() < ends && !stop.load(Ordering::SeqCst) {
+                let client = readers[n % 2].clone();
+                n += 1;
+                let (holding, most, refused) = (holding.clone(), most.clone(), refused.clone());
+                tasks.push(tokio::spawn(async move {
+                    match client
+                        .rw_lock("stream")
+                        .read()
+                        .try_acquire(Duration::ZERO)
+                        .await
+                    {
+                        Ok(guard) => {
+                            let now = holding.fetch_add(1, Ordering::SeqCst) + 1;
+                            most.fetch_max(now, Ordering::SeqCst);
+                            tokio::time::sleep(Duration::from_millis(150)).await;
+                            holding.fetch_sub(1, Ordering::SeqCst);
+                            guard.release().await.unwrap();
+                        }
+                        Err(LockError::Timeout { .. }) => {
+                            refused.fetch_add(1, Ordering::SeqCst);
+                        }
+                        Err(e) => panic!("reader failed: {e}"),
+                    }
+                }));
+                tokio::time::sleep(Duration::from_millis(40)).await;
+            }
+            for task in tasks {
+                task.await.unwrap();
+            }
+        })
+    };
+
+    eventually(Duration::from_secs(5), "readers overlap", || async {
+        most.load(Ordering::SeqCst) >= 2
+    })
+    .await;
+    assert_eq!(
+        refused.load(Ordering::SeqCst),
+        0,
+        "readers were refused before any writer"
+    );
+
+    let asked = Instant::now();
+    let guard = writer_client
+        .rw_lock("stream")
+        .write()
+        .try_acquire(Duration::from_secs(10))
+        .await
+        .expect("the writer gets the lock");
+    let waited = asked.elapsed();
+    assert_eq!(
+        holding.load(Ordering::SeqCst),
+        0,
+        "a reader holds alongside the writer"
+    );
+    // The readers in place hold at most 150 ms more; 1 s leaves room for a loaded machine
+    // and is well short of the 3 s stream.
+    assert!(
+        waited < Duration::from_secs(1),
+        "the writer waited {waited:?}"
+    );
+    assert!(
+        refused.load(Ordering::SeqCst) > 0,
+        "no reader was held back for the waiting writer"
+    );
+    guard.release().await.unwrap();
+    stop.store(true, Ordering::SeqCst);
+    stream.await.unwrap();
+}
+
+/// Promise: when the write hold ends, every waiting reader proceeds at once, not one per
+/// notice: 20 readers on 2 clients, waiting behind a writer whose lease (30 s) is far
+/// away, all acquire within 2 s of the release and hold at the same time.
+async fn write_release_wakes_all_waiting_readers_at_once(env: Env) {
+    let clients = [env.client().await, env.client().await];
+    let writer = clients[0].rw_lock("wake").write().acquire().await.unwrap();
+    let holding = Arc::new(AtomicUsize::new(0));
+    let started = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..20 {
+        let client = clients[i % 2].clone();
+        let (holding, started) = (holding.clone(), started.clone());
+        tasks.push(tokio::spawn(async move {
+            started.fetch_add(1, Ordering::SeqCst);
+            let guard = client
+                .rw_lock("wake")
+                .read()
+                .try_acquire(Duration::from_secs(20))
+                .await
+                .unwrap();
+            let acquired = Instant::now();
+            holding.fetch_add(1, Ordering::SeqCst);
+            // Hold until all 20 hold: proves they held at the same time.
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while holding.load(Ordering::SeqCst) < 20 {
+                assert!(Instant::now() < deadline, "not all 20 readers held at once");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            guard.release().await.unwrap();
+            acquired
+        }));
+    }
+    eventually(
+        Duration::from_secs(5),
+        "all readers are waiting",
+        || async {
+            started.load(Ordering::SeqCst) == 20
+                && clients.iter().all(|c| c.stats().waited_channels == 1)
+        },
+    )
+    .await;
+    if let Some(server) = &env.server {
+        let channel = "lockwarden:{wake}:readable";
+        eventually(
+            Duration::from_secs(5),
+            "both clients subscribed",
+            || async {
+                let subs: (String, i64) = server.query(&["PUBSUB", "NUMSUB", channel]).unwrap();
+                subs.1 == 2
+            },
+        )
+        .await;
+    }
+    // Let the readers that just subscribed finish their retry and go to sleep.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        holding.load(Ordering::SeqCst),
+        0,
+        "a reader got past the writer"
+    );
+
+    let released = Instant::now();
+    writer.release().await.unwrap();
+    for task in tasks {
+        let acquired = task.await.unwrap();
+        let after = acquired.saturating_duration_since(released);
+        assert!(
+            after < Duration::from_secs(2),
+            "a reader acquired {after:?} after the release"
+        );
+    }
+    assert!(!clients[0].rw_lock("wake").is_locked().await.unwrap());
+}
+
+/// Promise: a reader that stops renewing (its guard leaked with a 600 ms lease) stops
+/// counting when its own lease ends, although another reader keeps renewing its hold
+/// past several leases; a writer then waits only for the live reader.
+async fn dead_reader_expires_on_its_own_lease_while_others_renew(env: Env) {
+    let lease = Duration::from_millis(900);
+    let client = env.client_with(|b| b.watchdog_timeout(lease)).await;
+    let writer_client = env.client_with(|b| b.watchdog_timeout(lease)).await;
+    let rw = client.rw_lock("dead-reader");
+
+    let started = Instant::now();
+    let dead = rw
+        .read()
+        .lease(Duration::from_millis(600))
+        .acquire()
+        .await
+        .unwrap();
+    let dead_holder = dead.holder().clone();
+    std::mem::forget(dead); // never released, never renewed: as if its process died
+    let live = rw.read().acquire().await.unwrap();
+
+    let writer = {
+        let writer_client = writer_client.clone();
+        tokio::spawn(async move {
+            let guard = writer_client
+                .rw_lock("dead-reader")
+                .write()
+                .try_acquire(Duration::from_secs(10))
+                .await;
+            (Instant::now(), guard)
+        })
+    };
+
+    eventually(
+        Duration::from_secs(3),
+        "the dead reader's hold runs out",
+        || async { rw.read().hold_count(&dead_holder).await.unwrap() == 0 },
+    )
+    .await;
+    let gone_after = started.elapsed();
+    assert!(
+        gone_after >= Duration::from_millis(550),
+        "the dead reader's hold went after {gone_after:?}, before its lease"
+    );
+    // Outlive three of the live reader's leases: only its watchdog can keep it.
+    tokio::time::sleep_until((started + 3 * lease).into()).await;
+    assert_eq!(rw.read().hold_count(live.holder()).await.unwrap(), 1);
+    assert!(!live.is_lost());
+    assert!(
+        !writer.is_finished(),
+        "the writer got in beside a live reader"
+    );
+
+    let released = Instant::now();
+    live.release().await.unwrap();
+    let (acquired, guard) = writer.await.unwrap();
+    let guard = guard.expect("the writer gets the lock once the live reader leaves");
+    let after = acquired.saturating_duration_since(released);
+    assert!(
+        after < Duration::from_millis(500),
+        "the writer acquired {after:?} after the live reader left"
+    );
+    guard.release().await.unwrap();
+}
+
+async fn watchdog_keeps_read_and_write_holds_past_their_lease(env: Env) {
+    let lease = Duration::from_millis(600);
+    let client = env.client_with(|b| b.watchdog_timeout(lease)).await;
+    let other = env.client_with(|b| b.watchdog_timeout(lease)).await;
+    let me = client.holder();
+    let rw = client.rw_lock("watched");
+
+    let write = rw.write().holder(&me).acquire().await.unwrap();
+    let read = rw.read().holder(&me).acquire().await.unwrap();
+    // One holder's read and write holds are renewed as two entries.
+    assert_eq!(client.stats().watched_locks, 2);
+    tokio::time::sleep(3 * lease).await;
+    assert!(!write.is_lost() && !read.is_lost());
+    assert_eq!(rw.write().hold_count(&me).await.unwrap(), 1);
+    assert_timeout(
+        other
+            .rw_lock("watched")
+            .read()
+            .try_acquire(Duration::ZERO)
+            .await,
+        "a reader while the renewed writer holds",
+    );
+
+    write.release().await.unwrap();
+    assert_eq!(client.stats().watched_locks, 1);
+    tokio::time::sleep(3 * lease).await;
+    assert!(!read.is_lost());
+    assert_eq!(rw.read().hold_count(&me).await.unwrap(), 1);
+    assert_timeout(
+        other
+            .rw_lock("watched")
+            .write()
+            .try_acquire(Duration::ZERO)
+            .await,
+        "a writer while the renewed reader holds",
+    );
+    read.release().await.unwrap();
+    assert_eq!(client.stats().watched_locks, 0);
+    assert!(!rw.is_locked().await.unwrap());
+}
+
+async fn fencing_tokens_increase_with_each_write(env: Env) {
+    let a = env.client().await;
+    let b = env.client().await;
+    let mut last = 0;
+    for i in 0..5 {
+        let client = if i % 2 == 0 { &a } else { &b };
+        let write = client.rw_lock("fence").write().acquire().await.unwrap();
+        assert!(
+            write.fencing_token() > last,
+            "write {i}: {} after {last}",
+            write.fencing_token()
+        );
+        last = write.fencing_token();
+        write.release().await.unwrap();
+
+        // A read phase on a free lock draws a token too; readers joining it share it.
+        let first = a.rw_lock("fence").read().acquire().await.unwrap();
+        let joined = b.rw_lock("fence").read().acquire().await.unwrap();
+        assert!(first.fencing_token() > last);
+        assert_eq!(joined.fencing_token(), first.fencing_token());
+        last = first.fencing_token();
+        first.release().await.unwrap();
+        joined.release().await.unwrap();
+    }
+}
+
+/// Promise: a writer whose wait is dropped (its task aborted) withdraws its registration,
+/// so the readers it held back proceed at once, not when it would have run out (30 s).
+async fn abandoned_writer_does_not_hold_readers_back(env: Env) {
+    let a = env.client().await;
+    let b = env.client().await;
+    let first = a.rw_lock("abandon").read().acquire().await.unwrap();
+    let writer = {
+        let b = b.clone();
+        tokio::spawn(async move {
+            b.rw_lock("abandon")
+                .write()
+                .try_acquire(Duration::from_secs(60))
+                .await
+        })
+    };
+    eventually(
+        Duration::from_secs(5),
+        "a reader is held back by the writer",
+        || async {
+            match a
+                .rw_lock("abandon")
+                .read()
+                .try_acquire(Duration::ZERO)
+                .await
+            {
+                Ok(guard) => {
+                    guard.release().await.unwrap();
+                    false
+                }
+                Err(_) => true,
+            }
+        },
+    )
+    .await;
+    let reader = {
+        let a = a.clone();
+        tokio::spawn(async move {
+            a.rw_lock("abandon")
+                .read()
+                .try_acquire(Duration::from_secs(20))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!reader.is_finished(), "a reader got past a waiting writer");
+
+    let aborted = Instant::now();
+    writer.abort();
+    let guard = reader.await.unwrap().expect("the reader proceeds");
+    assert!(
+        aborted.elapsed() < Duration::from_secs(2),
+        "the reader waited {:?} after the writer gave up",
+        aborted.elapsed()
+    );
+    guard.release().await.unwrap();
+    first.release().await.unwrap();
+}
+
+async fn dropped_guards_release_both_sides(env: Env) {
+    let client = env.client().await;
+    let other = env.client().await;
+    let rw = client.rw_lock("dropped");
+    drop(rw.write().acquire().await.unwrap());
+    let read = other
+        .rw_lock("dropped")
+        .read()
+        .try_acquire(Duration::from_secs(5))
+        .await
+        .expect("the dropped write guard released the lock");
+    drop(read);
+    let write = other
+        .rw_lock("dropped")
+        .write()
+        .try_acquire(Duration::from_secs(5))
+        .await
+        .expect("the dropped read guard released the lock");
+    write.release().await.unwrap();
+}
+
+/// The Redis layout the module docs describe, and how the keys go away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_layout_holds_one_field_and_one_lease_per_hold() {
+    let env = Env::redis();
+    let server = env.server();
+    let client = env.client().await;
+    let me = client.holder();
+    let rw = client.rw_lock("layout");
+    let write = rw.write().holder(&me).acquire().await.unwrap();
+    let read = rw.read().holder(&me).acquire().await.unwrap();
+
+    let key = "lockwarden:{layout}";
+    let leases = "lockwarden:{layout}:leases";
+    let mode: String = server.query(&["HGET", key, "mode"]).unwrap();
+    assert_eq!(mode, "write");
+    let token: u64 = server.query(&["HGET", key, "token"]).unwrap();
+    assert_eq!(token, write.fencing_token());
+    let w: u64 = server.query(&["HGET", key, &format!("{me}:w")]).unwrap();
+    let r: u64 = server.query(&["HGET", key, &format!("{me}:r")]).unwrap();
+    assert_eq!((w, r), (1, 1));
+    let members: Vec<String> = server.query(&["ZRANGE", leases, "0", "-1"]).unwrap();
+    assert_eq!(members.len(), 2);
+    let pttl: i64 = server.query(&["PTTL", key]).unwrap();
+    assert!(pttl > 25_000, "{pttl}");
+
+    write.release().await.unwrap();
+    let mode: String = server.query(&["HGET", key, "mode"]).unwrap();
+    assert_eq!(mode, "read");
+    read.release().await.unwrap();
+    let exists: i64 = server.query(&["EXISTS", key, leases]).unwrap();
+    assert_eq!(exists, 0);
+}
+
+/// A plain lock and a read-write lock under one name exclude each other on Redis, and the
+/// read-write scripts never touch the plain lock's hash.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_plain_lock_under_the_same_name_refuses_both_sides() {
+    let env = Env::redis();
+    let client = env.client().await;
+    let plain = client.acquire("both").await.unwrap();
+    assert_timeout(
+        client
+            .rw_lock("both")
+            .read()
+            .try_acquire(Duration::ZERO)
+            .await,
+        "read over a plain lock",
+    );
+    assert_timeout(
+        client
+            .rw_lock("both")
+            .write()
+            .try_acquire(Duration::ZERO)
+            .await,
+        "write over a plain lock",
+    );
+    assert!(client
+        .lock("both")
+        .is_held_by(plain.holder())
+        .await
+        .unwrap());
+    plain.release().await.unwrap();
+    let write = client
+        .rw_lock("both")
+        .write()
+        .try_acquire(Duration::ZERO)
+        .await
+        .unwrap();
+    assert_timeout(
+        client.try_acquire("both", Duration::ZERO).await,
+        "plain over rw",
+    );
+    write.release().await.unwrap();
+}
+
+/// Set (to a Redis URL) only in the re-executed child: it makes [`rw_reader_child`] act
+/// as the reader process.
+const READER_ENV: &str = "LOCKWARDEN_RW_READER_URL";
+/// The reader process's watchdog lease (renewed every 500 ms).
+const CHILD_LEASE: Duration = Duration::from_millis(1500);
+
+/// Not a test on its own: the body of the reader process of
+/// [`redis_killed_reader_process_stops_counting_after_its_lease`]. Without [`READER_ENV`]
+/// it returns at once; with it, it takes a read hold with a 1.5 s watchdog lease, prints
+/// `HELD <holder id>` and sleeps (at most 120 s) until it is SIGKILLed.
+#[test]
+fn rw_reader_child() {
+    let Ok(url) = std::env::var(READER_ENV) else {
+        return;
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async move {
+        let client = lockwarden::LockClient::builder()
+            .watchdog_timeout(CHILD_LEASE)
+            .connect(&url)
+            .await
+            .unwrap();
+        let guard = client
+            .rw_lock("killed-reader")
+            .read()
+            .acquire()
+            .await
+            .unwrap();
+        println!("HELD {}", guard.holder().id());
+        tokio::time::sleep(Duration::from_secs(120)).await;
+        drop(guard);
+    });
+}
+
+/// Kills (SIGKILL) and reaps the child when dropped, so a failing test leaves no process.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Promise: when a reader's *process* is SIGKILLed, its read hold stops counting within
+/// one watchdog lease of the kill (+500 ms of slack), while a reader in another process
+/// keeps renewing its own; a waiting writer then gets the lock as soon as the live reader
+/// leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_reader_process_stops_counting_after_its_lease() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+
+    let env = Env::redis();
+    let server = env.server();
+    let mut child = Reaped(
+        Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "rw_reader_child",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(READER_ENV, server.url())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+    let stdout = child.0.stdout.take().unwrap();
+    let (lines_tx, lines_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let child_holder = loop {
+        let line = lines_rx
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .expect("the reader process prints HELD within 30 s");
+        if let Some((_, holder)) = line.split_once("HELD ") {
+            break holder.trim().to_owned();
+        }
+    };
+    let field = format!("{child_holder}:r");
+
+    let client = env.client_with(|b| b.watchdog_timeout(CHILD_LEASE)).await;
+    let rw = client.rw_lock("killed-reader");
+    let live = rw.read().acquire().await.unwrap();
+    let writer = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let guard = client
+                .rw_lock("killed-reader")
+                .write()
+                .try_acquire(Duration::from_secs(20))
+                .await;
+            (Instant::now(), guard)
+        })
+    };
+    // The child's hold outlives one lease only if its watchdog renews it.
+    tokio::time::sleep(CHILD_LEASE + Duration::from_millis(300)).await;
+    let count: Option<u64> = server
+        .query(&["HGET", "lockwarden:{killed-reader}", &field])
+        .unwrap();
+    assert_eq!(count, Some(1), "the reader process did not renew its hold");
+
+    child.0.kill().unwrap();
+    let killed = Instant::now();
+    child.0.wait().unwrap();
+
+    // Counted out by the next script that runs (here, the live reader's renewals).
+    let gone = loop {
+        let score: Option<String> = server
+            .query(&["ZSCORE", "lockwarden:{killed-reader}:leases", &field])
+            .unwrap();
+        if score.is_none() {
+            break Instant::now();
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(10),
+            "the killed reader's hold is still counted"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let after = gone - killed;
+    assert!(
+        after <= CHILD_LEASE + Duration::from_millis(500),
+        "the killed reader counted for {after:?} after the kill"
+    );
+    assert!(
+        !writer.is_finished(),
+        "the writer got in beside a live reader"
+    );
+    assert!(!live.is_lost());
+
+    let released = Instant::now();
+    live.release().await.unwrap();
+    let (acquired, guard) = writer.await.unwrap();
+    let guard = guard.expect("the writer gets the lock once the live reader leaves");
+    let after = acquired.saturating_duration_since(released);
+    assert!(
+        after < Duration::from_millis(500),
+        "the writer acquired {after:?} after the release"
+    );
+    guard.release().await.unwrap();
+}
