@@ -23,9 +23,11 @@ use serde_json::json;
 use crate::baselines::BoxError;
 use crate::check::Checks;
 use crate::stats::{Report, Row, Summary};
-use crate::workloads::{handoff, held, http, many_keys, uncontended, waiters, watchdog, Ctx};
+use crate::workloads::{
+    family, handoff, held, http, many_keys, uncontended, waiters, watchdog, Ctx,
+};
 
-const WORKLOADS: [&str; 7] = [
+const WORKLOADS: [&str; 8] = [
     "uncontended",
     "hot key handoff",
     "held then released",
@@ -33,6 +35,7 @@ const WORKLOADS: [&str; 7] = [
     "watchdog at scale",
     "waiters at scale",
     "HTTP (LockLayer)",
+    "lock family handoffs (fair, read-write)",
 ];
 
 struct Args {
@@ -130,7 +133,8 @@ async fn main() -> Result<ExitCode, BoxError> {
             4 => many_keys::run(&ctx, &mut report).await,
             5 => watchdog::run(&ctx, &mut report).await,
             6 => waiters::run(&ctx, &mut report).await,
-            _ => http::run(&ctx, &mut report).await,
+            7 => http::run(&ctx, &mut report).await,
+            _ => family::run(&ctx, &mut report).await,
         };
         if let Err(e) = result {
             ctx.checks

@@ -1,6 +1,7 @@
 //! The workloads, one module each, and what they share: the run context and helpers
 //! to read the server's counters and the process' own resource use.
 
+pub mod family;
 pub mod handoff;
 pub mod held;
 pub mod http;

@@ -1,0 +1,195 @@
+//! Workload 8: the lock family's handoffs. The plain, fair and write locks on one hot key
+//! (8 tasks over 2 clients, hold ~0), as in workload 2; and a write lock released to 16
+//! waiting readers, who must all get in at once.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lockwarden_core::{LockClient, LockError, LockGuard};
+use tokio::task::JoinSet;
+
+use crate::baselines::BoxError;
+use crate::check::{Checks, Exclusion};
+use crate::stats::{Handoff, Report, Row, Summary, Windows};
+use crate::workloads::{join_all, Ctx};
+
+const NAME: &str = "8 lock family";
+const TASKS: usize = 8;
+const CLIENTS: usize = 2;
+const READERS: usize = 16;
+const WAIT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Family {
+    Plain,
+    Fair,
+    Write,
+}
+
+impl Family {
+    fn name(self) -> &'static str {
+        match self {
+            Family::Plain => "lockwarden lock",
+            Family::Fair => "lockwarden fair_lock",
+            Family::Write => "lockwarden rw_lock (write)",
+        }
+    }
+
+    async fn acquire(self, client: &LockClient, key: &str) -> Result<LockGuard, LockError> {
+        match self {
+            Family::Plain => client.lock(key).try_acquire(WAIT).await,
+            Family::Fair => client.fair_lock(key).try_acquire(WAIT).await,
+            Family::Write => client.rw_lock(key).write().try_acquire(WAIT).await,
+        }
+    }
+}
+
+struct Shared {
+    family: Family,
+    key: String,
+    exclusion: Exclusion,
+    handoff: Handoff,
+    windows: Windows,
+    checks: Arc<Checks>,
+    deadline: Instant,
+    max_cycles: u64,
+}
+
+#[derive(Default)]
+struct Out {
+    cycles: u64,
+    cross: Vec<Duration>,
+}
+
+pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
+    let run = ctx.pick(Duration::from_secs(2), Duration::from_secs(8));
+    let max_cycles = ctx.pick(50_000, 250_000);
+    let (ping, _) = ctx.fresh_baseline(report, NAME).await?;
+    for family in [Family::Plain, Family::Fair, Family::Write] {
+        let mut clients = Vec::new();
+        for _ in 0..CLIENTS {
+            clients.push(LockClient::connect(&ctx.url).await?);
+        }
+        let key = format!("w8:{family:?}");
+        let start = Instant::now();
+        let shared = Arc::new(Shared {
+            family,
+            exclusion: Exclusion::new(format!("{} {key}", family.name()), &ctx.checks),
+            key,
+            handoff: Handoff::default(),
+            windows: Windows::new(start, run),
+            checks: ctx.checks.clone(),
+            deadline: start + run,
+            max_cycles,
+        });
+        let mut set = JoinSet::new();
+        for task in 0..TASKS {
+            let client = clients[task % CLIENTS].clone();
+            set.spawn(worker(task, client, shared.clone()));
+        }
+        let outs = join_all(set, run + Duration::from_secs(60)).await?;
+        let cycles: u64 = outs.iter().map(|o| o.cycles).sum();
+        let cross: Vec<Duration> = outs.iter().flat_map(|o| o.cross.iter().copied()).collect();
+        let elapsed = start.elapsed().as_secs_f64();
+        report.push(
+            Row::new(NAME, family.name(), "hot key: cycles/s", "/s")
+                .summary(shared.windows.summary())
+                .note(format!(
+                    "{cycles} cycles, {:.0}/s overall",
+                    cycles as f64 / elapsed
+                )),
+        );
+        report.push(
+            Row::new(
+                NAME,
+                family.name(),
+                "hot key: handoff to another task",
+                "µs",
+            )
+            .summary(Summary::micros(&cross))
+            .ratio_to(ping.median, "round trips: ÷ PING median"),
+        );
+    }
+    readers_at_once(ctx, report, ping.median).await
+}
+
+async fn worker(task: usize, client: LockClient, s: Arc<Shared>) -> Result<Out, BoxError> {
+    let mut out = Out::default();
+    while out.cycles < s.max_cycles && Instant::now() < s.deadline {
+        let guard = s.family.acquire(&client, &s.key).await?;
+        if let Some((handoff, same)) = s.handoff.acquired(task, Instant::now()) {
+            if !same {
+                out.cross.push(handoff);
+            }
+        }
+        s.exclusion.enter(Some(guard.fencing_token()));
+        s.exclusion.exit();
+        s.handoff.releasing(task);
+        if let Err(e) = guard.release().await {
+            s.checks
+                .problem(format!("{} release failed: {e}", s.family.name()));
+        }
+        s.windows.record();
+        out.cycles += 1;
+    }
+    Ok(out)
+}
+
+/// A writer holds; 16 readers (over 2 clients) queue; the writer releases. Measured:
+/// from the release call to the last reader holding, with every reader still holding.
+async fn readers_at_once(ctx: &Ctx, report: &mut Report, ping: f64) -> Result<(), BoxError> {
+    let rounds = ctx.pick(20, 100);
+    let writer = LockClient::connect(&ctx.url).await?;
+    let mut clients = Vec::new();
+    for _ in 0..CLIENTS {
+        clients.push(LockClient::connect(&ctx.url).await?);
+    }
+    let mut samples = Vec::with_capacity(rounds);
+    for round in 0..rounds {
+        let key = format!("w8:readers:{round}");
+        let held = writer.rw_lock(&key).write().try_acquire(WAIT).await?;
+        let all_in = Arc::new(tokio::sync::Barrier::new(READERS + 1));
+        let mut set = JoinSet::new();
+        for r in 0..READERS {
+            let (client, key, all_in) = (clients[r % CLIENTS].clone(), key.clone(), all_in.clone());
+            set.spawn(async move {
+                let guard = client.rw_lock(&key).read().try_acquire(WAIT).await?;
+                let at = Instant::now();
+                // Hold until every reader is in: proves they held the lock together.
+                all_in.wait().await;
+                guard.release().await?;
+                Ok::<_, BoxError>(at)
+            });
+        }
+        // Let the readers queue up behind the writer.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let released = Instant::now();
+        held.release().await?;
+        let waited = tokio::time::timeout(WAIT, all_in.wait()).await;
+        if waited.is_err() {
+            ctx.checks.problem(format!(
+                "readers of {key} did not all hold the read lock together within {WAIT:?}"
+            ));
+            set.abort_all();
+            continue;
+        }
+        let last = join_all(set, WAIT)
+            .await?
+            .into_iter()
+            .max()
+            .unwrap_or(released);
+        samples.push(last.saturating_duration_since(released));
+    }
+    report.push(
+        Row::new(
+            NAME,
+            "lockwarden rw_lock",
+            "write released → all 16 waiting readers hold",
+            "µs",
+        )
+        .summary(Summary::micros(&samples))
+        .ratio_to(ping, "round trips: ÷ PING median")
+        .note(format!("{rounds} rounds, readers over {CLIENTS} clients")),
+    );
+    Ok(())
+}
