@@ -3,8 +3,8 @@
 //! Both backends use this registry. The Redis backend adds one pub/sub connection per
 //! client (see `redis/pubsub.rs`) that subscribes to a channel while it has waiters here
 //! and calls [`Waiters::notify_one`] for each release notice ([`Waiters::notify_all`] for a
-//! completed claim, whose outcome every waiter can use); the in-process backend calls
-//! them directly.
+//! completed claim, whose outcome every waiter can use, and for a read-write lock open to
+//! readers, which all may enter); the in-process backend calls them directly.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
