@@ -12,6 +12,7 @@ use crate::error::{BackendError, KeyError, LockError};
 use crate::guard::LockGuard;
 use crate::holder::Holder;
 use crate::key::Key;
+use crate::wait::Wait;
 
 /// How long a waiter that stopped trying keeps its place in the queue, by default.
 pub const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -20,10 +21,6 @@ pub const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(5);
 pub(crate) const QUEUE: &str = "queue";
 /// Companion key of the waiters' deadlines.
 pub(crate) const DEADLINES: &str = "deadlines";
-
-/// Retry pacing while the store is unreachable during a wait.
-const MIN_BACKOFF: Duration = Duration::from_millis(20);
-const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 /// The prefix of the channels on which waiters of `key` hear that their turn has come:
 /// the lock's release channel and `:`; the holder id follows.
@@ -267,9 +264,8 @@ impl FairLock {
         let mut attempt = backend
             .fair_attempt(key, &holder, lease, self.queue_timeout, joined)
             .await;
-        let mut waiting = None;
-        let mut backoff = MIN_BACKOFF;
-        let mut ready = false;
+        let mut wait = Wait::new(deadline);
+        let channel = wake_channel(key, &holder);
         loop {
             let ttl = match attempt {
                 Ok(Attempt::Taken { token } | Attempt::Reentered { token }) => {
@@ -287,13 +283,9 @@ impl FairLock {
                         "the store answered a fair acquire with a stored outcome".to_owned(),
                     )));
                 }
-                Err(error)
-                    if error.is_transient()
-                        && deadline.is_none_or(|d| Instant::now() + backoff < d) =>
-                {
+                Err(error) if error.is_transient() && wait.can_back_off() => {
                     tracing::debug!(%key, %error, "fair acquire failed; retrying");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                    wait.back_off().await;
                     sent = Instant::now();
                     joined = join(sent);
                     attempt = backend
@@ -308,7 +300,7 @@ impl FairLock {
                 }
             };
             let now = Instant::now();
-            if deadline.is_some_and(|d| now >= d) {
+            if wait.is_over(now) {
                 place.leave().await;
                 outcome("timeout");
                 return Err(LockError::Timeout {
@@ -316,26 +308,10 @@ impl FairLock {
                     retry_after: ttl,
                 });
             }
-            // Wake on our turn's notice, or by ourselves to keep our place or to take a
-            // lock whose holder's lease ran out.
-            let own = now + ttl.min(refresh);
-            let wake_at = deadline.map_or(own, |d| d.min(own));
-            match &waiting {
-                // First wait: subscribe to our channel, then retry at once, so a turn that
-                // came between the attempt and the subscription is not missed.
-                None => {
-                    let w = inner.waiters.register(&wake_channel(key, &holder));
-                    ready = w.ready_by(wake_at).await;
-                    waiting = Some(w);
-                }
-                Some(w) => {
-                    tokio::select! {
-                        _ = w.notified() => {}
-                        _ = w.ready_by(wake_at), if !ready => ready = true,
-                        _ = tokio::time::sleep_until(wake_at) => {}
-                    }
-                }
-            }
+            // Wake on our turn's notice (on our own channel), or by ourselves to keep our
+            // place or to take a lock whose holder's lease ran out.
+            let wake_at = wait.cap(now + ttl.min(refresh));
+            wait.sleep(&inner.waiters, &channel, wake_at).await;
             sent = Instant::now();
             joined = join(sent);
             attempt = backend

@@ -39,6 +39,7 @@ mod multi;
 mod redis;
 mod redlock;
 mod rw;
+mod wait;
 mod waiters;
 mod watchdog;
 

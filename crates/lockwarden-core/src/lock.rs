@@ -10,12 +10,10 @@ use crate::error::{BackendError, KeyError, LockError};
 use crate::guard::LockGuard;
 use crate::holder::Holder;
 use crate::key::Key;
+use crate::wait::Wait;
 
 /// Used when Redis reports a lock without expiry: re-check this often.
 pub(crate) const NO_TTL_RECHECK: Duration = Duration::from_secs(1);
-/// Retry pacing while the store is unreachable during a wait.
-pub(crate) const MIN_BACKOFF: Duration = Duration::from_millis(20);
-pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 /// What [`Lock::try_claim`] found: the lock, to do the work, or the outcome of the work
 /// done before under the same key.
@@ -175,11 +173,9 @@ impl Lock {
             tracing::debug!(%key, waited_ms = started.elapsed().as_millis() as u64, outcome, "lock acquire");
         };
 
+        let mut wait = Wait::new(deadline);
         let mut sent = Instant::now();
         let mut attempt = inner.backend.attempt(key, &holder, lease, claim).await;
-        let mut waiting = None;
-        let mut backoff = MIN_BACKOFF;
-        let mut ready = false;
         loop {
             let ttl = match attempt {
                 Ok(Attempt::Taken { token } | Attempt::Reentered { token }) => {
@@ -193,13 +189,9 @@ impl Lock {
                 Ok(Attempt::Busy { ttl }) => ttl.unwrap_or(NO_TTL_RECHECK),
                 // Ride out a reconnect within the budget; the store being down is
                 // reported once the budget is spent.
-                Err(error)
-                    if error.is_transient()
-                        && deadline.is_none_or(|d| Instant::now() + backoff < d) =>
-                {
+                Err(error) if error.is_transient() && wait.can_back_off() => {
                     tracing::debug!(%key, %error, "acquire failed; retrying");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                    wait.back_off().await;
                     sent = Instant::now();
                     attempt = inner.backend.attempt(key, &holder, lease, claim).await;
                     continue;
@@ -210,30 +202,15 @@ impl Lock {
                 }
             };
             let now = Instant::now();
-            if deadline.is_some_and(|d| now >= d) {
+            if wait.is_over(now) {
                 outcome("timeout");
                 return Err(LockError::Timeout {
                     key: key.name().to_owned(),
                     retry_after: ttl,
                 });
             }
-            let wake_at = deadline.map_or(now + ttl, |d| d.min(now + ttl));
-            match &waiting {
-                // First wait: subscribe to release notices, then retry at once, so a
-                // release between the attempt and the subscription is not missed.
-                None => {
-                    let w = inner.waiters.register(key.channel());
-                    ready = w.ready_by(wake_at).await;
-                    waiting = Some(w);
-                }
-                Some(w) => {
-                    tokio::select! {
-                        _ = w.notified() => {}
-                        _ = w.ready_by(wake_at), if !ready => ready = true,
-                        _ = tokio::time::sleep_until(wake_at) => {}
-                    }
-                }
-            }
+            wait.sleep(&inner.waiters, key.channel(), wait.cap(now + ttl))
+                .await;
             sent = Instant::now();
             attempt = inner.backend.attempt(key, &holder, lease, claim).await;
         }

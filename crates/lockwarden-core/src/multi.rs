@@ -16,8 +16,8 @@ use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::holder::Holder;
 use crate::key::Key;
-use crate::lock::{MAX_BACKOFF, MIN_BACKOFF, NO_TTL_RECHECK};
-use crate::waiters::Waiting;
+use crate::lock::NO_TTL_RECHECK;
+use crate::wait::Wait;
 
 /// Several named locks to acquire as one, made by [`LockClient::multi_lock`].
 ///
@@ -90,10 +90,9 @@ impl MultiLock {
             .unwrap_or_else(|| self.client.holder());
         let inner = &self.client.inner;
         let lease = self.lease.unwrap_or(inner.config.watchdog_timeout);
-        let mut waiting: Option<(usize, Waiting)> = None;
+        let mut wait = Wait::new(Some(deadline));
         // The lock whose release notice woke us, if the retry has not used it yet.
         let mut woken_by: Option<usize> = None;
-        let mut backoff = MIN_BACKOFF;
         loop {
             let sent = Instant::now();
             let (index, ttl) = match inner.backend.attempt_many(&keys, &holder, lease).await {
@@ -117,9 +116,8 @@ impl MultiLock {
                     return Ok(MultiGuard { guards });
                 }
                 Ok(MultiAttempt::Busy { index, ttl }) => (index, ttl.unwrap_or(NO_TTL_RECHECK)),
-                Err(error) if error.is_transient() && Instant::now() + backoff < deadline => {
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                Err(error) if error.is_transient() && wait.can_back_off() => {
+                    wait.back_off().await;
                     continue;
                 }
                 Err(error) => return Err(error.into()),
@@ -130,27 +128,18 @@ impl MultiLock {
                 inner.waiters.notify_one(keys[woken].channel());
             }
             let now = Instant::now();
-            if now >= deadline {
+            if wait.is_over(now) {
                 return Err(LockError::Timeout {
                     key: keys[index].name().to_owned(),
                     retry_after: ttl,
                 });
             }
-            let wake_at = deadline.min(now + ttl);
-            match &waiting {
-                Some((on, w)) if *on == index => {
-                    tokio::select! {
-                        _ = w.notified() => woken_by = Some(index),
-                        _ = tokio::time::sleep_until(wake_at) => {}
-                    }
-                }
-                // Newly busy: subscribe to its notices, then retry at once, so a release
-                // between the attempt and the subscription is not missed.
-                _ => {
-                    let w = inner.waiters.register(keys[index].channel());
-                    w.ready_by(wake_at).await;
-                    waiting = Some((index, w));
-                }
+            let channel = keys[index].channel();
+            if wait
+                .sleep(&inner.waiters, channel, wait.cap(now + ttl))
+                .await
+            {
+                woken_by = Some(index);
             }
         }
     }

@@ -63,10 +63,7 @@ use crate::error::{KeyError, LockError};
 use crate::guard::LockGuard;
 use crate::holder::Holder;
 use crate::key::Key;
-
-/// Retry pacing while the store is unreachable during a wait.
-const MIN_BACKOFF: Duration = Duration::from_millis(20);
-const MAX_BACKOFF: Duration = Duration::from_secs(1);
+use crate::wait::Wait;
 
 /// The sorted set of each hold's deadline (see the module docs).
 pub(crate) fn leases_key(key: &Key) -> String {
@@ -332,9 +329,7 @@ impl RwLockHandle {
 
         let mut sent = Instant::now();
         let mut attempt_result = attempt().await;
-        let mut waiting = None;
-        let mut backoff = MIN_BACKOFF;
-        let mut ready = false;
+        let mut wait = Wait::new(deadline);
         loop {
             let ttl = match attempt_result {
                 Ok(RwAttempt::Taken { token } | RwAttempt::Reentered { token }) => {
@@ -362,13 +357,9 @@ impl RwLockHandle {
                     registration.armed = self.mode == RwMode::Write;
                     ttl
                 }
-                Err(error)
-                    if error.is_transient()
-                        && deadline.is_none_or(|d| Instant::now() + backoff < d) =>
-                {
+                Err(error) if error.is_transient() && wait.can_back_off() => {
                     tracing::debug!(%key, %error, "rw acquire failed; retrying");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                    wait.back_off().await;
                     sent = Instant::now();
                     attempt_result = attempt().await;
                     continue;
@@ -379,7 +370,7 @@ impl RwLockHandle {
                 }
             };
             let now = Instant::now();
-            if deadline.is_some_and(|d| now >= d) {
+            if wait.is_over(now) {
                 outcome("timeout");
                 registration.withdraw().await;
                 return Err(LockError::Timeout {
@@ -392,23 +383,8 @@ impl RwLockHandle {
                 // Retry before the registration runs out, so readers stay held back.
                 wake_at = wake_at.min(now + register / 2);
             }
-            let wake_at = deadline.map_or(wake_at, |d| d.min(wake_at));
-            match &waiting {
-                // First wait: subscribe, then retry at once, so a notice sent between the
-                // attempt and the subscription is not missed.
-                None => {
-                    let w = inner.waiters.register(&channel);
-                    ready = w.ready_by(wake_at).await;
-                    waiting = Some(w);
-                }
-                Some(w) => {
-                    tokio::select! {
-                        _ = w.notified() => {}
-                        _ = w.ready_by(wake_at), if !ready => ready = true,
-                        _ = tokio::time::sleep_until(wake_at) => {}
-                    }
-                }
-            }
+            wait.sleep(&inner.waiters, &channel, wait.cap(wake_at))
+                .await;
             sent = Instant::now();
             attempt_result = attempt().await;
         }

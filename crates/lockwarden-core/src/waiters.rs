@@ -150,6 +150,11 @@ pub(crate) struct Waiting {
 }
 
 impl Waiting {
+    /// The channel this waiter is registered on.
+    pub(crate) fn channel(&self) -> &str {
+        &self.name
+    }
+
     /// Resolves on a release notice for this channel: one meant for one waiter, or one for
     /// everyone sent since the last call returned.
     pub(crate) async fn notified(&self) {

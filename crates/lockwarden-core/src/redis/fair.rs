@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use redis::{Script, Value};
 
-use super::{bounded, eval, millis, released, Orphan, RedisBackend, Unclaimed};
+use super::{attempted, bounded, eval, millis, released, Orphan, RedisBackend, Unclaimed};
 use crate::backend::{Attempt, Kind, Outcome, Released};
 use crate::error::BackendError;
 use crate::fair::{wake_prefix, DEADLINES, QUEUE};
@@ -51,32 +51,11 @@ impl RedisBackend {
             holder: holder.clone(),
         };
         let (state, value) = bounded(self.timeout, Unclaimed::new(reply, orphan)).await?;
-        let value = match value {
-            Value::Int(value) => value,
-            other => {
-                return Err(BackendError::Protocol(format!(
-                    "fair acquire script returned {{{state}, {other:?}}}"
-                )))
-            }
-        };
-        match state {
-            1 => Ok(Attempt::Taken {
-                token: value as u64,
-            }),
-            2 => Ok(Attempt::Reentered {
-                token: value as u64,
-            }),
-            0 => Ok(Attempt::Busy {
-                // -1: a lock without expiry (not one of ours); -2: gone since the check.
-                ttl: match value {
-                    -2 => Some(Duration::ZERO),
-                    ms if ms < 0 => None,
-                    ms => Some(Duration::from_millis(ms as u64)),
-                },
-            }),
-            _ => Err(BackendError::Protocol(format!(
-                "fair acquire script returned {{{state}, {value}}}"
-            ))),
+        match attempted("fair acquire", state, value)? {
+            Attempt::Completed { .. } => Err(BackendError::Protocol(
+                "fair acquire script returned an outcome".to_owned(),
+            )),
+            attempt => Ok(attempt),
         }
     }
 

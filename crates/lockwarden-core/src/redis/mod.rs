@@ -140,41 +140,7 @@ impl RedisBackend {
                 wanted: self.replicated.as_ref().map_or(0, Replicated::replicas),
             });
         }
-        if state == 3 {
-            return match value {
-                Value::BulkString(outcome) => Ok(Attempt::Completed { outcome }),
-                other => Err(BackendError::Protocol(format!(
-                    "acquire script returned an outcome of {other:?}"
-                ))),
-            };
-        }
-        let value = match value {
-            Value::Int(value) => value,
-            other => {
-                return Err(BackendError::Protocol(format!(
-                    "acquire script returned {{{state}, {other:?}}}"
-                )))
-            }
-        };
-        match state {
-            1 => Ok(Attempt::Taken {
-                token: value as u64,
-            }),
-            2 => Ok(Attempt::Reentered {
-                token: value as u64,
-            }),
-            0 => Ok(Attempt::Busy {
-                // -1: no expiry set; -2: gone since the check. Both mean "retry later/now".
-                ttl: match value {
-                    -2 => Some(Duration::ZERO),
-                    ms if ms < 0 => None,
-                    ms => Some(Duration::from_millis(ms as u64)),
-                },
-            }),
-            _ => Err(BackendError::Protocol(format!(
-                "acquire script returned {{{state}, {value}}}"
-            ))),
-        }
+        attempted("acquire", state, value)
     }
 
     pub(crate) async fn release(
@@ -347,6 +313,34 @@ impl RedisBackend {
             }
             other => other,
         }
+    }
+}
+
+/// The `{state, value}` reply of an acquire script (`acquire.lua`, `fair_acquire.lua`):
+/// `{1, token}` taken, `{2, token}` re-entered, `{0, pttl}` busy, `{3, outcome}` completed.
+pub(crate) fn attempted(script: &str, state: i64, value: Value) -> Result<Attempt, BackendError> {
+    match (state, value) {
+        (1, Value::Int(token)) => Ok(Attempt::Taken {
+            token: token as u64,
+        }),
+        (2, Value::Int(token)) => Ok(Attempt::Reentered {
+            token: token as u64,
+        }),
+        (0, Value::Int(ms)) => Ok(Attempt::Busy { ttl: pttl(ms) }),
+        (3, Value::BulkString(outcome)) => Ok(Attempt::Completed { outcome }),
+        (state, other) => Err(BackendError::Protocol(format!(
+            "{script} script returned {{{state}, {other:?}}}"
+        ))),
+    }
+}
+
+/// A lock's remaining lease from its `PTTL`: -2 (gone since the check) is zero, -1 (no
+/// expiry: not one of ours) is unknown; both mean "retry now or later".
+pub(crate) fn pttl(ms: i64) -> Option<Duration> {
+    match ms {
+        -2 => Some(Duration::ZERO),
+        ms if ms < 0 => None,
+        ms => Some(Duration::from_millis(ms as u64)),
     }
 }
 

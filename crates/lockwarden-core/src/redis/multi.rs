@@ -16,7 +16,7 @@ use crate::detach::Undone;
 use crate::error::BackendError;
 use crate::holder::Holder;
 use crate::key::Key;
-use crate::redis::{bounded, millis, RedisBackend};
+use crate::redis::{bounded, millis, pttl, RedisBackend};
 
 static MULTI_ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../../lua/multi_acquire.lua")));
@@ -68,11 +68,7 @@ impl RedisBackend {
             }),
             [0, index, ttl] if (1..=keys.len() as i64).contains(index) => Ok(MultiAttempt::Busy {
                 index: (*index - 1) as usize,
-                ttl: match *ttl {
-                    -2 => Some(Duration::ZERO),
-                    ms if ms < 0 => None,
-                    ms => Some(Duration::from_millis(ms as u64)),
-                },
+                ttl: pttl(*ttl),
             }),
             other => Err(BackendError::Protocol(format!(
                 "multi-acquire script returned {other:?}"
