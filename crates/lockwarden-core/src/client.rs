@@ -19,6 +19,7 @@ use crate::key::{Key, KeyLayout, DEFAULT_MAX_KEY_LEN, DEFAULT_NAMESPACE};
 use crate::lock::Lock;
 use crate::memory::MemoryBackend;
 use crate::multi::MultiLock;
+use crate::redis::conn::Deployment;
 use crate::redis::{pubsub, RedisBackend};
 use crate::rw::RwLock;
 use crate::waiters::Waiters;
@@ -403,17 +404,98 @@ impl LockClientBuilder {
     /// [`LockError::Backend`] if the URL is invalid or Redis cannot be reached within the
     /// command timeout.
     pub async fn connect(self, url: &str) -> Result<LockClient, LockError> {
-        let redis_client = redis::Client::open(url).map_err(BackendError::from)?;
-        let redis = RedisBackend::connect(
-            &redis_client,
+        let client = redis::Client::open(url).map_err(BackendError::from)?;
+        self.connect_to(Deployment::Server(client)).await
+    }
+
+    /// A client on a Redis Cluster, found through any of `nodes` (one reachable node is
+    /// enough; the client learns the others and follows slots as they move).
+    ///
+    /// Every key of one lock carries the lock's hash tag, so each script touches one slot
+    /// and runs on the node that owns it; the release channel is in that slot too. A
+    /// [`multi_lock`](LockClient::multi_lock) whose locks live in different slots takes
+    /// them slot by slot, in one order for every caller, and gives back what it took if a
+    /// later one is busy.
+    ///
+    /// ```no_run
+    /// # use lockwarden_core::LockClient;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden_core::LockError> {
+    /// let client = LockClient::builder()
+    ///     .connect_cluster(["redis://127.0.0.1:7000/", "redis://127.0.0.1:7001/"])
+    ///     .await?;
+    /// let guard = client.acquire("invoice:7").await?;
+    /// # guard.release().await }
+    /// ```
+    ///
+    /// # Errors
+    /// [`LockError::Backend`] if an address is invalid or the cluster cannot be reached
+    /// within the command timeout.
+    pub async fn connect_cluster<I, S>(self, nodes: I) -> Result<LockClient, LockError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let nodes = nodes.into_iter().map(|n| n.as_ref().to_owned()).collect();
+        self.connect_to(Deployment::Cluster(nodes)).await
+    }
+
+    /// A client on the primary that the Redis Sentinels at `sentinels` name for `service`,
+    /// followed across failovers.
+    ///
+    /// Replication is asynchronous, so a failover can lose a lock the old primary granted
+    /// but had not passed on. The client does not hide that: each lock held with the
+    /// watchdog is renewed on the new primary, and one that is not there is marked lost
+    /// ([`LockGuard::lost`](crate::LockGuard::lost) fires). Commands in flight when the
+    /// primary fails return errors; the next ones go to the new primary.
+    /// [`wait_for_replicas`](Self::wait_for_replicas) narrows the window.
+    ///
+    /// ```no_run
+    /// # use lockwarden_core::LockClient;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden_core::LockError> {
+    /// let client = LockClient::builder()
+    ///     .connect_sentinel(["redis://127.0.0.1:26379/"], "mymaster")
+    ///     .await?;
+    /// let guard = client.acquire("invoice:7").await?;
+    /// # guard.release().await }
+    /// ```
+    ///
+    /// # Errors
+    /// [`LockError::Backend`] if an address is invalid or no sentinel names a reachable
+    /// primary within the command timeout.
+    pub async fn connect_sentinel<I, S>(
+        self,
+        sentinels: I,
+        service: &str,
+    ) -> Result<LockClient, LockError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let sentinels = sentinels
+            .into_iter()
+            .map(|n| n.as_ref().to_owned())
+            .collect();
+        self.connect_to(Deployment::Sentinel {
+            sentinels,
+            service: service.to_owned(),
+        })
+        .await
+    }
+
+    async fn connect_to(self, deployment: Deployment) -> Result<LockClient, LockError> {
+        deployment.check()?;
+        // Boxed: the cluster and sentinel clients' connect futures are deep enough to
+        // overflow the layout depth of the futures that embed this one.
+        let (redis, source) = Box::pin(RedisBackend::connect(
+            &deployment,
             self.config.command_timeout,
             self.config.replicas,
-        )
+        ))
         .await?;
 
         let (changes_tx, changes_rx) = mpsc::unbounded_channel();
         let waiters = Arc::new(Waiters::remote(changes_tx));
-        let pubsub_task = tokio::spawn(pubsub::run(redis_client, waiters.clone(), changes_rx));
+        let pubsub_task = tokio::spawn(pubsub::run(source, waiters.clone(), changes_rx));
 
         let (dropped_tx, dropped_rx) = mpsc::unbounded_channel();
         tokio::spawn(release_dropped(redis.clone(), dropped_rx));

@@ -1,25 +1,30 @@
-//! The Redis lock store: the Lua scripts in `lua/`, run over one auto-reconnecting
-//! multiplexed connection, plus the client's pub/sub connection (`pubsub.rs`).
+//! The Redis lock store: the Lua scripts in `lua/`, run over the deployment's connection
+//! (`conn.rs`: one server, a cluster, or the primary Sentinel names), plus the client's
+//! pub/sub connection (`pubsub.rs`).
 
+pub(crate) mod conn;
 mod fair;
 mod multi;
 pub(crate) mod pubsub;
 mod replicated;
 mod rw;
+pub(crate) mod sentinel;
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::LazyLock;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use redis::cluster_routing::Slot;
 use redis::{RedisResult, Script, Value};
 
 use crate::backend::{Attempt, Kind, Outcome, Released, Renewal};
 use crate::error::BackendError;
 use crate::holder::Holder;
 use crate::key::Key;
+use conn::{Conn, Deployment};
 use replicated::{Replicated, NOT_REPLICATED};
 
 static ACQUIRE: LazyLock<Script> =
@@ -47,7 +52,7 @@ const PIPELINES_IN_FLIGHT: usize = 4;
 
 #[derive(Clone)]
 pub(crate) struct RedisBackend {
-    conn: ConnectionManager,
+    conn: Conn,
     timeout: Duration,
     /// Set when acquisitions wait for replicas (`WAIT`).
     replicated: Option<Replicated>,
@@ -55,36 +60,27 @@ pub(crate) struct RedisBackend {
 
 impl RedisBackend {
     /// Connects; with `replicas = Some((n, wait))` acquisitions also wait up to `wait`
-    /// for `n` replicas to acknowledge them.
+    /// for `n` replicas to acknowledge them. Also says where the client's pub/sub
+    /// connection goes.
     pub(crate) async fn connect(
-        client: &redis::Client,
+        deployment: &Deployment,
         timeout: Duration,
         replicas: Option<(u32, Duration)>,
-    ) -> Result<Self, BackendError> {
-        let config = |timeout| {
-            redis::aio::ConnectionManagerConfig::new()
-                .set_response_timeout(Some(timeout))
-                .set_connection_timeout(Some(timeout))
-                .set_number_of_retries(2)
-                .set_max_delay(Duration::from_millis(500))
-        };
-        let conn = bounded(
-            timeout,
-            client.get_connection_manager_with_config(config(timeout)),
-        )
-        .await?;
+    ) -> Result<(Self, pubsub::Source), BackendError> {
+        let (conn, source) = deployment.connect(timeout, timeout).await?;
         let replicated = match replicas {
             None => None,
             Some((n, wait)) => {
-                let conn = client.get_connection_manager_with_config(config(timeout + wait));
-                Some(Replicated::new(bounded(timeout, conn).await?, n, wait))
+                let (conn, _) = deployment.connect(timeout, timeout + wait).await?;
+                Some(Replicated::new(conn, n, wait))
             }
         };
-        Ok(Self {
+        let backend = Self {
             conn,
             timeout,
             replicated,
-        })
+        };
+        Ok((backend, source))
     }
 
     pub(crate) async fn attempt(
@@ -183,35 +179,43 @@ impl RedisBackend {
         items: &[(Kind, Key, Holder)],
     ) -> Result<Vec<Released>, BackendError> {
         let replies = self
-            .pipelined(items, |pipe, (kind, key, holder)| match kind {
-                Kind::Plain => {
-                    eval(pipe, &RELEASE)
-                        .arg(1)
-                        .arg(key.redis_key())
-                        .arg(holder.id())
-                        .arg(key.channel());
-                }
-                Kind::Fair => Self::push_fair_release(pipe, key, holder),
-                Kind::Read | Kind::Write => rw::push_release(pipe, *kind, key, holder),
-            })
+            .pipelined(
+                items,
+                |(_, key, _)| key.redis_key(),
+                |pipe, (kind, key, holder)| match kind {
+                    Kind::Plain => {
+                        eval(pipe, &RELEASE)
+                            .arg(1)
+                            .arg(key.redis_key())
+                            .arg(holder.id())
+                            .arg(key.channel());
+                    }
+                    Kind::Fair => Self::push_fair_release(pipe, key, holder),
+                    Kind::Read | Kind::Write => rw::push_release(pipe, *kind, key, holder),
+                },
+            )
             .await?;
         Ok(replies.into_iter().map(released).collect())
     }
 
     pub(crate) async fn renew_many(&self, renewals: &[Renewal]) -> Result<Vec<bool>, BackendError> {
         let replies = self
-            .pipelined(renewals, |pipe, r| match r.kind {
-                // A fair lock's hash has the plain shape; its queue needs no renewal.
-                Kind::Plain | Kind::Fair => {
-                    eval(pipe, &RENEW)
-                        .arg(2)
-                        .arg(r.key.redis_key())
-                        .arg(r.key.fence_key())
-                        .arg(r.holder.id())
-                        .arg(millis(r.lease));
-                }
-                Kind::Read | Kind::Write => rw::push_renew(pipe, r),
-            })
+            .pipelined(
+                renewals,
+                |r| r.key.redis_key(),
+                |pipe, r| match r.kind {
+                    // A fair lock's hash has the plain shape; its queue needs no renewal.
+                    Kind::Plain | Kind::Fair => {
+                        eval(pipe, &RENEW)
+                            .arg(2)
+                            .arg(r.key.redis_key())
+                            .arg(r.key.fence_key())
+                            .arg(r.holder.id())
+                            .arg(millis(r.lease));
+                    }
+                    Kind::Read | Kind::Write => rw::push_renew(pipe, r),
+                },
+            )
             .await?;
         Ok(replies.into_iter().map(|r| r == 1).collect())
     }
@@ -273,28 +277,51 @@ impl RedisBackend {
 
     /// Runs one script call per item (`push` adds it, see [`eval`]) pipelined in batches;
     /// loads the scripts and retries once if Redis lost them (e.g. after a restart).
+    /// `slot_key` names a key of each item: on a cluster, a pipeline may only hold
+    /// commands of one slot, so items are grouped by slot first.
     async fn pipelined<T>(
         &self,
         items: &[T],
+        slot_key: impl Fn(&T) -> &str,
         push: impl Fn(&mut redis::Pipeline, &T),
     ) -> Result<Vec<i64>, BackendError> {
-        let mut pipes = Vec::with_capacity(items.len().div_ceil(BATCH));
-        for chunk in items.chunks(BATCH) {
-            let mut pipe = redis::pipe();
-            for item in chunk {
-                push(&mut pipe, item);
-            }
-            pipes.push(pipe);
+        // Each pipeline with the positions of its items.
+        let mut pipes: Vec<(redis::Pipeline, Vec<usize>)> = Vec::new();
+        let mut open: HashMap<Option<Slot>, usize> = HashMap::new();
+        for (at, item) in items.iter().enumerate() {
+            let slot = self
+                .conn
+                .is_cluster()
+                .then(|| Slot::for_key(slot_key(item)));
+            let pipe = match open.get(&slot) {
+                Some(&p) if pipes[p].1.len() < BATCH => p,
+                _ => {
+                    pipes.push((redis::pipe(), Vec::new()));
+                    open.insert(slot, pipes.len() - 1);
+                    pipes.len() - 1
+                }
+            };
+            push(&mut pipes[pipe].0, item);
+            pipes[pipe].1.push(at);
         }
         // A few pipelines in flight keep Redis busy while replies are decoded.
-        let mut out = Vec::with_capacity(items.len());
+        let mut out = vec![0; items.len()];
         for group in pipes.chunks(PIPELINES_IN_FLIGHT) {
-            let mut replies = Vec::with_capacity(group.len());
-            for pipe in group {
-                replies.push(self.run_pipeline(pipe));
-            }
-            for reply in futures_util::future::try_join_all(replies).await? {
-                out.extend(reply);
+            let replies = futures_util::future::try_join_all(
+                group.iter().map(|(pipe, _)| self.run_pipeline(pipe)),
+            )
+            .await?;
+            for ((_, positions), reply) in group.iter().zip(replies) {
+                if reply.len() != positions.len() {
+                    return Err(BackendError::Protocol(format!(
+                        "{} replies to a pipeline of {}",
+                        reply.len(),
+                        positions.len()
+                    )));
+                }
+                for (&at, value) in positions.iter().zip(reply) {
+                    out[at] = value;
+                }
             }
         }
         Ok(out)

@@ -5,31 +5,94 @@
 //! the order on the wire always follows the registry's latest state. When the connection
 //! drops it reconnects, resubscribes and wakes every waiter, since notices may have been
 //! missed in between.
+//!
+//! On one server (and on the primary Sentinel names, followed across failovers) it is one
+//! RESP2 pub/sub connection. On a cluster it is a RESP3 cluster connection: each
+//! `SUBSCRIBE` goes to the node that owns the channel's slot (every channel of a lock is
+//! in the lock's slot), redis-rs resubscribes when nodes reconnect or slots move, and a
+//! `PUBLISH` from any node's script reaches every node's subscribers anyway.
 
 use std::collections::HashSet;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::StreamExt;
-use tokio::sync::mpsc;
+use futures_util::{Stream, StreamExt};
+use redis::{PushInfo, PushKind, RedisResult, Value};
+use tokio::sync::{mpsc, watch};
 
+use crate::redis::conn::cluster_builder;
+use crate::redis::sentinel::Followed;
 use crate::waiters::Waiters;
 
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
+/// Where the pub/sub connection goes.
+pub(crate) enum Source {
+    Server(redis::Client),
+    /// The primary of this command connection, reconnected when it switches.
+    Sentinel(Followed),
+    Cluster(Vec<String>, Duration),
+}
+
+/// What the connection delivered.
+enum Event {
+    Notice {
+        channel: String,
+        payload: Vec<u8>,
+    },
+    /// A node connection dropped and came back: notices may have been missed.
+    Gap,
+    /// The connection is gone.
+    End,
+}
+
+/// Why serving stopped.
+enum Ended {
+    /// The connection broke (or could not be made): reconnect.
+    Lost,
+    /// The client is gone.
+    Closed,
+}
+
 pub(crate) async fn run(
-    client: redis::Client,
+    source: Source,
     waiters: Arc<Waiters>,
     mut changes: mpsc::UnboundedReceiver<Arc<str>>,
 ) {
     let mut backoff = Duration::from_millis(20);
     let mut reconnecting = false;
     loop {
-        let pubsub = match client.get_async_pubsub().await {
-            Ok(pubsub) => pubsub,
-            Err(error) => {
-                tracing::debug!(%error, "pub/sub connection failed; retrying");
-                // Drain changes meanwhile so the channel does not grow while Redis is down.
+        let mut session = Session {
+            waiters: &waiters,
+            changes: &mut changes,
+            subscribed: HashSet::new(),
+            reconnecting,
+            served: false,
+        };
+        let ended = match &source {
+            Source::Server(client) => match client.get_async_pubsub().await {
+                Ok(pubsub) => session.serve_pubsub(pubsub, None).await,
+                Err(error) => session.failed(error),
+            },
+            Source::Sentinel(followed) => {
+                let switches = followed.switches();
+                match followed.client().get_async_pubsub().await {
+                    Ok(pubsub) => session.serve_pubsub(pubsub, Some(switches)).await,
+                    Err(error) => {
+                        followed.recheck();
+                        session.failed(error)
+                    }
+                }
+            }
+            Source::Cluster(nodes, timeout) => session.serve_cluster(nodes, *timeout).await,
+        };
+        let served = session.served;
+        match ended {
+            Ended::Closed => return,
+            Ended::Lost if !served => {
+                // Never got as far as subscribing: wait, draining changes meanwhile so
+                // the channel does not grow while Redis is down.
                 let sleep = tokio::time::sleep(backoff);
                 tokio::pin!(sleep);
                 loop {
@@ -39,89 +102,211 @@ pub(crate) async fn run(
                     }
                 }
                 backoff = (backoff * 2).min(MAX_BACKOFF);
-                reconnecting = true;
-                continue;
             }
-        };
-        backoff = Duration::from_millis(20);
-        let (mut sink, mut stream) = pubsub.split();
-        let mut subscribed: HashSet<Arc<str>> = HashSet::new();
-
-        let wanted = waiters.wanted();
-        if !wanted.is_empty() {
-            let names: Vec<&str> = wanted.iter().map(|n| &**n).collect();
-            if sink.subscribe(&names).await.is_err() {
-                continue;
-            }
-            for name in wanted {
-                waiters.set_ready(&name, true);
-                subscribed.insert(name);
+            Ended::Lost => {
+                backoff = Duration::from_millis(20);
+                tracing::warn!(
+                    "pub/sub connection lost; waiters fall back to lease timeouts until it is back"
+                );
             }
         }
-        if reconnecting {
-            tracing::info!("pub/sub connection re-established; waiters retry");
-            waiters.wake_all();
-        }
-
-        // Serve until the connection breaks.
-        loop {
-            tokio::select! {
-                biased;
-                msg = stream.next() => match msg {
-                    // A completed claim's outcome serves every waiter, and so does a
-                    // read-write lock open to readers; a lock serves one.
-                    Some(msg) if matches!(msg.get_payload_bytes(), b"completed" | b"read") => {
-                        waiters.notify_all(msg.get_channel_name());
-                    }
-                    Some(msg) => waiters.notify_one(msg.get_channel_name()),
-                    None => break,
-                },
-                change = changes.recv() => {
-                    let Some(first) = change else { return };
-                    let mut batch = vec![first];
-                    while let Ok(more) = changes.try_recv() {
-                        batch.push(more);
-                    }
-                    if sync(&mut sink, &waiters, &mut subscribed, batch).await.is_err() {
-                        break;
-                    }
-                }
-            }
-        }
-        tracing::warn!(
-            "pub/sub connection lost; waiters fall back to lease timeouts until it is back"
-        );
         waiters.set_all_unready();
         reconnecting = true;
     }
 }
 
-/// Brings the connection's subscriptions in line with the registry for `names`.
-async fn sync(
-    sink: &mut redis::aio::PubSubSink,
-    waiters: &Waiters,
-    subscribed: &mut HashSet<Arc<str>>,
-    mut names: Vec<Arc<str>>,
-) -> redis::RedisResult<()> {
-    names.sort_unstable();
-    names.dedup();
-    let (want, drop): (Vec<_>, Vec<_>) = names.into_iter().partition(|n| waiters.is_wanted(n));
-    let to_subscribe: Vec<&str> = want
-        .iter()
-        .filter(|n| !subscribed.contains(*n))
-        .map(|n| &**n)
-        .collect();
-    if !to_subscribe.is_empty() {
-        sink.subscribe(&to_subscribe).await?;
+/// One connection's life: subscribe to what is wanted, then follow the registry.
+struct Session<'a> {
+    waiters: &'a Waiters,
+    changes: &'a mut mpsc::UnboundedReceiver<Arc<str>>,
+    subscribed: HashSet<Arc<str>>,
+    /// Whether this is a reconnection: waiters are woken once subscribed.
+    reconnecting: bool,
+    /// Whether the connection got as far as subscribing (if not, back off before retrying).
+    served: bool,
+}
+
+impl Session<'_> {
+    fn failed(&mut self, error: redis::RedisError) -> Ended {
+        tracing::debug!(%error, "pub/sub connection failed; retrying");
+        Ended::Lost
     }
-    for name in want {
-        waiters.set_ready(&name, true);
-        subscribed.insert(name);
+
+    async fn serve_pubsub(
+        &mut self,
+        pubsub: redis::aio::PubSub,
+        mut switches: Option<watch::Receiver<u64>>,
+    ) -> Ended {
+        let (mut sink, stream) = pubsub.split();
+        let events = stream
+            .map(|msg| Event::Notice {
+                channel: msg.get_channel_name().to_owned(),
+                payload: msg.get_payload_bytes().to_vec(),
+            })
+            .chain(futures_util::stream::once(async { Event::End }));
+        // A new primary: this connection is on the old one.
+        let switched = async move {
+            match switches.as_mut() {
+                Some(switches) => {
+                    let _ = switches.changed().await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        self.serve(&mut sink, events, switched).await
     }
-    let to_unsubscribe: Vec<_> = drop.into_iter().filter(|n| subscribed.remove(n)).collect();
-    if !to_unsubscribe.is_empty() {
-        let names: Vec<&str> = to_unsubscribe.iter().map(|n| &**n).collect();
-        sink.unsubscribe(&names).await?;
+
+    async fn serve_cluster(&mut self, nodes: &[String], timeout: Duration) -> Ended {
+        let (tx, rx) = mpsc::unbounded_channel::<PushInfo>();
+        let client = match cluster_builder(nodes, timeout)
+            .use_protocol(redis::ProtocolVersion::RESP3)
+            .push_sender(tx)
+            .build()
+        {
+            Ok(client) => client,
+            Err(error) => return self.failed(error),
+        };
+        let mut conn = match client.get_async_connection().await {
+            Ok(conn) => conn,
+            Err(error) => return self.failed(error),
+        };
+        let events = tokio_stream(rx).filter_map(|push| async move { cluster_event(push) });
+        self.serve(&mut conn, events, std::future::pending()).await
     }
-    Ok(())
+
+    async fn serve<S: Subscriber>(
+        &mut self,
+        sub: &mut S,
+        events: impl Stream<Item = Event>,
+        switched: impl Future<Output = ()>,
+    ) -> Ended {
+        let wanted = self.waiters.wanted();
+        if !wanted.is_empty() {
+            let names: Vec<&str> = wanted.iter().map(|n| &**n).collect();
+            if sub.subscribe(&names).await.is_err() {
+                return Ended::Lost;
+            }
+            for name in wanted {
+                self.waiters.set_ready(&name, true);
+                self.subscribed.insert(name);
+            }
+        }
+        if self.reconnecting {
+            tracing::info!("pub/sub connection re-established; waiters retry");
+            self.waiters.wake_all();
+        }
+        self.served = true;
+
+        tokio::pin!(events, switched);
+        loop {
+            tokio::select! {
+                biased;
+                event = events.next() => match event {
+                    // A completed claim's outcome serves every waiter, and so does a
+                    // read-write lock open to readers; a lock serves one.
+                    Some(Event::Notice { channel, payload }) if matches!(&payload[..], b"completed" | b"read") => {
+                        self.waiters.notify_all(&channel);
+                    }
+                    Some(Event::Notice { channel, .. }) => self.waiters.notify_one(&channel),
+                    Some(Event::Gap) => {
+                        tracing::info!("a pub/sub node connection came back; waiters retry");
+                        self.waiters.wake_all();
+                    }
+                    Some(Event::End) | None => return Ended::Lost,
+                },
+                () = &mut switched => {
+                    tracing::info!("following the new primary's release notices");
+                    return Ended::Lost;
+                }
+                change = self.changes.recv() => {
+                    let Some(first) = change else { return Ended::Closed };
+                    let mut batch = vec![first];
+                    while let Ok(more) = self.changes.try_recv() {
+                        batch.push(more);
+                    }
+                    if self.sync(sub, batch).await.is_err() {
+                        return Ended::Lost;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Brings the connection's subscriptions in line with the registry for `names`.
+    async fn sync<S: Subscriber>(
+        &mut self,
+        sub: &mut S,
+        mut names: Vec<Arc<str>>,
+    ) -> RedisResult<()> {
+        names.sort_unstable();
+        names.dedup();
+        let (want, drop): (Vec<_>, Vec<_>) =
+            names.into_iter().partition(|n| self.waiters.is_wanted(n));
+        let to_subscribe: Vec<&str> = want
+            .iter()
+            .filter(|n| !self.subscribed.contains(*n))
+            .map(|n| &**n)
+            .collect();
+        if !to_subscribe.is_empty() {
+            sub.subscribe(&to_subscribe).await?;
+        }
+        for name in want {
+            self.waiters.set_ready(&name, true);
+            self.subscribed.insert(name);
+        }
+        let to_unsubscribe: Vec<_> = drop
+            .into_iter()
+            .filter(|n| self.subscribed.remove(n))
+            .collect();
+        if !to_unsubscribe.is_empty() {
+            let names: Vec<&str> = to_unsubscribe.iter().map(|n| &**n).collect();
+            sub.unsubscribe(&names).await?;
+        }
+        Ok(())
+    }
+}
+
+/// The two ways of subscribing: a pub/sub connection's sink, a RESP3 cluster connection.
+trait Subscriber {
+    fn subscribe(&mut self, names: &[&str]) -> impl Future<Output = RedisResult<()>> + Send;
+    fn unsubscribe(&mut self, names: &[&str]) -> impl Future<Output = RedisResult<()>> + Send;
+}
+
+impl Subscriber for redis::aio::PubSubSink {
+    fn subscribe(&mut self, names: &[&str]) -> impl Future<Output = RedisResult<()>> + Send {
+        redis::aio::PubSubSink::subscribe(self, names.to_vec())
+    }
+    fn unsubscribe(&mut self, names: &[&str]) -> impl Future<Output = RedisResult<()>> + Send {
+        redis::aio::PubSubSink::unsubscribe(self, names.to_vec())
+    }
+}
+
+impl Subscriber for redis::cluster_async::ClusterConnection {
+    fn subscribe(&mut self, names: &[&str]) -> impl Future<Output = RedisResult<()>> + Send {
+        let names = names.to_vec();
+        async move { redis::cluster_async::ClusterConnection::subscribe(self, names).await }
+    }
+    fn unsubscribe(&mut self, names: &[&str]) -> impl Future<Output = RedisResult<()>> + Send {
+        let names = names.to_vec();
+        async move { redis::cluster_async::ClusterConnection::unsubscribe(self, names).await }
+    }
+}
+
+/// A release notice or a reconnection among a cluster connection's pushes.
+fn cluster_event(push: PushInfo) -> Option<Event> {
+    match push.kind {
+        PushKind::Message => match <[Value; 2]>::try_from(push.data) {
+            Ok([Value::BulkString(channel), Value::BulkString(payload)]) => Some(Event::Notice {
+                channel: String::from_utf8(channel).ok()?,
+                payload,
+            }),
+            _ => None,
+        },
+        PushKind::Disconnection => Some(Event::Gap),
+        _ => None,
+    }
+}
+
+fn tokio_stream<T>(mut rx: mpsc::UnboundedReceiver<T>) -> impl Stream<Item = T> {
+    futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }

@@ -9,12 +9,12 @@
 
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
 use redis::{Cmd, RedisResult, Script, Value};
 
 use crate::backend::Kind;
 use crate::holder::Holder;
 use crate::key::Key;
+use crate::redis::conn::Conn;
 use crate::redis::{millis, RedisBackend};
 
 /// The synthetic acquire state of a lock taken but not acknowledged by enough replicas
@@ -23,13 +23,13 @@ pub(crate) const NOT_REPLICATED: i64 = 4;
 
 #[derive(Clone)]
 pub(crate) struct Replicated {
-    conn: ConnectionManager,
+    conn: Conn,
     replicas: u32,
     timeout: Duration,
 }
 
 impl Replicated {
-    pub(crate) fn new(conn: ConnectionManager, replicas: u32, timeout: Duration) -> Self {
+    pub(crate) fn new(conn: Conn, replicas: u32, timeout: Duration) -> Self {
         Self {
             conn,
             replicas,

@@ -1,0 +1,155 @@
+//! Where a client's commands go: one server, a Redis Cluster, or the primary Sentinel
+//! names. [`Deployment`] says which and connects; [`Conn`] is the connection every
+//! script and pipeline of the backend is sent over, whatever the deployment.
+
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, Value};
+
+use crate::error::BackendError;
+use crate::redis::bounded;
+use crate::redis::pubsub::Source;
+use crate::redis::sentinel::Followed;
+
+/// How to reach Redis, as given to the client builder.
+#[derive(Clone)]
+pub(crate) enum Deployment {
+    /// One server.
+    Server(redis::Client),
+    /// A Redis Cluster, found through any of these nodes.
+    Cluster(Vec<String>),
+    /// The primary the sentinels name for `service`, followed across failovers.
+    Sentinel {
+        sentinels: Vec<String>,
+        service: String,
+    },
+}
+
+impl Deployment {
+    /// Checks the addresses without connecting.
+    pub(crate) fn check(&self) -> Result<(), BackendError> {
+        match self {
+            Deployment::Server(_) => Ok(()),
+            Deployment::Cluster(nodes) => {
+                ClusterClient::new(nodes.iter().map(String::as_str))?;
+                Ok(())
+            }
+            Deployment::Sentinel { sentinels, service } => {
+                sentinel_client(sentinels, service)?;
+                Ok(())
+            }
+        }
+    }
+
+    /// A new command connection, and where its client's pub/sub connection goes; fails
+    /// if Redis cannot be reached within `timeout`. `response` bounds each reply (longer
+    /// than `timeout` for a connection that `WAIT`s).
+    pub(crate) async fn connect(
+        &self,
+        timeout: Duration,
+        response: Duration,
+    ) -> Result<(Conn, Source), BackendError> {
+        match self {
+            Deployment::Server(client) => {
+                let conn =
+                    client.get_connection_manager_with_config(manager_config(timeout, response));
+                let conn = Conn::Server(bounded(timeout, conn).await?);
+                Ok((conn, Source::Server(client.clone())))
+            }
+            Deployment::Cluster(nodes) => {
+                let client = cluster_builder(nodes, timeout)
+                    .response_timeout(response)
+                    .build()?;
+                let conn = Conn::Cluster(bounded(timeout, client.get_async_connection()).await?);
+                Ok((conn, Source::Cluster(nodes.clone(), timeout)))
+            }
+            Deployment::Sentinel { sentinels, service } => {
+                let sentinel = sentinel_client(sentinels, service)?;
+                let config = manager_config(timeout, response);
+                let followed = Followed::connect(sentinel, config, timeout).await?;
+                Ok((Conn::Sentinel(followed.clone()), Source::Sentinel(followed)))
+            }
+        }
+    }
+}
+
+pub(crate) fn manager_config(timeout: Duration, response: Duration) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_response_timeout(Some(response))
+        .set_connection_timeout(Some(timeout))
+        .set_number_of_retries(2)
+        .set_max_delay(Duration::from_millis(500))
+}
+
+pub(crate) fn cluster_builder(nodes: &[String], timeout: Duration) -> ClusterClientBuilder {
+    ClusterClientBuilder::new(nodes.iter().map(String::as_str))
+        .connection_timeout(timeout)
+        .retries(3)
+        .max_retry_wait(200)
+}
+
+fn sentinel_client(
+    sentinels: &[String],
+    service: &str,
+) -> Result<redis::sentinel::SentinelClient, BackendError> {
+    Ok(redis::sentinel::SentinelClient::build(
+        sentinels.iter().map(String::as_str).collect(),
+        service.to_owned(),
+        None,
+        redis::sentinel::SentinelServerType::Master,
+    )?)
+}
+
+/// The connection a backend sends its commands on; cheap to clone (all clones share the
+/// underlying connections).
+#[derive(Clone)]
+pub(crate) enum Conn {
+    /// One auto-reconnecting multiplexed connection.
+    Server(ConnectionManager),
+    /// A multiplexed connection per node: a command goes to the owner of its first key's
+    /// slot and follows `MOVED`/`ASK` when slots move.
+    Cluster(ClusterConnection),
+    /// A connection to the current primary, replaced when Sentinel names another.
+    Sentinel(Followed),
+}
+
+impl Conn {
+    /// Whether one pipeline or script may only touch keys of one slot.
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self, Conn::Cluster(_))
+    }
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Server(conn) => conn.req_packed_command(cmd),
+            Conn::Cluster(conn) => conn.req_packed_command(cmd),
+            Conn::Sentinel(followed) => followed.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Server(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Conn::Sentinel(followed) => followed.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Server(conn) => conn.get_db(),
+            Conn::Cluster(conn) => conn.get_db(),
+            Conn::Sentinel(_) => 0,
+        }
+    }
+}
