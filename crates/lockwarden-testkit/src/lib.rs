@@ -11,6 +11,12 @@
 //!   restarted on the same port to simulate outages, and
 //! * is killed, reaped and cleaned up when dropped.
 //!
+//! Built from such servers:
+//!
+//! * [`RedisCluster`] forms a master-only Redis Cluster (slots split evenly,
+//!   converged before it is returned) and can move a slot, keys included,
+//!   from one node to another while the cluster is live.
+//!
 //! The binary is `$REDIS_SERVER` if that is set, otherwise `redis-server` on
 //! `PATH`; [`redis_server_available`] reports whether one can be found.
 //!
@@ -28,8 +34,10 @@
 
 #![warn(missing_docs)]
 
+mod cluster;
 mod server;
 
+pub use cluster::RedisCluster;
 pub use server::{redis_server_available, RedisServer};
 
 #[cfg(test)]

@@ -73,6 +73,9 @@ pub struct RedisServer {
     binary: PathBuf,
     /// Caller-supplied extra arguments, re-used by [`RedisServer::restart`].
     extra_args: Vec<OsString>,
+    /// Config file passed as the first argument (inside `dir`), if any;
+    /// re-used by [`RedisServer::restart`].
+    config_file: Option<PathBuf>,
 }
 
 /// Why a single spawn attempt failed.
@@ -122,16 +125,42 @@ impl RedisServer {
     /// Same as [`RedisServer::start`]; an argument redis rejects yields an
     /// error quoting the server log.
     pub fn start_with(args: &[&str]) -> io::Result<RedisServer> {
+        Self::start_inner(None, args)
+    }
+
+    /// Shared body of the constructors: temp dir, optional config file, then
+    /// spawn attempts on fresh ports.
+    fn start_inner(config: Option<(&str, &str)>, args: &[&str]) -> io::Result<RedisServer> {
         let binary = find_redis_server()?;
         let dir = tempfile::Builder::new()
             .prefix("lockwarden-redis-")
             .tempdir()?;
         let extra_args: Vec<OsString> = args.iter().map(OsString::from).collect();
+        let config_file = match config {
+            Some((name, contents)) => {
+                let path = dir.path().join(name);
+                fs::write(&path, contents).map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!("could not write config file {}: {e}", path.display()),
+                    )
+                })?;
+                Some(path)
+            }
+            None => None,
+        };
 
         let mut last_err = None;
         for _ in 0..START_ATTEMPTS {
             let port = free_port()?;
-            match spawn_ready(&binary, dir.path(), port, &extra_args) {
+            let spawn = Spawn {
+                binary: &binary,
+                dir: dir.path(),
+                port,
+                config_file: config_file.as_deref(),
+                extra_args: &extra_args,
+            };
+            match spawn_ready(&spawn) {
                 Ok(child) => {
                     return Ok(RedisServer {
                         child: Some(child),
@@ -139,6 +168,7 @@ impl RedisServer {
                         dir,
                         binary,
                         extra_args,
+                        config_file,
                     });
                 }
                 Err(SpawnError::Retryable(e)) => last_err = Some(e),
@@ -197,12 +227,25 @@ impl RedisServer {
     ///
     /// As for [`RedisServer::cmd`], plus reply conversion errors.
     pub fn query<T: redis::FromRedisValue>(&self, args: &[&str]) -> redis::RedisResult<T> {
+        self.query_within(CONNECT_TIMEOUT, CMD_TIMEOUT, args)
+    }
+
+    /// [`RedisServer::query`] with explicit connect and read/write timeouts,
+    /// for helpers that poll several servers and must not wait 10 s on a
+    /// paused one.
+    pub(crate) fn query_within<T: redis::FromRedisValue>(
+        &self,
+        connect_timeout: Duration,
+        io_timeout: Duration,
+        args: &[&str],
+    ) -> redis::RedisResult<T> {
         let (name, rest) = args
             .split_first()
             .ok_or_else(|| redis::RedisError::from((redis::ErrorKind::Client, "empty command")))?;
-        let mut con = self.connection()?;
-        con.set_read_timeout(Some(CMD_TIMEOUT))?;
-        con.set_write_timeout(Some(CMD_TIMEOUT))?;
+        let mut con =
+            redis::Client::open(self.url())?.get_connection_with_timeout(connect_timeout)?;
+        con.set_read_timeout(Some(io_timeout))?;
+        con.set_write_timeout(Some(io_timeout))?;
         let mut cmd = redis::cmd(name);
         for arg in rest {
             cmd.arg(*arg);
@@ -256,7 +299,14 @@ impl RedisServer {
             if attempt > 0 {
                 thread::sleep(Duration::from_millis(50 * u64::from(attempt)));
             }
-            match spawn_ready(&self.binary, self.dir.path(), self.port, &self.extra_args) {
+            let spawn = Spawn {
+                binary: &self.binary,
+                dir: self.dir.path(),
+                port: self.port,
+                config_file: self.config_file.as_deref(),
+                extra_args: &self.extra_args,
+            };
+            match spawn_ready(&spawn) {
                 Ok(child) => {
                     self.child = Some(child);
                     return Ok(());
@@ -290,6 +340,12 @@ impl RedisServer {
                 false
             }
         }
+    }
+
+    /// The last lines of the server's log (stdout and stderr), for error
+    /// messages.
+    pub(crate) fn log_tail(&self) -> String {
+        log_tail(&self.dir.path().join(LOG_FILE))
     }
 
     /// Sends `sig` to the (unreaped, hence not reusable) child pid, if any.
@@ -366,24 +422,45 @@ fn is_executable(path: &Path) -> bool {
 /// Asks the kernel for a currently free loopback port. The listener is
 /// dropped before returning, so the port can (rarely) be taken by someone
 /// else before redis binds it; callers retry in that case.
-fn free_port() -> io::Result<u16> {
+pub(crate) fn free_port() -> io::Result<u16> {
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
     Ok(listener.local_addr()?.port())
 }
 
-/// Spawns redis-server on `port` and waits until it answers `PING` and is
-/// verified to be *our* process (not another server that won a port race).
-fn spawn_ready(
-    binary: &Path,
-    dir: &Path,
+/// Everything needed to spawn one redis-server process.
+struct Spawn<'a> {
+    /// The `redis-server` binary.
+    binary: &'a Path,
+    /// Working directory (`--dir`), also holding the log.
+    dir: &'a Path,
+    /// Loopback port to listen on.
     port: u16,
-    extra_args: &[OsString],
-) -> Result<Child, SpawnError> {
+    /// Config file passed as the first argument, if any.
+    config_file: Option<&'a Path>,
+    /// Arguments appended after the built-in ones.
+    extra_args: &'a [OsString],
+}
+
+/// Spawns redis-server as described by `spawn` and waits until it answers
+/// `PING` and is verified to be *our* process (not another server that won a
+/// port race).
+fn spawn_ready(spawn: &Spawn<'_>) -> Result<Child, SpawnError> {
+    let Spawn {
+        binary,
+        dir,
+        port,
+        config_file,
+        extra_args,
+    } = *spawn;
     let log_path = dir.join(LOG_FILE);
     let log = File::create(&log_path)?;
     let log_err = log.try_clone()?;
 
-    let mut child = Command::new(binary)
+    let mut command = Command::new(binary);
+    if let Some(config_file) = config_file {
+        command.arg(config_file);
+    }
+    let mut child = command
         .arg("--bind")
         .arg("127.0.0.1")
         .arg("--port")

@@ -1,0 +1,677 @@
+//! The [`RedisCluster`] handle: a Redis Cluster of master-only
+//! [`RedisServer`]s on loopback, its formation (slot assignment, `MEET`,
+//! convergence) and live resharding of single slots.
+
+use std::io;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::server::{free_port, RedisServer};
+
+/// Number of hash slots in a Redis Cluster.
+const SLOTS: usize = 16384;
+
+/// Node timeout (`--cluster-node-timeout`, ms): small, so failures are
+/// noticed quickly in tests.
+const NODE_TIMEOUT_MS: &str = "1000";
+
+/// Name of each node's cluster state file, relative to its own `--dir`.
+const NODES_CONF: &str = "nodes.conf";
+
+/// How long [`RedisCluster::start`] waits for the slot map to converge.
+const FORM_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// How long [`RedisCluster::move_slot`] waits for every node to agree.
+const MOVE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Delay between two convergence probes.
+const POLL_INTERVAL: Duration = Duration::from_millis(50);
+
+/// Connect timeout of the helper connections (short, so that a paused node
+/// is skipped quickly when any node will do).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Read/write timeout of the helper connections.
+const IO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How many fresh cluster-bus ports are tried per node.
+const BUS_PORT_ATTEMPTS: u32 = 3;
+
+/// Keys moved per `MIGRATE` in [`RedisCluster::move_slot`].
+const MIGRATE_BATCH: &str = "100";
+
+/// `MIGRATE` timeout in milliseconds.
+const MIGRATE_TIMEOUT_MS: &str = "5000";
+
+/// A throw-away Redis Cluster: `masters` master-only nodes, each a
+/// [`RedisServer`] on its own free loopback port (and its own free
+/// cluster-bus port), with the 16384 slots split into contiguous ranges.
+///
+/// Each node keeps its `nodes.conf` in its own temp dir, so
+/// [`RedisServer::restart`] on one of [`RedisCluster::nodes_mut`] brings it
+/// back with the same node id, bus port and slots (but no data). Dropping the
+/// cluster kills every node.
+///
+/// ```no_run
+/// let cluster = lockwarden_testkit::RedisCluster::start(3)?;
+/// let owner = cluster.owner("some-key")?;
+/// let _: () = cluster.nodes()[owner]
+///     .query(&["SET", "some-key", "v"])
+///     .map_err(std::io::Error::other)?;
+/// # Ok::<(), std::io::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct RedisCluster {
+    /// The nodes; index `i` was given the `i`-th slot range.
+    nodes: Vec<RedisServer>,
+    /// Cluster node id (`CLUSTER MYID`) of each node, by index.
+    ids: Vec<String>,
+}
+
+/// One entry of `CLUSTER SLOTS`: a slot range and its master's port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SlotRange {
+    /// First slot of the range.
+    start: u16,
+    /// Last slot of the range (inclusive).
+    end: u16,
+    /// Port of the master serving the range.
+    port: u16,
+}
+
+impl RedisCluster {
+    /// Starts a cluster of `masters` nodes (no replicas) and waits until it
+    /// has formed.
+    ///
+    /// Each node runs with `--cluster-enabled yes --cluster-config-file
+    /// nodes.conf --cluster-node-timeout 1000` and an explicit, freshly picked
+    /// `--cluster-port` (the default bus port, port + 10000, may be out of
+    /// range or taken). Node `i` gets the `i`-th of `masters` contiguous,
+    /// near-equal slot ranges (node 0 starts at slot 0), the nodes are
+    /// introduced with `CLUSTER MEET`, and this returns only once every node
+    /// reports `cluster_state:ok` and the full expected slot map in
+    /// `CLUSTER SLOTS` (waiting up to 20 s).
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` unless `1 <= masters <= 16384`; any error starting a
+    /// node (see [`RedisServer::start`]); a failing cluster command; or
+    /// `TimedOut` if the cluster does not converge, quoting the last state
+    /// seen and the node logs.
+    pub fn start(masters: usize) -> io::Result<RedisCluster> {
+        if masters == 0 || masters > SLOTS {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("a cluster needs between 1 and {SLOTS} masters, not {masters}"),
+            ));
+        }
+        let mut nodes = Vec::with_capacity(masters);
+        let mut bus_ports = Vec::with_capacity(masters);
+        for _ in 0..masters {
+            let (node, bus_port) = start_node()?;
+            nodes.push(node);
+            bus_ports.push(bus_port);
+        }
+
+        let mut ids = Vec::with_capacity(masters);
+        for (i, node) in nodes.iter().enumerate() {
+            ids.push(run::<String>(node, &["CLUSTER", "MYID"])?);
+            // Distinct config epochs up front (as redis-cli does) spare the
+            // nodes the epoch-collision dance once they meet.
+            let epoch = (i + 1).to_string();
+            run::<()>(node, &["CLUSTER", "SET-CONFIG-EPOCH", &epoch])?;
+            let (first, last) = slot_range(i, masters);
+            run::<()>(
+                node,
+                &[
+                    "CLUSTER",
+                    "ADDSLOTSRANGE",
+                    &first.to_string(),
+                    &last.to_string(),
+                ],
+            )?;
+        }
+        for (node, bus_port) in nodes.iter().zip(&bus_ports).skip(1) {
+            run::<()>(
+                &nodes[0],
+                &[
+                    "CLUSTER",
+                    "MEET",
+                    "127.0.0.1",
+                    &node.port().to_string(),
+                    &bus_port.to_string(),
+                ],
+            )?;
+        }
+
+        let cluster = RedisCluster { nodes, ids };
+        let expected: Vec<SlotRange> = (0..masters)
+            .map(|i| {
+                let (start, end) = slot_range(i, masters);
+                SlotRange {
+                    start,
+                    end,
+                    port: cluster.nodes[i].port(),
+                }
+            })
+            .collect();
+        cluster.wait_until("form", FORM_TIMEOUT, |node| {
+            let info: String = run(node, &["CLUSTER", "INFO"])?;
+            if !info.lines().any(|l| l.trim() == "cluster_state:ok") {
+                return Ok(Some(format!(
+                    "127.0.0.1:{} is not ok:\n{}",
+                    node.port(),
+                    info.trim()
+                )));
+            }
+            let mut slots = cluster_slots(node)?;
+            slots.sort_by_key(|r| r.start);
+            Ok((slots != expected).then(|| {
+                format!(
+                    "127.0.0.1:{} sees slots {slots:?}, expected {expected:?}",
+                    node.port()
+                )
+            }))
+        })?;
+        Ok(cluster)
+    }
+
+    /// The nodes' connection URLs, `redis://127.0.0.1:PORT/`, by index.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// The nodes, by index (node `i` started with the `i`-th slot range).
+    pub fn nodes(&self) -> &[RedisServer] {
+        &self.nodes
+    }
+
+    /// The nodes, mutably, e.g. to [kill](RedisServer::kill) or
+    /// [restart](RedisServer::restart) one.
+    pub fn nodes_mut(&mut self) -> &mut [RedisServer] {
+        &mut self.nodes
+    }
+
+    /// The hash slot of `key`, as computed by a live node
+    /// (`CLUSTER KEYSLOT`).
+    ///
+    /// # Errors
+    ///
+    /// Fails if no node answers.
+    pub fn slot(&self, key: &str) -> io::Result<u16> {
+        self.any_node(|node| run(node, &["CLUSTER", "KEYSLOT", key]))
+    }
+
+    /// Index (into [`RedisCluster::nodes`]) of the node that currently owns
+    /// `key`'s slot, according to a live node's `CLUSTER SLOTS` (so it
+    /// reflects [`RedisCluster::move_slot`]).
+    ///
+    /// # Errors
+    ///
+    /// Fails if no node answers, or if the slot is unassigned or owned by a
+    /// node outside this cluster.
+    pub fn owner(&self, key: &str) -> io::Result<usize> {
+        let slot = self.slot(key)?;
+        self.any_node(|node| self.owner_seen_by(node, slot))
+    }
+
+    /// Moves `slot` (and every key in it) to node `to`, live: the target is
+    /// set `IMPORTING`, the source `MIGRATING`, the keys are `MIGRATE`d in
+    /// batches until none are left, and then every node is told
+    /// `CLUSTER SETSLOT <slot> NODE <target>` (target first, then source, as
+    /// the Redis docs recommend). Returns once every node's `CLUSTER SLOTS`
+    /// shows `to` as the owner (waiting up to 10 s).
+    ///
+    /// Does nothing if `to` already owns the slot.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` for a slot above 16383 or an unknown node index; any
+    /// failing command (every node must be up and answering); `TimedOut`
+    /// if the nodes do not agree in time.
+    pub fn move_slot(&self, slot: u16, to: usize) -> io::Result<()> {
+        if usize::from(slot) >= SLOTS || to >= self.nodes.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "cannot move slot {slot} to node {to}: slots are 0..{SLOTS}, nodes 0..{}",
+                    self.nodes.len()
+                ),
+            ));
+        }
+        let from = self.any_node(|node| self.owner_seen_by(node, slot))?;
+        if from == to {
+            return Ok(());
+        }
+        let (source, target) = (&self.nodes[from], &self.nodes[to]);
+        let slot_arg = slot.to_string();
+        let target_port = target.port().to_string();
+
+        run::<()>(
+            target,
+            &[
+                "CLUSTER",
+                "SETSLOT",
+                &slot_arg,
+                "IMPORTING",
+                &self.ids[from],
+            ],
+        )?;
+        run::<()>(
+            source,
+            &["CLUSTER", "SETSLOT", &slot_arg, "MIGRATING", &self.ids[to]],
+        )?;
+        loop {
+            let keys: Vec<String> = run(
+                source,
+                &["CLUSTER", "GETKEYSINSLOT", &slot_arg, MIGRATE_BATCH],
+            )?;
+            if keys.is_empty() {
+                break;
+            }
+            let mut args = vec![
+                "MIGRATE",
+                "127.0.0.1",
+                &target_port,
+                "",
+                "0",
+                MIGRATE_TIMEOUT_MS,
+                "KEYS",
+            ];
+            args.extend(keys.iter().map(String::as_str));
+            run::<redis::Value>(source, &args)?;
+        }
+
+        let order = std::iter::once(to)
+            .chain(std::iter::once(from))
+            .chain((0..self.nodes.len()).filter(|&i| i != to && i != from));
+        for i in order {
+            run::<()>(
+                &self.nodes[i],
+                &["CLUSTER", "SETSLOT", &slot_arg, "NODE", &self.ids[to]],
+            )?;
+        }
+
+        self.wait_until("move a slot", MOVE_TIMEOUT, |node| {
+            let seen = self.owner_seen_by(node, slot);
+            Ok(match seen {
+                Ok(owner) if owner == to => None,
+                Ok(owner) => Some(format!(
+                    "127.0.0.1:{} still sees slot {slot} on node {owner}",
+                    node.port()
+                )),
+                Err(e) => Some(format!("127.0.0.1:{}: {e}", node.port())),
+            })
+        })
+    }
+
+    /// The index of the node that `node`'s `CLUSTER SLOTS` names as owner
+    /// of `slot`.
+    fn owner_seen_by(&self, node: &RedisServer, slot: u16) -> io::Result<usize> {
+        let slots = cluster_slots(node)?;
+        let range = slots
+            .iter()
+            .find(|r| r.start <= slot && slot <= r.end)
+            .ok_or_else(|| {
+                io::Error::other(format!(
+                    "slot {slot} is not assigned according to 127.0.0.1:{}",
+                    node.port()
+                ))
+            })?;
+        self.index_of_port(range.port).ok_or_else(|| {
+            io::Error::other(format!(
+                "slot {slot} is owned by 127.0.0.1:{}, which is not a node of this cluster",
+                range.port
+            ))
+        })
+    }
+
+    /// Node index listening on `port`.
+    fn index_of_port(&self, port: u16) -> Option<usize> {
+        self.nodes.iter().position(|n| n.port() == port)
+    }
+
+    /// Runs `f` on the nodes that have a process, in order, and returns the
+    /// first success (so a killed or paused node is skipped).
+    fn any_node<T>(&self, f: impl Fn(&RedisServer) -> io::Result<T>) -> io::Result<T> {
+        let mut errors = Vec::new();
+        for node in self.nodes.iter().filter(|n| n.pid().is_some()) {
+            match f(node) {
+                Ok(value) => return Ok(value),
+                Err(e) => errors.push(format!("127.0.0.1:{}: {e}", node.port())),
+            }
+        }
+        if errors.is_empty() {
+            errors.push("no node is running".to_owned());
+        }
+        Err(io::Error::other(format!(
+            "no cluster node could answer: {}",
+            errors.join("; ")
+        )))
+    }
+
+    /// Polls every node with `check` (which returns `Some(reason)` while that
+    /// node is not there yet) until all pass, or fails with `TimedOut`
+    /// quoting the last reason and the node logs.
+    fn wait_until(
+        &self,
+        what: &str,
+        timeout: Duration,
+        check: impl Fn(&RedisServer) -> io::Result<Option<String>>,
+    ) -> io::Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let mut pending = None;
+            for node in &self.nodes {
+                pending = match check(node) {
+                    Ok(None) => continue,
+                    Ok(Some(reason)) => Some(reason),
+                    Err(e) => Some(format!("127.0.0.1:{}: {e}", node.port())),
+                };
+                break;
+            }
+            let Some(reason) = pending else {
+                return Ok(());
+            };
+            if Instant::now() >= deadline {
+                let logs: Vec<String> = self
+                    .nodes
+                    .iter()
+                    .map(|n| format!("--- log of 127.0.0.1:{} ---\n{}", n.port(), n.log_tail()))
+                    .collect();
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "cluster did not {what} within {timeout:?}: {reason}\n{}",
+                        logs.join("\n")
+                    ),
+                ));
+            }
+            thread::sleep(POLL_INTERVAL);
+        }
+    }
+}
+
+/// Starts one cluster-enabled node with a fresh bus port, retrying with
+/// another bus port if the chosen one was taken meanwhile.
+fn start_node() -> io::Result<(RedisServer, u16)> {
+    let mut last_err = None;
+    for _ in 0..BUS_PORT_ATTEMPTS {
+        let bus_port = free_port()?.to_string();
+        let args = [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            NODES_CONF,
+            "--cluster-node-timeout",
+            NODE_TIMEOUT_MS,
+            "--cluster-port",
+            &bus_port,
+        ];
+        match RedisServer::start_with(&args) {
+            Ok(node) => {
+                let port = bus_port.parse().map_err(io::Error::other)?;
+                return Ok((node, port));
+            }
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse => last_err = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last_err.unwrap_or_else(|| io::Error::other("no cluster node start was attempted")))
+}
+
+/// The `i`-th of `n` contiguous, near-equal slot ranges (inclusive bounds).
+fn slot_range(i: usize, n: usize) -> (u16, u16) {
+    let first = i * SLOTS / n;
+    let end = (i + 1) * SLOTS / n;
+    // Both bounds are below SLOTS (16384), so they fit in u16.
+    (first as u16, (end - 1) as u16)
+}
+
+/// Runs one command on `node` with the short helper timeouts, turning redis
+/// errors into `io::Error`s that name the node and the command.
+fn run<T: redis::FromRedisValue>(node: &RedisServer, args: &[&str]) -> io::Result<T> {
+    node.query_within(CONNECT_TIMEOUT, IO_TIMEOUT, args)
+        .map_err(|e| {
+            io::Error::other(format!(
+                "{} on 127.0.0.1:{} failed: {e}",
+                args.iter().take(2).copied().collect::<Vec<_>>().join(" "),
+                node.port()
+            ))
+        })
+}
+
+/// `node`'s `CLUSTER SLOTS`, reduced to ranges and master ports.
+fn cluster_slots(node: &RedisServer) -> io::Result<Vec<SlotRange>> {
+    let reply: redis::Value = run(node, &["CLUSTER", "SLOTS"])?;
+    parse_cluster_slots(&reply).ok_or_else(|| {
+        io::Error::other(format!(
+            "unexpected CLUSTER SLOTS reply from 127.0.0.1:{}: {reply:?}",
+            node.port()
+        ))
+    })
+}
+
+/// Parses `[[start, end, [ip, port, id, ...], replicas...], ...]`.
+fn parse_cluster_slots(reply: &redis::Value) -> Option<Vec<SlotRange>> {
+    let redis::Value::Array(entries) = reply else {
+        return None;
+    };
+    entries
+        .iter()
+        .map(|entry| {
+            let redis::Value::Array(fields) = entry else {
+                return None;
+            };
+            let int = |v: &redis::Value| match v {
+                redis::Value::Int(n) => u16::try_from(*n).ok(),
+                _ => None,
+            };
+            let redis::Value::Array(master) = fields.get(2)? else {
+                return None;
+            };
+            Some(SlotRange {
+                start: int(fields.first()?)?,
+                end: int(fields.get(1)?)?,
+                port: int(master.get(1)?)?,
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn start(masters: usize) -> RedisCluster {
+        let started = Instant::now();
+        let cluster = match RedisCluster::start(masters) {
+            Ok(cluster) => cluster,
+            Err(e) => panic!("could not start a {masters}-node cluster: {e}"),
+        };
+        eprintln!("{masters}-node cluster formed in {:?}", started.elapsed());
+        cluster
+    }
+
+    /// A key whose slot node `i` owns (found by trying `prefix-0`, ...).
+    fn key_owned_by(cluster: &RedisCluster, i: usize, prefix: &str) -> String {
+        (0..1000)
+            .map(|n| format!("{prefix}-{n}"))
+            .find(|key| cluster.owner(key).expect("owner") == i)
+            .unwrap_or_else(|| panic!("no key of node {i} among 1000 candidates"))
+    }
+
+    fn sorted_slots(node: &RedisServer) -> Vec<SlotRange> {
+        let mut slots = cluster_slots(node).expect("CLUSTER SLOTS");
+        slots.sort_by_key(|r| r.start);
+        slots
+    }
+
+    #[test]
+    fn slot_ranges_are_contiguous_and_cover_everything() {
+        assert_eq!(slot_range(0, 1), (0, 16383));
+        assert_eq!(slot_range(0, 3), (0, 5460));
+        assert_eq!(slot_range(1, 3), (5461, 10921));
+        assert_eq!(slot_range(2, 3), (10922, 16383));
+        for n in [1, 2, 3, 7, 16384] {
+            let mut next = 0;
+            for i in 0..n {
+                let (first, last) = slot_range(i, n);
+                assert_eq!(usize::from(first), next, "n={n} i={i}");
+                assert!(first <= last, "n={n} i={i}");
+                next = usize::from(last) + 1;
+            }
+            assert_eq!(next, SLOTS, "n={n}");
+        }
+    }
+
+    #[test]
+    fn bad_master_counts_are_rejected() {
+        for n in [0, SLOTS + 1] {
+            let err = RedisCluster::start(n).expect_err("must be rejected");
+            assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "{err}");
+        }
+    }
+
+    #[test]
+    fn cluster_forms_and_serves_every_node_slots() {
+        let cluster = start(3);
+        assert_eq!(cluster.nodes().len(), 3);
+        let urls = cluster.urls();
+        assert_eq!(urls.len(), 3);
+        for (url, node) in urls.iter().zip(cluster.nodes()) {
+            assert_eq!(*url, node.url());
+        }
+
+        // Every node has the same view: three ranges, each slot exactly once,
+        // node i owning the i-th range.
+        for node in cluster.nodes() {
+            let info: String = node.query(&["CLUSTER", "INFO"]).expect("INFO");
+            assert!(info.contains("cluster_state:ok"), "{info}");
+            assert!(info.contains("cluster_slots_assigned:16384"), "{info}");
+            assert!(info.contains("cluster_known_nodes:3"), "{info}");
+            let slots = sorted_slots(node);
+            assert_eq!(slots.len(), 3, "{slots:?}");
+            let mut next = 0u32;
+            for (i, range) in slots.iter().enumerate() {
+                assert_eq!(u32::from(range.start), next, "{slots:?}");
+                assert_eq!(range.port, cluster.nodes()[i].port(), "{slots:?}");
+                next = u32::from(range.end) + 1;
+            }
+            assert_eq!(next, 16384, "{slots:?}");
+        }
+
+        for (i, node) in cluster.nodes().iter().enumerate() {
+            let key = key_owned_by(&cluster, i, "form");
+            let slot = cluster.slot(&key).expect("slot");
+            let (first, last) = slot_range(i, 3);
+            assert!((first..=last).contains(&slot), "{key} in {slot}");
+
+            let value = format!("value-of-node-{i}");
+            let _: () = node.query(&["SET", &key, &value]).expect("SET");
+            let got: Option<String> = node.query(&["GET", &key]).expect("GET");
+            assert_eq!(got.as_deref(), Some(value.as_str()));
+
+            // Any other node redirects instead of serving the key.
+            let other = &cluster.nodes()[(i + 1) % 3];
+            let err = other
+                .query::<Option<String>>(&["GET", &key])
+                .expect_err("a non-owner must redirect");
+            assert_eq!(
+                err.kind(),
+                redis::ErrorKind::Server(redis::ServerErrorKind::Moved),
+                "{err:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn move_slot_moves_ownership_and_keys() {
+        let cluster = start(3);
+        let key = key_owned_by(&cluster, 0, "move");
+        let slot = cluster.slot(&key).expect("slot");
+        let _: () = cluster.nodes()[0]
+            .query(&["SET", &key, "moved-value"])
+            .expect("SET");
+        // A second key in the same slot (hash tag) to exercise the batch loop.
+        let tagged = format!("{{{key}}}-2");
+        assert_eq!(cluster.slot(&tagged).expect("slot"), slot);
+        let _: () = cluster.nodes()[0]
+            .query(&["SET", &tagged, "second"])
+            .expect("SET");
+
+        let started = Instant::now();
+        cluster.move_slot(slot, 2).expect("move_slot");
+        eprintln!("slot moved in {:?}", started.elapsed());
+
+        assert_eq!(cluster.owner(&key).expect("owner"), 2);
+        for node in cluster.nodes() {
+            let owner = cluster.owner_seen_by(node, slot).expect("owner");
+            assert_eq!(owner, 2, "as seen by {}", node.port());
+        }
+        let new_owner = &cluster.nodes()[2];
+        let got: Option<String> = new_owner.query(&["GET", &key]).expect("GET");
+        assert_eq!(got.as_deref(), Some("moved-value"));
+        let got: Option<String> = new_owner.query(&["GET", &tagged]).expect("GET");
+        assert_eq!(got.as_deref(), Some("second"));
+        let left: i64 = cluster.nodes()[0]
+            .query(&["CLUSTER", "COUNTKEYSINSLOT", &slot.to_string()])
+            .expect("COUNTKEYSINSLOT");
+        assert_eq!(left, 0);
+        let err = cluster.nodes()[0]
+            .query::<Option<String>>(&["GET", &key])
+            .expect_err("the old owner must redirect");
+        assert_eq!(
+            err.kind(),
+            redis::ErrorKind::Server(redis::ServerErrorKind::Moved),
+            "{err:?}"
+        );
+
+        // Moving to the current owner is a no-op; an empty slot moves too.
+        cluster.move_slot(slot, 2).expect("no-op move");
+        assert_eq!(cluster.owner(&key).expect("owner"), 2);
+        let empty_slot = slot_range(1, 3).0;
+        cluster.move_slot(empty_slot, 0).expect("empty move");
+        for node in cluster.nodes() {
+            assert_eq!(cluster.owner_seen_by(node, empty_slot).expect("owner"), 0);
+        }
+
+        let err = cluster.move_slot(16384, 0).expect_err("slot out of range");
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+        let err = cluster.move_slot(0, 3).expect_err("node out of range");
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+    }
+
+    #[test]
+    fn restarted_node_rejoins_with_its_slots() {
+        let mut cluster = start(3);
+        let id_before: String = cluster.nodes()[1]
+            .query(&["CLUSTER", "MYID"])
+            .expect("MYID");
+        let key = key_owned_by(&cluster, 1, "restart");
+
+        cluster.nodes_mut()[1].kill();
+        // The survivors still answer slot/owner questions.
+        assert_eq!(cluster.owner(&key).expect("owner"), 1);
+
+        cluster.nodes_mut()[1].restart().expect("restart");
+        let node = &cluster.nodes()[1];
+        let id_after: String = node.query(&["CLUSTER", "MYID"]).expect("MYID");
+        assert_eq!(id_after, id_before, "nodes.conf must survive the restart");
+
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let ok = cluster.nodes().iter().all(|n| {
+                n.query::<String>(&["CLUSTER", "INFO"])
+                    .is_ok_and(|info| info.contains("cluster_state:ok"))
+            });
+            if ok {
+                break;
+            }
+            assert!(Instant::now() < deadline, "cluster did not recover");
+            thread::sleep(POLL_INTERVAL);
+        }
+        let _: () = node.query(&["SET", &key, "again"]).expect("SET");
+        assert_eq!(cluster.owner(&key).expect("owner"), 1);
+    }
+}
