@@ -1,0 +1,302 @@
+//! Redis Cluster: every kind of lock on a real 3-master cluster started by the testkit,
+//! with locks whose keys hash to each master, a multi-lock spanning masters, bulk
+//! renewals and releases across slots, and a held lock whose slot moves to another
+//! master while a waiter waits for it.
+//!
+//! A script that touched keys of two slots would fail with CROSSSLOT, and a notice on
+//! the wrong node would leave a waiter to its (30 s) lease timeout: these tests would
+//! fail in either case.
+
+use std::time::{Duration, Instant};
+
+use lockwarden::{Claim, LockClient, LockClientBuilder, LockError};
+use lockwarden_testkit::RedisCluster;
+
+/// Long enough that a waiter served before it was served by a release notice.
+const LEASE: Duration = Duration::from_secs(30);
+/// How soon a notified waiter must have the lock (generous: a shared, loaded machine).
+const SERVED: Duration = Duration::from_secs(3);
+
+async fn client(cluster: &RedisCluster) -> LockClient {
+    client_with(cluster, |b| b).await
+}
+
+async fn client_with(
+    cluster: &RedisCluster,
+    configure: impl FnOnce(LockClientBuilder) -> LockClientBuilder,
+) -> LockClient {
+    configure(LockClient::builder().watchdog_timeout(LEASE))
+        .connect_cluster(cluster.urls())
+        .await
+        .expect("connect to the cluster")
+}
+
+/// A lock name whose keys live on master `node`, distinct per `tag`.
+fn name_on(cluster: &RedisCluster, client: &LockClient, node: usize, tag: &str) -> String {
+    (0..10_000)
+        .map(|i| format!("{tag}:{i}"))
+        .find(|name| {
+            let key = client.key(name).unwrap();
+            cluster.owner(key.redis_key()).unwrap() == node
+        })
+        .expect("some name hashes to every master")
+}
+
+/// Whether `key` exists on master `node` (asked directly, not through the cluster client;
+/// a node that does not own the key's slot answers MOVED).
+fn exists_on(cluster: &RedisCluster, node: usize, key: &str) -> bool {
+    match cluster.nodes()[node].query::<i64>(&["EXISTS", key]) {
+        Ok(n) => n == 1,
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::Moved) => false,
+        Err(e) => panic!("EXISTS {key} on master {node}: {e}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_on_each_master_excludes_and_hands_over_by_notice() {
+    let cluster = RedisCluster::start(3).unwrap();
+    let (a, b) = (client(&cluster).await, client(&cluster).await);
+    for node in 0..3 {
+        let name = name_on(&cluster, &a, node, "order");
+        let guard = a.acquire(&name).await.unwrap();
+        let key = guard.key().redis_key().to_owned();
+        assert!(
+            exists_on(&cluster, node, &key),
+            "{key} not on master {node}"
+        );
+        assert!(matches!(
+            b.try_acquire(&name, Duration::ZERO).await,
+            Err(LockError::Timeout { .. })
+        ));
+
+        let waiter = {
+            let (b, name) = (b.clone(), name.clone());
+            tokio::spawn(async move {
+                let started = Instant::now();
+                let guard = b.try_acquire(&name, Duration::from_secs(10)).await;
+                (guard, started.elapsed())
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let token = guard.fencing_token();
+        guard.release().await.unwrap();
+        let (next, waited) = waiter.await.unwrap();
+        let next = next.unwrap();
+        assert!(
+            waited < SERVED,
+            "waiter on master {node} served after {waited:?}: no notice"
+        );
+        assert!(next.fencing_token() > token);
+        next.release().await.unwrap();
+        assert!(!exists_on(&cluster, node, &key));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_read_write_and_claims_work_on_each_master() {
+    let cluster = RedisCluster::start(3).unwrap();
+    let (a, b) = (client(&cluster).await, client(&cluster).await);
+    for node in 0..3 {
+        // Fair: the queued waiter is woken when the holder releases.
+        let name = name_on(&cluster, &a, node, "fair");
+        let held = a.fair_lock(&name).acquire().await.unwrap();
+        assert!(exists_on(&cluster, node, held.key().redis_key()));
+        let waiter = {
+            let (b, name) = (b.clone(), name.clone());
+            tokio::spawn(async move {
+                let started = Instant::now();
+                let guard = b
+                    .fair_lock(&name)
+                    .try_acquire(Duration::from_secs(10))
+                    .await;
+                (guard, started.elapsed())
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(a.fair_lock(&name).queued().await.unwrap(), 1);
+        held.release().await.unwrap();
+        let (next, waited) = waiter.await.unwrap();
+        assert!(
+            waited < SERVED,
+            "fair waiter on {node} served after {waited:?}"
+        );
+        next.unwrap().release().await.unwrap();
+
+        // Read-write: two readers share, a writer waits for both.
+        let name = name_on(&cluster, &a, node, "rw");
+        let r1 = a.rw_lock(&name).read().acquire().await.unwrap();
+        let r2 = b.rw_lock(&name).read().acquire().await.unwrap();
+        assert!(exists_on(&cluster, node, r1.key().redis_key()));
+        let writer = {
+            let (b, name) = (b.clone(), name.clone());
+            tokio::spawn(async move {
+                let started = Instant::now();
+                let guard = b
+                    .rw_lock(&name)
+                    .write()
+                    .try_acquire(Duration::from_secs(10))
+                    .await;
+                (guard, started.elapsed())
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        r1.release().await.unwrap();
+        r2.release().await.unwrap();
+        let (w, waited) = writer.await.unwrap();
+        assert!(waited < SERVED, "writer on {node} served after {waited:?}");
+        w.unwrap().release().await.unwrap();
+
+        // Claims: the outcome key is in the lock's slot too.
+        let name = name_on(&cluster, &a, node, "claim");
+        let Claim::Acquired(guard) = a.lock(&name).try_claim(Duration::ZERO).await.unwrap() else {
+            panic!("a fresh claim is acquired");
+        };
+        guard
+            .complete(b"done".to_vec(), Duration::from_secs(60))
+            .await
+            .unwrap();
+        match b.lock(&name).try_claim(Duration::ZERO).await.unwrap() {
+            Claim::Completed(outcome) => assert_eq!(outcome, b"done"),
+            Claim::Acquired(_) => panic!("a completed claim was handed out again"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_lock_spans_masters_and_holds_nothing_while_it_waits() {
+    let cluster = RedisCluster::start(3).unwrap();
+    let (a, b) = (client(&cluster).await, client(&cluster).await);
+    let names: Vec<String> = (0..3).map(|n| name_on(&cluster, &a, n, "acct")).collect();
+    let keys: Vec<(usize, String)> = names
+        .iter()
+        .enumerate()
+        .map(|(n, name)| (n, a.key(name).unwrap().redis_key().to_owned()))
+        .collect();
+
+    let all = a
+        .multi_lock(names.iter().cloned())
+        .try_acquire(Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert_eq!(all.guards().len(), 3);
+    for (node, key) in &keys {
+        assert!(exists_on(&cluster, *node, key));
+    }
+    all.release().await.unwrap();
+    for (node, key) in &keys {
+        assert!(!exists_on(&cluster, *node, key));
+    }
+
+    // Master 2's lock is busy: a multi-lock over all three waits, holding none of them.
+    let busy = b.acquire(&names[2]).await.unwrap();
+    let waiter = {
+        let (a, names) = (a.clone(), names.clone());
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let all = a
+                .multi_lock(names.iter().cloned())
+                .try_acquire(Duration::from_secs(10))
+                .await;
+            (all, started.elapsed())
+        })
+    };
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        for (node, key) in &keys[..2] {
+            assert!(
+                !exists_on(&cluster, *node, key),
+                "{key} held while the set waits"
+            );
+        }
+    }
+    busy.release().await.unwrap();
+    let (all, waited) = waiter.await.unwrap();
+    assert!(waited < SERVED, "multi-lock served after {waited:?}");
+    let all = all.unwrap();
+    for (node, key) in &keys {
+        assert!(exists_on(&cluster, *node, key));
+    }
+    all.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watchdog_and_dropped_guards_cover_every_slot() {
+    let cluster = RedisCluster::start(3).unwrap();
+    let lease = Duration::from_millis(900);
+    let client = client_with(&cluster, |b| b.watchdog_timeout(lease)).await;
+    // Many slots on every master: renewals and releases are pipelined per slot.
+    let guards =
+        futures_util::future::try_join_all((0..60).map(|i| client.acquire(format!("renewed:{i}"))))
+            .await
+            .unwrap();
+    let mut on = [0; 3];
+    for guard in &guards {
+        on[cluster.owner(guard.key().redis_key()).unwrap()] += 1;
+    }
+    assert!(on.iter().all(|&n| n > 0), "locks per master: {on:?}");
+
+    tokio::time::sleep(lease * 3).await;
+    for guard in &guards {
+        assert!(!guard.is_lost(), "{} lost", guard.key());
+        let node = cluster.owner(guard.key().redis_key()).unwrap();
+        let ttl: i64 = cluster.nodes()[node]
+            .query(&["PTTL", guard.key().redis_key()])
+            .unwrap();
+        assert!(ttl > 0, "{} not renewed: PTTL {ttl}", guard.key());
+    }
+
+    let keys: Vec<String> = guards
+        .iter()
+        .map(|g| g.key().redis_key().to_owned())
+        .collect();
+    drop(guards);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    for key in &keys {
+        let node = cluster.owner(key).unwrap();
+        while exists_on(&cluster, node, key) {
+            assert!(
+                Instant::now() < deadline,
+                "dropped guard's {key} still held"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_lock_follows_its_slot_to_another_master() {
+    let cluster = RedisCluster::start(3).unwrap();
+    let lease = Duration::from_millis(900);
+    let a = client_with(&cluster, |b| b.watchdog_timeout(lease)).await;
+    let b = client(&cluster).await;
+    let name = name_on(&cluster, &a, 0, "moving");
+    let guard = a.acquire(&name).await.unwrap();
+    let key = guard.key().redis_key().to_owned();
+    let waiter = {
+        let (b, name) = (b.clone(), name.clone());
+        tokio::spawn(async move { b.try_acquire(&name, Duration::from_secs(20)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let slot = cluster.slot(&key).unwrap();
+    cluster.move_slot(slot, 1).unwrap();
+    assert_eq!(cluster.owner(&key).unwrap(), 1);
+    assert!(exists_on(&cluster, 1, &key) && !exists_on(&cluster, 0, &key));
+
+    // Renewals find the lock on its new master...
+    tokio::time::sleep(lease * 2).await;
+    assert!(!guard.is_lost(), "lock lost after its slot moved");
+    assert!(!waiter.is_finished(), "waiter got a held lock");
+    // ...and so do the release and its notice.
+    let released = Instant::now();
+    guard.release().await.unwrap();
+    let next = waiter.await.unwrap().unwrap();
+    assert!(
+        released.elapsed() < SERVED,
+        "waiter served {:?} after the release",
+        released.elapsed()
+    );
+    assert!(exists_on(&cluster, 1, &key));
+    next.release().await.unwrap();
+    assert!(!exists_on(&cluster, 1, &key));
+}
