@@ -28,7 +28,8 @@ static COMPARE_AND_DELETE: LazyLock<Script> = LazyLock::new(|| {
          return 0",
     )
 });
-static TRIVIAL: LazyLock<Script> = LazyLock::new(|| Script::new("return 1"));
+/// The cheapest script: the round-trip cost of EVALSHA itself.
+pub static TRIVIAL: LazyLock<Script> = LazyLock::new(|| Script::new("return 1"));
 static ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/acquire.lua")));
 static RELEASE: LazyLock<Script> =

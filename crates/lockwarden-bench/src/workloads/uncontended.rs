@@ -5,9 +5,11 @@
 use std::time::{Duration, Instant};
 
 use lockwarden_core::LockClient;
-use lockwarden_testkit::RedisServer;
+use lockwarden_testkit::{RedisCluster, RedisServer};
 
-use crate::baselines::{connection_manager, evalsha_pair, own_scripts_pair, BoxError, Kind};
+use crate::baselines::{
+    connection_manager, evalsha_pair, own_scripts_pair, BoxError, Kind, TRIVIAL,
+};
 use crate::stats::{Report, Row, Summary};
 use crate::workloads::{release, Ctx};
 
@@ -73,7 +75,58 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
         }
         report.push(row);
     }
-    replicated(ctx, report).await
+    replicated(ctx, report).await?;
+    clustered(ctx, report).await
+}
+
+/// The same cycle on a 3-master cluster, against two trivial scripts routed by the same
+/// keys over a raw cluster connection: what following slots costs.
+async fn clustered(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
+    let cycles = ctx.pick(1_000, 5_000);
+    let cluster = RedisCluster::start(3)?;
+    let mut raw = redis::cluster::ClusterClient::new(cluster.urls())?
+        .get_async_connection()
+        .await?;
+    let client = LockClient::builder()
+        .connect_cluster(cluster.urls())
+        .await?;
+    let (mut raw_samples, mut samples) = (Vec::with_capacity(cycles), Vec::with_capacity(cycles));
+    for i in 0..cycles + 50 {
+        // Routed like the lock's scripts: by the lock's key, so by its slot.
+        let key = client.key(&format!("w1c:{i}"))?.redis_key().to_owned();
+        let t = Instant::now();
+        let _: i64 = TRIVIAL.key(&key).invoke_async(&mut raw).await?;
+        let _: i64 = TRIVIAL.key(&key).invoke_async(&mut raw).await?;
+        let raw_took = t.elapsed();
+        let t = Instant::now();
+        let guard = client.acquire(format!("w1c:{i}")).await?;
+        guard.release().await?;
+        if i >= 50 {
+            raw_samples.push(raw_took);
+            samples.push(t.elapsed());
+        }
+    }
+    let raw = Summary::micros(&raw_samples);
+    report.push(
+        Row::new(
+            NAME,
+            "raw cluster connection",
+            "2 × EVALSHA (return 1), 3-master cluster",
+            "µs",
+        )
+        .summary(raw),
+    );
+    report.push(
+        Row::new(
+            NAME,
+            "lockwarden, connect_cluster",
+            "acquire + release, 3-master cluster",
+            "µs",
+        )
+        .summary(Summary::micros(&samples))
+        .ratio_to(raw.median, "÷ 2×EVALSHA median (cluster)"),
+    );
+    Ok(())
 }
 
 /// The cost of `wait_for_replicas(1)`: the same cycle on a primary with one replica,
