@@ -38,7 +38,7 @@ impl Deployment {
                 Ok(())
             }
             Deployment::Sentinel { sentinels, service } => {
-                sentinel_client(sentinels, service)?;
+                sentinel_client(sentinels, service.clone())?;
                 Ok(())
             }
         }
@@ -67,7 +67,7 @@ impl Deployment {
                 Ok((conn, Source::Cluster(nodes.clone(), timeout)))
             }
             Deployment::Sentinel { sentinels, service } => {
-                let sentinel = sentinel_client(sentinels, service)?;
+                let sentinel = sentinel_client(sentinels, service.clone())?;
                 let config = manager_config(timeout, response);
                 let followed = Followed::connect(sentinel, config, timeout).await?;
                 Ok((Conn::Sentinel(followed.clone()), Source::Sentinel(followed)))
@@ -91,13 +91,14 @@ pub(crate) fn cluster_builder(nodes: &[String], timeout: Duration) -> ClusterCli
         .max_retry_wait(200)
 }
 
+// `service` by value: `build` takes a `String`, or `impl AsRef<str>` with TLS enabled.
 fn sentinel_client(
     sentinels: &[String],
-    service: &str,
+    service: String,
 ) -> Result<redis::sentinel::SentinelClient, BackendError> {
     Ok(redis::sentinel::SentinelClient::build(
         sentinels.iter().map(String::as_str).collect(),
-        service.to_owned(),
+        service,
         None,
         redis::sentinel::SentinelServerType::Master,
     )?)
