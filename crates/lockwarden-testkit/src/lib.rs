@@ -16,6 +16,8 @@
 //! * [`RedisCluster`] forms a master-only Redis Cluster (slots split evenly,
 //!   converged before it is returned) and can move a slot, keys included,
 //!   from one node to another while the cluster is live.
+//! * [`RedisSentinel`] runs a primary/replica pair watched by one Sentinel
+//!   (quorum 1, 400 ms down-after) and waits for a failover.
 //!
 //! The binary is `$REDIS_SERVER` if that is set, otherwise `redis-server` on
 //! `PATH`; [`redis_server_available`] reports whether one can be found.
@@ -35,9 +37,11 @@
 #![warn(missing_docs)]
 
 mod cluster;
+mod sentinel;
 mod server;
 
 pub use cluster::RedisCluster;
+pub use sentinel::RedisSentinel;
 pub use server::{redis_server_available, RedisServer};
 
 #[cfg(test)]

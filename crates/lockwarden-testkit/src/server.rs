@@ -128,6 +128,20 @@ impl RedisServer {
         Self::start_inner(None, args)
     }
 
+    /// Like [`RedisServer::start_with`], but first writes `contents` to the
+    /// file `file_name` in the server's temp dir and passes that file as the
+    /// **first** argument (`redis-server <dir>/<file_name> --bind ... <args>`),
+    /// which is what Sentinel mode needs: `args` would then contain
+    /// `--sentinel`. The file stays writable (Sentinel rewrites it) and is
+    /// re-used as it is by [`RedisServer::restart`].
+    pub(crate) fn start_with_config_file(
+        file_name: &str,
+        contents: &str,
+        args: &[&str],
+    ) -> io::Result<RedisServer> {
+        Self::start_inner(Some((file_name, contents)), args)
+    }
+
     /// Shared body of the constructors: temp dir, optional config file, then
     /// spawn attempts on fresh ports.
     fn start_inner(config: Option<(&str, &str)>, args: &[&str]) -> io::Result<RedisServer> {
