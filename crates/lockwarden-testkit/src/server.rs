@@ -1,12 +1,14 @@
 //! The [`RedisServer`] process handle and the helpers it needs: locating the
 //! binary, picking a free loopback port, spawning, and waiting for readiness.
 
+use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -433,12 +435,38 @@ fn is_executable(path: &Path) -> bool {
     fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
-/// Asks the kernel for a currently free loopback port. The listener is
-/// dropped before returning, so the port can (rarely) be taken by someone
-/// else before redis binds it; callers retry in that case.
+/// Ports [`free_port`] has handed out in this process.
+static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+
+/// How many kernel-picked ports [`free_port`] tries before giving up.
+const FREE_PORT_ATTEMPTS: u32 = 200;
+
+/// Asks the kernel for a currently free loopback port that this process has
+/// not handed out before. The listener is dropped before returning, so the
+/// port can (rarely) be taken by someone else before redis binds it; callers
+/// retry in that case.
+///
+/// Ports are never handed out twice because something may still be talking
+/// to a dead server's port: a Sentinel keeps probing a failed primary (and
+/// turns whatever answers there into a replica of the new primary), cluster
+/// nodes keep reconnecting to a killed peer. A concurrent test that got that
+/// port from the kernel would have its server hijacked.
 pub(crate) fn free_port() -> io::Result<u16> {
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
-    Ok(listener.local_addr()?.port())
+    for _ in 0..FREE_PORT_ATTEMPTS {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+        let port = listener.local_addr()?.port();
+        let mut handed_out = HANDED_OUT.lock().unwrap_or_else(PoisonError::into_inner);
+        if handed_out.insert(port) {
+            return Ok(port);
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::AddrInUse,
+        format!(
+            "the kernel offered only loopback ports already used by this process \
+             ({FREE_PORT_ATTEMPTS} attempts)"
+        ),
+    ))
 }
 
 /// Everything needed to spawn one redis-server process.
@@ -661,6 +689,16 @@ fn attempts_exhausted(what: &str, attempts: u32, last: Option<io::Error>) -> io:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn free_port_never_repeats() {
+        let ports: Vec<u16> = (0..50).map(|_| free_port().expect("free_port")).collect();
+        let unique: BTreeSet<u16> = ports.iter().copied().collect();
+        assert_eq!(unique.len(), ports.len(), "{ports:?}");
+        assert!(ports
+            .iter()
+            .all(|p| HANDED_OUT.lock().expect("lock").contains(p)));
+    }
 
     #[test]
     fn bulk_complete_detects_full_replies() {
