@@ -1,0 +1,158 @@
+//! Redis Sentinel: a client connected through a real sentinel follows the primary across
+//! a real failover (the primary SIGKILLed, the replica promoted by the sentinel), keeps
+//! the locks the new primary received, and reports the ones it did not as lost.
+
+use std::time::{Duration, Instant};
+
+use lockwarden::{BackendError, LockClient, LockClientBuilder, LockError};
+use lockwarden_testkit::RedisSentinel;
+
+/// The longest a failover may take here: the sentinel notices after 400 ms, then elects
+/// itself and promotes the replica; a loaded machine adds its share.
+const FAILOVER: Duration = Duration::from_secs(20);
+
+async fn client_with(
+    sentinel: &RedisSentinel,
+    configure: impl FnOnce(LockClientBuilder) -> LockClientBuilder,
+) -> LockClient {
+    configure(LockClient::builder())
+        .connect_sentinel([sentinel.sentinel_url()], sentinel.service())
+        .await
+        .expect("connect through the sentinel")
+}
+
+/// Retries `name` until the client's commands reach a primary again (they fail while
+/// the old one is gone and no new one is named).
+async fn acquire_after_failover(client: &LockClient, name: &str) -> lockwarden::LockGuard {
+    let deadline = Instant::now() + FAILOVER;
+    loop {
+        match client.try_acquire(name, Duration::ZERO).await {
+            Ok(guard) => return guard,
+            Err(error) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "no primary after the failover: {error}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replicated_lock_survives_a_failover_and_the_client_follows() {
+    let mut sentinel = RedisSentinel::start().unwrap();
+    let old = sentinel.master_port().unwrap();
+    assert_eq!(old, sentinel.servers()[0].port());
+    // Renewed every 2 s: the lease outlives the failover.
+    let lease = Duration::from_secs(6);
+    let a = client_with(&sentinel, |b| {
+        b.watchdog_timeout(lease)
+            .wait_for_replicas(1, Duration::from_secs(1))
+    })
+    .await;
+    let b = client_with(&sentinel, |b| b).await;
+    let guard = a.acquire("kept").await.unwrap();
+    let key = guard.key().redis_key().to_owned();
+    // Acknowledged by the replica before acquire returned.
+    let on_replica: Option<u64> = sentinel.servers()[1]
+        .query(&["HGET", &key, guard.holder().id()])
+        .unwrap();
+    assert_eq!(on_replica, Some(1));
+    // A fixed 30 s lease and a waiter subscribed on the old primary: if it is served
+    // soon after the release below, a notice from the new primary reached it.
+    let fixed = a
+        .lock("noticed")
+        .lease(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let waiter = {
+        let b = b.clone();
+        tokio::spawn(async move { b.try_acquire("noticed", Duration::from_secs(28)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    sentinel.servers_mut()[0].kill();
+    let new = sentinel.wait_for_failover(old, FAILOVER).unwrap();
+    assert_eq!(new, sentinel.servers()[1].port());
+
+    // Both clients now talk to the new primary, where the lock is.
+    let other = acquire_after_failover(&b, "elsewhere").await;
+    other.release().await.unwrap();
+    assert!(matches!(
+        b.try_acquire("kept", Duration::ZERO).await,
+        Err(LockError::Timeout { .. })
+    ));
+    // The watchdog renews it there: past a whole lease after the kill, still held.
+    tokio::time::sleep(lease + Duration::from_millis(500)).await;
+    assert!(!guard.is_lost(), "a replicated lock was reported lost");
+    let ttl: i64 = sentinel.servers()[1].query(&["PTTL", &key]).unwrap();
+    assert!(ttl > 0, "lock not renewed on the new primary: PTTL {ttl}");
+    assert!(!waiter.is_finished(), "the waiter got a held lock");
+    let released = Instant::now();
+    fixed.release().await.unwrap();
+    let next = waiter.await.unwrap().unwrap();
+    assert!(
+        released.elapsed() < Duration::from_secs(3),
+        "waiter served {:?} after the release: no notice from the new primary",
+        released.elapsed()
+    );
+    next.release().await.unwrap();
+
+    guard.release().await.unwrap();
+    b.try_acquire("kept", Duration::ZERO)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_the_new_primary_never_got_is_reported_lost() {
+    let mut sentinel = RedisSentinel::start().unwrap();
+    let old = sentinel.master_port().unwrap();
+    let lease = Duration::from_secs(3);
+    let a = client_with(&sentinel, |b| b.watchdog_timeout(lease)).await;
+    let waiting = client_with(&sentinel, |b| {
+        b.wait_for_replicas(1, Duration::from_millis(300))
+    })
+    .await;
+    let b = client_with(&sentinel, |b| b).await;
+
+    // Cut replication, and keep the replica from coming back (it cannot authenticate),
+    // so what the primary takes now never reaches it.
+    let replica = &sentinel.servers()[1];
+    replica
+        .cmd(&["CONFIG", "SET", "masterauth", "not-the-password"])
+        .unwrap();
+    sentinel.servers()[0]
+        .cmd(&["CLIENT", "KILL", "TYPE", "replica"])
+        .unwrap();
+    let guard = a.acquire("vanishing").await.unwrap();
+    let key = guard.key().redis_key().to_owned();
+    let on_replica: i64 = replica.query(&["EXISTS", &key]).unwrap();
+    assert_eq!(on_replica, 0, "the replica got the lock after all");
+    // Waiting for a replica would have refused this acquisition rather than grant it.
+    assert!(matches!(
+        waiting.try_acquire("refused", Duration::ZERO).await,
+        Err(LockError::Backend(BackendError::NotReplicated { .. }))
+    ));
+    assert!(!guard.is_lost());
+
+    sentinel.servers_mut()[0].kill();
+    let killed = Instant::now();
+    sentinel.wait_for_failover(old, FAILOVER).unwrap();
+
+    // The holder learns that its lock is gone...
+    tokio::time::timeout(FAILOVER, guard.lost())
+        .await
+        .expect("the holder was never told its lock vanished");
+    tracing::info!(after = ?killed.elapsed(), "lost reported");
+    // ...and it is: another client takes it on the new primary.
+    let next = acquire_after_failover(&b, "vanishing").await;
+    next.release().await.unwrap();
+    // A lost guard's release says so rather than pretending.
+    assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
+}
