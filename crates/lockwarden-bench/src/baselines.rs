@@ -250,7 +250,10 @@ pub async fn evalsha_pair(conn: &mut ConnectionManager) -> Result<(), BoxError> 
 
 /// lockwarden's own acquire and release scripts on `key`, called directly: what the
 /// library would cost with no client-side work at all (the Redis side of a cycle).
-pub async fn own_scripts_pair(conn: &mut ConnectionManager, key: &str) -> Result<(), BoxError> {
+pub async fn own_scripts_pair(
+    conn: &mut impl redis::aio::ConnectionLike,
+    key: &str,
+) -> Result<(), BoxError> {
     let (lock, fence, channel) = (
         format!("raw:{{{key}}}"),
         format!("raw:{{{key}}}:fence"),

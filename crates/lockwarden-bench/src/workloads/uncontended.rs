@@ -90,7 +90,9 @@ async fn clustered(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
     let client = LockClient::builder()
         .connect_cluster(cluster.urls())
         .await?;
-    let (mut raw_samples, mut samples) = (Vec::with_capacity(cycles), Vec::with_capacity(cycles));
+    let mut raw_samples = Vec::with_capacity(cycles);
+    let mut own_samples = Vec::with_capacity(cycles);
+    let mut samples = Vec::with_capacity(cycles);
     for i in 0..cycles + 50 {
         // Routed like the lock's scripts: by the lock's key, so by its slot.
         let key = client.key(&format!("w1c:{i}"))?.redis_key().to_owned();
@@ -99,10 +101,14 @@ async fn clustered(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
         let _: i64 = TRIVIAL.key(&key).invoke_async(&mut raw).await?;
         let raw_took = t.elapsed();
         let t = Instant::now();
+        own_scripts_pair(&mut raw, &format!("w1c:{i}")).await?;
+        let own_took = t.elapsed();
+        let t = Instant::now();
         let guard = client.acquire(format!("w1c:{i}")).await?;
         guard.release().await?;
         if i >= 50 {
             raw_samples.push(raw_took);
+            own_samples.push(own_took);
             samples.push(t.elapsed());
         }
     }
@@ -115,6 +121,17 @@ async fn clustered(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
             "µs",
         )
         .summary(raw),
+    );
+    report.push(
+        Row::new(
+            NAME,
+            "raw cluster connection",
+            "lockwarden's acquire.lua + release.lua, called directly, 3-master cluster",
+            "µs",
+        )
+        .summary(Summary::micros(&own_samples))
+        .ratio_to(raw.median, "÷ 2×EVALSHA median (cluster)")
+        .note("a cluster PUBLISH is relayed to every node"),
     );
     report.push(
         Row::new(
