@@ -105,3 +105,77 @@ async fn an_unacknowledged_acquisition_is_released_and_reported() {
         .unwrap();
     guard.release().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_and_read_write_acquisitions_wait_for_the_replica_too() {
+    let (primary, replica) = primary_and_replica().await;
+    let waiting = LockClient::builder()
+        .wait_for_replicas(1, WAIT)
+        .connect(&primary.url())
+        .await
+        .unwrap();
+    let plain = LockClient::connect(&primary.url()).await.unwrap();
+
+    // Acknowledged: on the replica when acquire returns.
+    let fair = waiting.fair_lock("fair").acquire().await.unwrap();
+    let write = waiting.rw_lock("rw").write().acquire().await.unwrap();
+    for guard in [&fair, &write] {
+        let key = guard.key().redis_key().to_owned();
+        let exists: i64 = replica.query(&["EXISTS", &key]).unwrap();
+        assert_eq!(exists, 1, "{key} missing on the replica");
+    }
+    fair.release().await.unwrap();
+    write.release().await.unwrap();
+
+    // Not acknowledged: refused, and nothing left held.
+    replica.pause();
+    let refused = [
+        waiting
+            .fair_lock("fair")
+            .try_acquire(Duration::ZERO)
+            .await
+            .map(|_| ()),
+        waiting
+            .rw_lock("rw")
+            .read()
+            .try_acquire(Duration::ZERO)
+            .await
+            .map(|_| ()),
+        waiting
+            .rw_lock("rw-w")
+            .write()
+            .try_acquire(Duration::ZERO)
+            .await
+            .map(|_| ()),
+    ];
+    replica.resume();
+    for outcome in refused {
+        assert!(
+            matches!(
+                outcome,
+                Err(LockError::Backend(BackendError::NotReplicated { .. }))
+            ),
+            "expected NotReplicated, got {outcome:?}"
+        );
+    }
+    assert!(!plain.fair_lock("fair").is_locked().await.unwrap());
+    assert_eq!(plain.fair_lock("fair").queued().await.unwrap(), 0);
+    plain
+        .rw_lock("rw")
+        .write()
+        .try_acquire(Duration::ZERO)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    plain
+        .rw_lock("rw-w")
+        .read()
+        .try_acquire(Duration::ZERO)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}

@@ -373,7 +373,8 @@ impl LockClientBuilder {
     /// that acknowledged. Costs the replication delay on every acquisition, and acquisitions
     /// share one connection of their own (`WAIT` blocks the connection it is sent on, so
     /// renewals and releases do not queue behind it). Releases and renewals do not wait.
-    /// Ignored by the in-process store.
+    /// Applies to plain, fair and read-write acquisitions and claims; a
+    /// [`multi_lock`](LockClient::multi_lock) does not wait. Ignored by the in-process store.
     ///
     /// ```no_run
     /// # use lockwarden_core::LockClient;

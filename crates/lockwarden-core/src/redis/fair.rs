@@ -5,9 +5,9 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::{Script, Value};
+use redis::Script;
 
-use super::{attempted, bounded, eval, millis, released, Orphan, RedisBackend, Unclaimed};
+use super::{attempted, bounded, eval, evalsha, millis, released, Orphan, RedisBackend};
 use crate::backend::{Attempt, Kind, Outcome, Released};
 use crate::error::BackendError;
 use crate::fair::{wake_prefix, DEADLINES, QUEUE};
@@ -32,25 +32,25 @@ impl RedisBackend {
         queue_timeout: Duration,
         join: bool,
     ) -> Result<Attempt, BackendError> {
-        let mut conn = self.conn.clone();
-        let mut call = FAIR_ACQUIRE.prepare_invoke();
-        call.key(key.redis_key())
-            .key(key.fence_key())
-            .key(key.companion(QUEUE))
-            .key(key.companion(DEADLINES))
-            .arg(holder.id())
+        let keys = [
+            key.redis_key(),
+            key.fence_key(),
+            &key.companion(QUEUE),
+            &key.companion(DEADLINES),
+        ];
+        let mut call = evalsha(&FAIR_ACQUIRE, &keys);
+        call.arg(holder.id())
             .arg(millis(lease))
             .arg(millis(queue_timeout))
             .arg(wake_prefix(key))
             .arg(if join { "1" } else { "0" });
-        let reply = Box::pin(async move { call.invoke_async::<(i64, Value)>(&mut conn).await });
-        let orphan = Orphan {
-            backend: self.clone(),
-            kind: Kind::Fair,
-            key: key.clone(),
-            holder: holder.clone(),
-        };
-        let (state, value) = bounded(self.timeout, Unclaimed::new(reply, orphan)).await?;
+        let (state, value) = self
+            .acquired(
+                &FAIR_ACQUIRE,
+                call,
+                Orphan::new(self, Kind::Fair, key, holder),
+            )
+            .await?;
         match attempted("fair acquire", state, value)? {
             Attempt::Completed { .. } => Err(BackendError::Protocol(
                 "fair acquire script returned an outcome".to_owned(),

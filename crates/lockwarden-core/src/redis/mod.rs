@@ -90,41 +90,41 @@ impl RedisBackend {
         lease: Duration,
         claim: bool,
     ) -> Result<Attempt, BackendError> {
-        let mut conn = self.conn.clone();
-        let mut call = ACQUIRE.prepare_invoke();
-        call.key(key.redis_key()).key(key.fence_key());
+        let outcome_key;
+        let mut keys = vec![key.redis_key(), key.fence_key()];
         if claim {
-            call.key(key.outcome_key());
+            outcome_key = key.outcome_key();
+            keys.push(&outcome_key);
         }
+        let mut call = evalsha(&ACQUIRE, &keys);
         call.arg(holder.id()).arg(millis(lease));
+        let (state, value) = self
+            .acquired(&ACQUIRE, call, Orphan::new(self, Kind::Plain, key, holder))
+            .await?;
+        attempted("acquire", state, value)
+    }
+
+    /// Sends an acquire script's call (its `EVALSHA`, see [`evalsha`]), with `WAIT` in
+    /// the same round trip if acquisitions wait for replicas. An acquisition too few
+    /// replicas acknowledged has been released and is `NotReplicated`; one whose caller
+    /// goes away while the call is in flight is released once the reply is in.
+    pub(crate) async fn acquired(
+        &self,
+        script: &'static Script,
+        call: redis::Cmd,
+        orphan: Orphan,
+    ) -> Result<(i64, Value), BackendError> {
         let mut limit = self.timeout;
         let reply: Reply = match &self.replicated {
-            None => Box::pin(async move { call.invoke_async::<(i64, Value)>(&mut conn).await }),
+            None => {
+                let mut conn = self.conn.clone();
+                Box::pin(async move { run_script(&mut conn, script, &call).await })
+            }
             Some(replicated) => {
                 limit += replicated.timeout();
-                let (replicated, backend) = (replicated.clone(), self.clone());
-                let (key, holder) = (key.clone(), holder.clone());
-                let mut eval = redis::cmd("EVALSHA");
-                eval.arg(ACQUIRE.get_hash())
-                    .arg(if claim { 3 } else { 2 })
-                    .arg(key.redis_key())
-                    .arg(key.fence_key());
-                if claim {
-                    eval.arg(key.outcome_key());
-                }
-                eval.arg(holder.id()).arg(millis(lease));
-                Box::pin(async move {
-                    replicated
-                        .acquire(&ACQUIRE, eval, (&backend, &key, &holder))
-                        .await
-                })
+                let (replicated, undo) = (replicated.clone(), orphan.clone());
+                Box::pin(async move { replicated.acquire(script, call, undo).await })
             }
-        };
-        let orphan = Orphan {
-            backend: self.clone(),
-            kind: Kind::Plain,
-            key: key.clone(),
-            holder: holder.clone(),
         };
         let (state, value) = bounded(limit, Unclaimed::new(reply, orphan)).await?;
         if state == NOT_REPLICATED {
@@ -136,7 +136,7 @@ impl RedisBackend {
                 wanted: self.replicated.as_ref().map_or(0, Replicated::replicas),
             });
         }
-        attempted("acquire", state, value)
+        Ok((state, value))
     }
 
     pub(crate) async fn release(
@@ -371,6 +371,31 @@ pub(crate) fn pttl(ms: i64) -> Option<Duration> {
     }
 }
 
+/// An `EVALSHA` of `script` over `keys`; the caller adds the arguments.
+pub(crate) fn evalsha<K: AsRef<str>>(script: &Script, keys: &[K]) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash()).arg(keys.len());
+    for key in keys {
+        cmd.arg(key.as_ref());
+    }
+    cmd
+}
+
+/// Runs `call`, an `EVALSHA` of `script`, loading the script first if Redis lost it.
+async fn run_script<T: redis::FromRedisValue>(
+    conn: &mut Conn,
+    script: &Script,
+    call: &redis::Cmd,
+) -> RedisResult<T> {
+    match call.query_async(conn).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            script.prepare_invoke().load_async(conn).await?;
+            call.query_async(conn).await
+        }
+        other => other,
+    }
+}
+
 /// Starts an `EVALSHA` of `script` in `pipe`; the caller adds the key count, keys and args.
 pub(crate) fn eval<'p>(pipe: &'p mut redis::Pipeline, script: &Script) -> &'p mut redis::Pipeline {
     pipe.cmd("EVALSHA").arg(script.get_hash())
@@ -400,12 +425,25 @@ pub(crate) async fn bounded<T>(
 
 pub(crate) type Reply = Pin<Box<dyn Future<Output = RedisResult<(i64, Value)>> + Send>>;
 
-/// What to undo if an acquire's reply arrives after nobody waits for it any more.
+/// What to undo if an acquire's reply arrives after nobody waits for it any more (or
+/// reports a lock too few replicas acknowledged).
+#[derive(Clone)]
 pub(crate) struct Orphan {
     pub backend: RedisBackend,
     pub kind: Kind,
     pub key: Key,
     pub holder: Holder,
+}
+
+impl Orphan {
+    pub(crate) fn new(backend: &RedisBackend, kind: Kind, key: &Key, holder: &Holder) -> Self {
+        Self {
+            backend: backend.clone(),
+            kind,
+            key: key.clone(),
+            holder: holder.clone(),
+        }
+    }
 }
 
 /// An acquire call whose caller may go away (cancellation or a local timeout) while the

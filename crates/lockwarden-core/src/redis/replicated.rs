@@ -11,11 +11,8 @@ use std::time::Duration;
 
 use redis::{Cmd, RedisResult, Script, Value};
 
-use crate::backend::Kind;
-use crate::holder::Holder;
-use crate::key::Key;
 use crate::redis::conn::Conn;
-use crate::redis::{millis, RedisBackend};
+use crate::redis::{millis, Orphan};
 
 /// The synthetic acquire state of a lock taken but not acknowledged by enough replicas
 /// (and released again); its value is the number that acknowledged.
@@ -54,7 +51,7 @@ impl Replicated {
         &self,
         script: &Script,
         eval: Cmd,
-        undo: (&RedisBackend, &Key, &Holder),
+        undo: Orphan,
     ) -> RedisResult<(i64, Value)> {
         let mut conn = self.conn.clone();
         let mut pipe = redis::pipe();
@@ -70,8 +67,13 @@ impl Replicated {
             other => other?,
         };
         if matches!(state, 1 | 2) && acked < i64::from(self.replicas) {
-            let (backend, key, holder) = undo;
-            if let Err(error) = backend.release(Kind::Plain, key, holder, None).await {
+            let Orphan {
+                backend,
+                kind,
+                key,
+                holder,
+            } = undo;
+            if let Err(error) = backend.release(kind, &key, &holder, None).await {
                 tracing::warn!(%key, %error, "could not release a lock that was not replicated; it expires with its lease");
             }
             return Ok((NOT_REPLICATED, Value::Int(acked)));

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use redis::{Script, ScriptInvocation, Value};
 
-use super::{bounded, eval, millis, released, Orphan, RedisBackend, Unclaimed};
+use super::{bounded, eval, evalsha, millis, released, Orphan, RedisBackend};
 use crate::backend::{Kind, Released, Renewal, RwAttempt};
 use crate::error::BackendError;
 use crate::holder::Holder;
@@ -59,24 +59,19 @@ impl RedisBackend {
         lease: Duration,
         register: Duration,
     ) -> Result<RwAttempt, BackendError> {
-        let mut conn = self.conn.clone();
-        let mut call = match kind {
-            Kind::Write => invoke(&WRITE_ACQUIRE, key),
-            Kind::Read | Kind::Plain | Kind::Fair => invoke(&READ_ACQUIRE, key),
+        let script: &'static Script = match kind {
+            Kind::Write => &WRITE_ACQUIRE,
+            Kind::Read | Kind::Plain | Kind::Fair => &READ_ACQUIRE,
         };
+        let mut call = evalsha(script, &keys(key));
         call.arg(holder.id()).arg(millis(lease));
         if kind == Kind::Write {
             call.arg(millis(register));
         }
-        let reply = Box::pin(async move { call.invoke_async::<(i64, Value)>(&mut conn).await });
         // A hold taken after the caller stopped waiting is released (see `Unclaimed`).
-        let orphan = Orphan {
-            backend: self.clone(),
-            kind,
-            key: key.clone(),
-            holder: holder.clone(),
-        };
-        let (state, value) = bounded(self.timeout, Unclaimed::new(reply, orphan)).await?;
+        let (state, value) = self
+            .acquired(script, call, Orphan::new(self, kind, key, holder))
+            .await?;
         let value = match value {
             Value::Int(value) => value,
             other => {
