@@ -26,6 +26,8 @@ use crate::redis::sentinel::Followed;
 use crate::waiters::Waiters;
 
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// The longest a pub/sub connection may take to open, or a (un)subscription to answer.
+const CONNECT: Duration = Duration::from_secs(2);
 
 /// Where the pub/sub connection goes.
 pub(crate) enum Source {
@@ -71,13 +73,13 @@ pub(crate) async fn run(
             served: false,
         };
         let ended = match &source {
-            Source::Server(client) => match client.get_async_pubsub().await {
+            Source::Server(client) => match connect(client).await {
                 Ok(pubsub) => session.serve_pubsub(pubsub, None).await,
                 Err(error) => session.failed(error),
             },
             Source::Sentinel(followed) => {
                 let switches = followed.switches();
-                match followed.client().get_async_pubsub().await {
+                match connect(&followed.client()).await {
                     Ok(pubsub) => session.serve_pubsub(pubsub, Some(switches)).await,
                     Err(error) => {
                         followed.recheck();
@@ -112,6 +114,23 @@ pub(crate) async fn run(
         }
         waiters.set_all_unready();
         reconnecting = true;
+    }
+}
+
+/// A pub/sub connection, given up after [`CONNECT`].
+async fn connect(client: &redis::Client) -> RedisResult<redis::aio::PubSub> {
+    within(client.get_async_pubsub()).await
+}
+
+/// `op`, given up after [`CONNECT`]: a paused server accepts connections and commands and
+/// then says nothing, and the loop must stay free to follow a new primary or reconnect.
+async fn within<T>(op: impl Future<Output = RedisResult<T>>) -> RedisResult<T> {
+    match tokio::time::timeout(CONNECT, op).await {
+        Ok(done) => done,
+        Err(_) => Err(redis::RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "pub/sub command timed out",
+        ))),
     }
 }
 
@@ -183,7 +202,7 @@ impl Session<'_> {
         let wanted = self.waiters.wanted();
         if !wanted.is_empty() {
             let names: Vec<&str> = wanted.iter().map(|n| &**n).collect();
-            if sub.subscribe(&names).await.is_err() {
+            if within(sub.subscribe(&names)).await.is_err() {
                 return Ended::Lost;
             }
             for name in wanted {
@@ -248,7 +267,7 @@ impl Session<'_> {
             .map(|n| &**n)
             .collect();
         if !to_subscribe.is_empty() {
-            sub.subscribe(&to_subscribe).await?;
+            within(sub.subscribe(&to_subscribe)).await?;
         }
         for name in want {
             self.waiters.set_ready(&name, true);
@@ -260,7 +279,7 @@ impl Session<'_> {
             .collect();
         if !to_unsubscribe.is_empty() {
             let names: Vec<&str> = to_unsubscribe.iter().map(|n| &**n).collect();
-            sub.unsubscribe(&names).await?;
+            within(sub.unsubscribe(&names)).await?;
         }
         Ok(())
     }
