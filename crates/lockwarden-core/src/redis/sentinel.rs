@@ -42,7 +42,6 @@ struct Shared {
     switches: watch::Sender<u64>,
 }
 
-#[derive(Clone)]
 struct Primary {
     conn: ConnectionManager,
     client: redis::Client,
@@ -79,17 +78,21 @@ impl Followed {
         })
     }
 
-    fn primary(&self) -> Primary {
+    fn primary(&self) -> std::sync::RwLockReadGuard<'_, Primary> {
         self.shared
             .primary
             .read()
             .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+    }
+
+    /// The connection to the current primary (a handle: cloning it is cheap).
+    fn conn(&self) -> ConnectionManager {
+        self.primary().conn.clone()
     }
 
     /// A client for the current primary (for the pub/sub connection).
     pub(crate) fn client(&self) -> redis::Client {
-        self.primary().client
+        self.primary().client.clone()
     }
 
     /// Changes each time another server becomes the primary.
@@ -112,7 +115,7 @@ impl Followed {
 
     pub(crate) fn req_packed_command<'a>(&'a self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {
-            let mut conn = self.primary().conn;
+            let mut conn = self.conn();
             let reply = conn.req_packed_command(cmd).await;
             self.observe(&reply);
             reply
@@ -126,7 +129,7 @@ impl Followed {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         Box::pin(async move {
-            let mut conn = self.primary().conn;
+            let mut conn = self.conn();
             let reply = conn.req_packed_commands(pipeline, offset, count).await;
             self.observe(&reply);
             reply
