@@ -1,18 +1,20 @@
 //! The guard of a held lock: its token, its lost signal, and its release.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
-use crate::backend::{Kind, Outcome, Released};
-use crate::client::LockClient;
-use crate::detach::Detached;
+use crate::engine::Engine;
 use crate::error::LockError;
+use crate::finish::Finish;
+use crate::hold::{Hold, HoldKind};
 use crate::holder::Holder;
 use crate::key::Key;
 use crate::lost::LostSignal;
+use crate::options::HoldOptions;
+use crate::store::contract::{LockStore, Outcome, Released, Renewal};
 
 /// Proof that a lock is held. Dropping it releases the lock in the background; call
 /// [`release`](Self::release) to release it and learn whether that worked.
@@ -32,10 +34,8 @@ use crate::lost::LostSignal;
 /// ```
 #[must_use = "the lock is released as soon as the guard is dropped"]
 pub struct LockGuard {
-    client: LockClient,
-    kind: Kind,
-    key: Key,
-    holder: Holder,
+    engine: Arc<Engine>,
+    hold: Hold,
     token: u64,
     lost: LostSignal,
     /// The watchdog registration generation; `None` with a fixed lease.
@@ -64,39 +64,25 @@ impl LockInfo {
 }
 
 impl LockGuard {
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "one call site per lock kind, each passing what it just learnt"
-    )]
+    /// The guard of `hold`, just taken with `token` by a request sent at `sent`: kept by
+    /// the watchdog unless `options` give it a fixed lease.
     pub(crate) fn new(
-        client: LockClient,
-        kind: Kind,
-        key: Key,
-        holder: Holder,
+        engine: Arc<Engine>,
+        hold: Hold,
         token: u64,
-        lease: Option<Duration>,
-        max_hold: Option<Duration>,
+        options: &HoldOptions,
         sent: Instant,
     ) -> Self {
-        let (watched, lost) = match lease {
-            Some(lease) => (
-                None,
-                LostSignal::new(CancellationToken::new(), Some(lease), sent),
-            ),
+        let (watched, lost) = match options.lease {
+            Some(lease) => (None, LostSignal::expiring(sent + lease)),
             None => {
-                client.ensure_watchdog();
-                let r = client
-                    .inner
-                    .watchdog
-                    .register(kind, &key, &holder, sent, max_hold);
-                (Some(r.generation), LostSignal::new(r.lost, None, sent))
+                let watched = engine.watchdog().register(&hold, sent, options.max_hold);
+                (Some(watched.generation), LostSignal::watched(watched.lost))
             }
         };
         Self {
-            client,
-            kind,
-            key,
-            holder,
+            engine,
+            hold,
             token,
             lost,
             watched,
@@ -106,12 +92,12 @@ impl LockGuard {
 
     /// The lock's key.
     pub fn key(&self) -> &Key {
-        &self.key
+        &self.hold.key
     }
 
     /// The holder this guard holds the lock as.
     pub fn holder(&self) -> &Holder {
-        &self.holder
+        &self.hold.holder
     }
 
     /// The fencing token of this hold: strictly greater than every token issued for this
@@ -139,8 +125,8 @@ impl LockGuard {
     /// Key, holder, token and lost signal in one cloneable value.
     pub fn info(&self) -> LockInfo {
         LockInfo {
-            key: self.key.clone(),
-            holder: self.holder.clone(),
+            key: self.hold.key.clone(),
+            holder: self.hold.holder.clone(),
             fencing_token: self.token,
             lost: self.lost.clone(),
         }
@@ -184,39 +170,80 @@ impl LockGuard {
         self.finish(Some((outcome.into(), keep))).await
     }
 
+    /// Moves the end of a fixed-lease hold to `lease` from now, if it is still held. A
+    /// hold the watchdog keeps is left to it.
+    ///
+    /// Re-entries share one expiry, so this moves theirs too.
+    pub(crate) async fn extend(&mut self, lease: Duration) -> Result<(), LockError> {
+        let lost = || LockError::Lost {
+            key: self.hold.key.name().to_owned(),
+        };
+        if self.watched.is_some() {
+            return Ok(());
+        }
+        if self.lost.is_lost() {
+            return Err(lost());
+        }
+        let sent = Instant::now();
+        let renewal = [Renewal {
+            hold: self.hold.clone(),
+            lease,
+        }];
+        let renewed = self.engine.store().renew_all(&renewal).await?;
+        if renewed.first() == Some(&true) && self.lost.extend_to(sent + lease) {
+            return Ok(());
+        }
+        self.lost.mark_lost();
+        Err(lost())
+    }
+
     async fn finish(mut self, outcome: Option<(Vec<u8>, Duration)>) -> Result<(), LockError> {
         self.released = true;
         self.unwatch();
+        let (engine, hold) = (self.engine.clone(), self.hold.clone());
         let completes = outcome.is_some();
-        let backend = self.client.inner.backend.clone();
-        let (kind, key, holder) = (self.kind, self.key.clone(), self.holder.clone());
-        let release = async move {
-            backend
-                .release(kind, &key, &holder, outcome.as_ref().map(Outcome::from))
-                .await
-        };
         // Finished in the background if the caller stops waiting (an aborted task, a lost
         // `select!`): otherwise the command might never be sent, leaving the lock held for
         // its lease by a guard that already counts as released.
-        let released = Detached::new(release).await;
-        tracing::debug!(key = %self.key, ?released, completes, "lock release");
+        let released = match (outcome, hold.kind) {
+            (Some((bytes, keep)), HoldKind::Exclusive(kind)) => {
+                let Hold { key, holder, .. } = hold;
+                let hold = Hold { kind, key, holder };
+                Finish::new(async move {
+                    let outcome = Outcome {
+                        bytes: &bytes,
+                        keep,
+                    };
+                    engine.store().complete(&hold, outcome).await
+                })
+                .await
+            }
+            (outcome, _) => {
+                let released = Finish::new(async move { engine.store().release(&hold).await });
+                if outcome.is_some() {
+                    released.await?;
+                    return Err(LockError::NotClaimable {
+                        key: self.hold.key.name().to_owned(),
+                    });
+                }
+                released.await
+            }
+        };
+        tracing::debug!(key = %self.hold.key, kind = self.hold.kind.name(), ?released, completes, "lock release");
         match released? {
             Released::Freed | Released::Remaining(_) => Ok(()),
             Released::NotHeld if self.lost.is_lost() => Err(LockError::Lost {
-                key: self.key.name().to_owned(),
+                key: self.hold.key.name().to_owned(),
             }),
             Released::NotHeld => Err(LockError::NotHeld {
-                key: self.key.name().to_owned(),
+                key: self.hold.key.name().to_owned(),
             }),
         }
     }
 
     fn unwatch(&mut self) {
         if let Some(generation) = self.watched.take() {
-            self.client
-                .inner
-                .watchdog
-                .unregister(self.kind, &self.key, &self.holder, generation);
+            self.engine.watchdog().unregister(&self.hold, generation);
         }
     }
 }
@@ -227,16 +254,16 @@ impl Drop for LockGuard {
             return;
         }
         self.unwatch();
-        self.client
-            .release_dropped(self.kind, self.key.clone(), self.holder.clone());
+        self.engine.store().release_later(self.hold.clone());
     }
 }
 
 impl fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockGuard")
-            .field("key", &self.key)
-            .field("holder", &self.holder)
+            .field("key", &self.hold.key)
+            .field("holder", &self.hold.holder)
+            .field("kind", &self.hold.kind.name())
             .field("fencing_token", &self.token)
             .field("lost", &self.is_lost())
             .finish()

@@ -36,7 +36,7 @@ pub type Scoped<F> = tokio::task::futures::TaskLocalFuture<Holder, F>;
 /// assert!(!client.lock("cart:7").is_locked().await?);
 /// # Ok(()) }
 /// ```
-#[derive(Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Holder(Arc<str>);
 
 impl Holder {
@@ -58,12 +58,6 @@ impl Holder {
     /// The holder set by the enclosing [`Holder::scope`], if any.
     pub fn current() -> Option<Holder> {
         CURRENT.try_with(Holder::clone).ok()
-    }
-}
-
-impl fmt::Debug for Holder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("Holder").field(&self.id()).finish()
     }
 }
 

@@ -1,9 +1,10 @@
 //! Lock keys: validation of user-supplied names and their layout in Redis.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::error::KeyError;
+use crate::holder::Holder;
 
 /// The longest key name accepted by default, in bytes.
 pub const DEFAULT_MAX_KEY_LEN: usize = 255;
@@ -48,6 +49,10 @@ pub enum KeyLayout {
 /// | the fencing key | `<namespace>{<escaped name>}:fence` | `redisson_lock__fence:{<namespace><name>}` |
 /// | the release channel | `<namespace>{<escaped name>}:released` | `redisson_lock__channel:{<namespace><name>}` |
 /// | the outcome of a completed claim | `<namespace>{<escaped name>}:done` | `redisson_lock__done:{<namespace><name>}` |
+/// | a fair lock's queue and its waiters' deadlines | `<lock key>:queue`, `<lock key>:deadlines` | `redisson_lock__queue:{..}`, `redisson_lock__deadlines:{..}` |
+/// | the channel on which a fair waiter hears its turn | `<release channel>:<holder id>` | the same |
+/// | a read-write lock's hold leases and waiting writers | `<lock key>:leases`, `<lock key>:writers` | `redisson_lock__leases:{..}`, `redisson_lock__writers:{..}` |
+/// | the channel on which waiting readers hear they may enter | `<lock key>:readable` | `redisson_lock__readable:{..}` |
 ///
 /// Keys are made by [`LockClient::key`](crate::LockClient::key), which applies that client's
 /// namespace, layout and length limit; cloning one is cheap.
@@ -73,6 +78,52 @@ struct Layout {
     lock_end: usize,
     fence_end: usize,
     layout: KeyLayout,
+    /// Made on first use, then kept with the key (a waiter retrying with one key makes
+    /// them once; a plain lock never does).
+    names_used_by_few: OnceLock<Names>,
+}
+
+/// The keys and channels of a lock that only some kinds use (see the table on [`Key`]).
+pub(crate) struct Names {
+    /// A completed claim's outcome.
+    pub(crate) outcome: Box<str>,
+    /// A fair lock's queue: a list of holder ids, oldest first.
+    pub(crate) queue: Box<str>,
+    /// A fair lock's waiters' deadlines: a sorted set of holder id to server ms.
+    pub(crate) deadlines: Box<str>,
+    /// The prefix of a fair waiter's wake channel: the release channel and `:`.
+    pub(crate) wake_prefix: Box<str>,
+    /// A read-write lock's hold leases: a sorted set of hold field to deadline.
+    pub(crate) leases: Box<str>,
+    /// A read-write lock's waiting writers: a sorted set of holder id to deadline.
+    pub(crate) writers: Box<str>,
+    /// The channel on which a read-write lock's waiting readers are told they may enter.
+    pub(crate) readers: Box<str>,
+}
+
+/// How a client lays out lock names: its namespace, layout and length limit.
+#[derive(Debug, Clone)]
+pub(crate) struct KeySpace {
+    pub(crate) namespace: String,
+    pub(crate) layout: KeyLayout,
+    pub(crate) max_len: usize,
+}
+
+impl Default for KeySpace {
+    fn default() -> Self {
+        Self {
+            namespace: DEFAULT_NAMESPACE.to_owned(),
+            layout: KeyLayout::Tagged,
+            max_len: DEFAULT_MAX_KEY_LEN,
+        }
+    }
+}
+
+impl KeySpace {
+    /// Validates `name` and lays it out in this space.
+    pub(crate) fn key(&self, name: &str) -> Result<Key, KeyError> {
+        Key::new(&self.namespace, self.max_len, self.layout, name)
+    }
 }
 
 impl Key {
@@ -111,6 +162,7 @@ impl Key {
             lock_end,
             fence_end,
             layout,
+            names_used_by_few: OnceLock::new(),
         })))
     }
 
@@ -134,21 +186,32 @@ impl Key {
         &self.0.names[self.0.fence_end..]
     }
 
-    /// The Redis key that keeps the outcome of a completed claim
-    /// (see [`Lock::try_claim`](crate::Lock::try_claim)); made on use, as only claims need it.
-    pub(crate) fn outcome_key(&self) -> String {
-        self.companion("done")
+    /// The names of the keys and channels only claims, fair and read-write locks use.
+    pub(crate) fn names(&self) -> &Names {
+        self.0.names_used_by_few.get_or_init(|| Names {
+            outcome: self.companion("done"),
+            queue: self.companion("queue"),
+            deadlines: self.companion("deadlines"),
+            wake_prefix: [self.channel(), ":"].concat().into(),
+            leases: self.companion("leases"),
+            writers: self.companion("writers"),
+            readers: self.companion("readable"),
+        })
     }
 
-    /// The name of another key (or channel) that belongs to this lock, in the lock's slot:
+    /// The channel on which `holder` hears that its turn at this fair lock has come.
+    pub(crate) fn wake_channel(&self, holder: &Holder) -> String {
+        [&*self.names().wake_prefix, holder.id()].concat()
+    }
+
+    /// The name of another key (or channel) of this lock, in the lock's slot:
     /// `<lock key>:<what>` in the tagged layout, `redisson_lock__<what>:{<name>}` in
-    /// Redisson's. Made on use, for the kinds of lock that need more than the three
-    /// laid out up front.
-    pub(crate) fn companion(&self, what: &str) -> String {
+    /// Redisson's.
+    fn companion(&self, what: &str) -> Box<str> {
         let mut out = self.redis_key().to_owned();
         push_companion(&mut out, self.0.layout, self.0.lock_end, what);
         out.replace_range(..self.0.lock_end, "");
-        out
+        out.into()
     }
 }
 
@@ -245,7 +308,11 @@ mod tests {
         assert_eq!(k.redis_key(), "resource:x");
         assert_eq!(k.fence_key(), "redisson_lock__fence:{resource:x}");
         assert_eq!(k.channel(), "redisson_lock__channel:{resource:x}");
-        assert_eq!(k.outcome_key(), "redisson_lock__done:{resource:x}");
+        let names = k.names();
+        assert_eq!(&*names.outcome, "redisson_lock__done:{resource:x}");
+        assert_eq!(&*names.queue, "redisson_lock__queue:{resource:x}");
+        assert_eq!(&*names.leases, "redisson_lock__leases:{resource:x}");
+        assert_eq!(&*names.wake_prefix, "redisson_lock__channel:{resource:x}:");
         assert_eq!(
             Key::new("", 255, KeyLayout::Redisson, "a{b}").unwrap_err(),
             KeyError::Brace { at: 1 }
@@ -258,7 +325,14 @@ mod tests {
         assert_eq!(k.redis_key(), "lockwarden:{orders:42}");
         assert_eq!(k.fence_key(), "lockwarden:{orders:42}:fence");
         assert_eq!(k.channel(), "lockwarden:{orders:42}:released");
-        assert_eq!(k.outcome_key(), "lockwarden:{orders:42}:done");
+        let names = k.names();
+        assert_eq!(&*names.outcome, "lockwarden:{orders:42}:done");
+        assert_eq!(&*names.queue, "lockwarden:{orders:42}:queue");
+        assert_eq!(&*names.deadlines, "lockwarden:{orders:42}:deadlines");
+        assert_eq!(&*names.wake_prefix, "lockwarden:{orders:42}:released:");
+        assert_eq!(&*names.leases, "lockwarden:{orders:42}:leases");
+        assert_eq!(&*names.writers, "lockwarden:{orders:42}:writers");
+        assert_eq!(&*names.readers, "lockwarden:{orders:42}:readable");
     }
 
     #[test]

@@ -24,33 +24,47 @@
 
 #![warn(missing_docs)]
 
-mod backend;
-mod client;
-mod detach;
+// The layers, from the bottom up (see ARCHITECTURE.md): vocabulary; stores; engine; the
+// acquire loop; lock handles and guards; the client facade; Redlock.
 mod error;
-mod fair;
-mod guard;
+mod finish;
+mod hold;
 mod holder;
 mod key;
-mod lock;
 mod lost;
-mod memory;
-mod multi;
-mod redis;
-mod redlock;
-mod rw;
-mod wait;
 mod waiters;
+
+mod store;
+
+mod engine;
 mod watchdog;
 
-pub use client::{ClientStats, LockClient, LockClientBuilder};
-pub use error::{BackendError, KeyError, LockError};
+mod acquire;
+
+mod fair;
+mod guard;
+mod inspect;
+mod lock;
+mod multi;
+mod options;
+mod rw;
+mod target;
+
+mod builder;
+mod client;
+
+mod redlock;
+
+pub use builder::LockClientBuilder;
+pub use client::{ClientStats, LockClient};
+pub use error::{BackendError, KeyError, LockError, RedlockError};
 pub use fair::{FairLock, DEFAULT_QUEUE_TIMEOUT};
 pub use guard::{LockGuard, LockInfo};
+pub use hold::RwMode;
 pub use holder::{Holder, Scoped};
 pub use key::{Key, KeyLayout, DEFAULT_MAX_KEY_LEN, DEFAULT_NAMESPACE};
 pub use lock::{Claim, Lock};
 pub use lost::LostSignal;
 pub use multi::{MultiGuard, MultiLock};
-pub use redlock::{Redlock, RedlockBuilder, RedlockError, RedlockGuard, RedlockLock};
-pub use rw::{RwLock, RwLockHandle, RwMode};
+pub use redlock::{Redlock, RedlockBuilder, RedlockGuard, RedlockLock};
+pub use rw::{RwLock, RwLockHandle};

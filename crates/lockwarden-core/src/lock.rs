@@ -1,19 +1,22 @@
-//! A handle on one named lock: configure it, acquire it, inspect it.
+//! [`Lock`], a handle on one named plain lock: configure it, acquire it (or claim the work
+//! it guards), inspect it; and its attempts for the acquire loop.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::{Attempt, Kind};
-use crate::client::LockClient;
+use crate::acquire::{self, Attempts, Tried};
+use crate::engine::Engine;
 use crate::error::{BackendError, KeyError, LockError};
 use crate::guard::LockGuard;
+use crate::hold::{Hold, HoldKind};
 use crate::holder::Holder;
+use crate::inspect::exclusive_inspection;
 use crate::key::Key;
-use crate::wait::Wait;
-
-/// Used when Redis reports a lock without expiry: re-check this often.
-pub(crate) const NO_TTL_RECHECK: Duration = Duration::from_secs(1);
+use crate::options::{hold_options, HoldOptions};
+use crate::store::contract::{Attempt, How, LockStore};
+use crate::target::Target;
 
 /// What [`Lock::try_claim`] found: the lock, to do the work, or the outcome of the work
 /// done before under the same key.
@@ -45,57 +48,49 @@ pub enum Claim {
 #[derive(Debug, Clone)]
 #[must_use = "a Lock does nothing until it is acquired or inspected"]
 pub struct Lock {
-    client: LockClient,
+    engine: Arc<Engine>,
     key: Result<Key, KeyError>,
-    lease: Option<Duration>,
-    max_hold: Option<Duration>,
-    holder: Option<Holder>,
+    options: HoldOptions,
 }
 
+hold_options!(Lock, "client.lock(\"report\")");
+exclusive_inspection!(Lock, "client.lock(\"door\")");
+
 impl Lock {
-    pub(crate) fn new(client: LockClient, key: Result<Key, KeyError>) -> Self {
+    pub(crate) fn new(engine: Arc<Engine>, key: Result<Key, KeyError>) -> Self {
         Self {
-            client,
+            engine,
             key,
-            lease: None,
-            max_hold: None,
-            holder: None,
+            options: HoldOptions::default(),
         }
-    }
-
-    /// Holds the lock for a fixed lease instead of keeping it alive with the watchdog:
-    /// it expires `lease` after acquisition unless released sooner.
-    pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = Some(lease);
-        self
-    }
-
-    /// Caps how long the watchdog keeps the lock alive; after `max_hold` it expires even
-    /// if the guard still lives (and the guard reports it lost).
-    pub fn max_hold(mut self, max_hold: Duration) -> Self {
-        self.max_hold = Some(max_hold);
-        self
-    }
-
-    /// Acquires as `holder` (re-entering if it already holds the lock). Without this, the
-    /// holder of the enclosing [`Holder::scope`] is used, or else a fresh one.
-    pub fn holder(mut self, holder: &Holder) -> Self {
-        self.holder = Some(holder.clone());
-        self
     }
 
     /// The validated key.
     ///
+    /// ```
+    /// # use lockwarden_core::LockClient;
+    /// let client = LockClient::in_memory();
+    /// assert_eq!(client.lock("a").key().unwrap().redis_key(), "lockwarden:{a}");
+    /// assert!(client.lock("").key().is_err());
+    /// ```
+    ///
     /// # Errors
     /// [`LockError::InvalidKey`] if the name was rejected.
     pub fn key(&self) -> Result<&Key, LockError> {
-        self.key
-            .as_ref()
-            .map_err(|e| LockError::InvalidKey(e.clone()))
+        checked(&self.key)
     }
 
     /// Acquires the lock, waiting as long as it takes (also through a Redis outage, retrying
     /// with backoff: use [`try_acquire`](Self::try_acquire) for a bound).
+    ///
+    /// ```
+    /// # use lockwarden_core::LockClient;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden_core::LockError> {
+    /// let client = LockClient::in_memory();
+    /// let guard = client.lock("nightly-report").acquire().await?;
+    /// guard.release().await
+    /// # }
+    /// ```
     ///
     /// # Errors
     /// [`LockError::InvalidKey`] or [`LockError::Backend`].
@@ -107,6 +102,18 @@ impl Lock {
     /// a release notice or the holder's lease end; it never polls.
     ///
     /// Dropping the returned future at any point never leaves the lock held.
+    ///
+    /// ```
+    /// # use lockwarden_core::{LockClient, LockError};
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), LockError> {
+    /// let client = LockClient::in_memory();
+    /// let held = client.lock("slot").acquire().await?;
+    /// let late = client.lock("slot").try_acquire(Duration::from_millis(20)).await;
+    /// assert!(matches!(late, Err(LockError::Timeout { .. })));
+    /// held.release().await
+    /// # }
+    /// ```
     ///
     /// # Errors
     /// [`LockError::Timeout`] with the holder's remaining lease once `wait` is spent,
@@ -142,140 +149,85 @@ impl Lock {
     /// # Errors
     /// As [`try_acquire`](Self::try_acquire).
     pub async fn try_claim(&self, wait: Duration) -> Result<Claim, LockError> {
-        self.claim_until(Instant::now().checked_add(wait), true)
-            .await
+        self.run(How::Claim, Instant::now().checked_add(wait)).await
     }
 
     async fn acquire_until(&self, deadline: Option<Instant>) -> Result<LockGuard, LockError> {
-        match self.claim_until(deadline, false).await? {
+        match self.run(How::Plain, deadline).await? {
             Claim::Acquired(guard) => Ok(guard),
-            Claim::Completed(_) => Err(LockError::Backend(BackendError::Protocol(
+            // A plain attempt is never answered with an outcome (see `tried`).
+            Claim::Completed(_) => Err(LockError::Backend(crate::error::BackendError::Protocol(
                 "the store answered a plain acquire with a stored outcome".to_owned(),
             ))),
         }
     }
 
-    async fn claim_until(
-        &self,
-        deadline: Option<Instant>,
-        claim: bool,
-    ) -> Result<Claim, LockError> {
-        let key = self.key()?;
-        let holder = self
-            .holder
-            .clone()
-            .or_else(Holder::current)
-            .unwrap_or_else(|| self.client.holder());
-        let inner = &self.client.inner;
-        let lease = self.lease.unwrap_or(inner.config.watchdog_timeout);
-        let started = Instant::now();
-        let outcome = |outcome: &'static str| {
-            tracing::debug!(%key, waited_ms = started.elapsed().as_millis() as u64, outcome, "lock acquire");
-        };
-
-        let mut wait = Wait::new(deadline);
-        let mut sent = Instant::now();
-        let mut attempt = inner.backend.attempt(key, &holder, lease, claim).await;
-        loop {
-            let ttl = match attempt {
-                Ok(Attempt::Taken { token } | Attempt::Reentered { token }) => {
-                    outcome("acquired");
-                    return Ok(Claim::Acquired(self.guard(key, holder, token, sent)));
-                }
-                Ok(Attempt::Completed { outcome: stored }) => {
-                    outcome("completed before");
-                    return Ok(Claim::Completed(stored));
-                }
-                Ok(Attempt::Busy { ttl }) => ttl.unwrap_or(NO_TTL_RECHECK),
-                // Ride out a reconnect within the budget; the store being down is
-                // reported once the budget is spent.
-                Err(error) if error.is_transient() && wait.can_back_off() => {
-                    tracing::debug!(%key, %error, "acquire failed; retrying");
-                    wait.back_off().await;
-                    sent = Instant::now();
-                    attempt = inner.backend.attempt(key, &holder, lease, claim).await;
-                    continue;
-                }
-                Err(error) => {
-                    outcome("backend error");
-                    return Err(error.into());
-                }
-            };
-            let now = Instant::now();
-            if wait.is_over(now) {
-                outcome("timeout");
-                return Err(LockError::Timeout {
-                    key: key.name().to_owned(),
-                    retry_after: ttl,
-                });
-            }
-            wait.sleep(&inner.waiters, key.channel(), wait.cap(now + ttl))
-                .await;
-            sent = Instant::now();
-            attempt = inner.backend.attempt(key, &holder, lease, claim).await;
-        }
-    }
-
-    fn guard(&self, key: &Key, holder: Holder, token: u64, sent: Instant) -> LockGuard {
-        LockGuard::new(
-            self.client.clone(),
-            Kind::Plain,
-            key.clone(),
-            holder,
-            token,
-            self.lease,
-            self.max_hold,
-            sent,
-        )
-    }
-
-    /// Whether anyone holds the lock.
-    ///
-    /// # Errors
-    /// [`LockError::InvalidKey`] or [`LockError::Backend`].
-    pub async fn is_locked(&self) -> Result<bool, LockError> {
-        Ok(self.client.inner.backend.is_locked(self.key()?).await?)
-    }
-
-    /// Whether `holder` holds the lock.
-    ///
-    /// # Errors
-    /// [`LockError::InvalidKey`] or [`LockError::Backend`].
-    pub async fn is_held_by(&self, holder: &Holder) -> Result<bool, LockError> {
-        Ok(self.hold_count(holder).await? > 0)
-    }
-
-    /// How many times `holder` holds the lock (0 if not at all).
-    ///
-    /// # Errors
-    /// [`LockError::InvalidKey`] or [`LockError::Backend`].
-    pub async fn hold_count(&self, holder: &Holder) -> Result<u64, LockError> {
-        Ok(self
-            .client
-            .inner
-            .backend
-            .hold_count(self.key()?, holder)
-            .await?)
-    }
-
-    /// The lease the current holder has left, `None` if the lock is free.
-    ///
-    /// # Errors
-    /// [`LockError::InvalidKey`] or [`LockError::Backend`].
-    pub async fn remaining_ttl(&self) -> Result<Option<Duration>, LockError> {
-        Ok(self.client.inner.backend.remaining_ttl(self.key()?).await?)
+    async fn run(&self, how: How, deadline: Option<Instant>) -> Result<Claim, LockError> {
+        let target = Target::new(&self.engine, self.key()?, &self.options);
+        let attempts = PlainAttempts { target, how };
+        acquire::acquire(self.engine.waiters(), attempts, deadline).await
     }
 
     /// Deletes the lock whoever holds it and wakes its waiters. An admin action: the
     /// holder learns of it at its next renewal (its guard reports the lock lost).
     /// Returns whether there was a lock to delete.
     ///
+    /// ```
+    /// # use lockwarden_core::LockClient;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden_core::LockError> {
+    /// let client = LockClient::in_memory();
+    /// let stuck = client.acquire("door").await?;
+    /// assert!(client.lock("door").force_unlock().await?);
+    /// assert!(!client.lock("door").is_locked().await?);
+    /// # drop(stuck); Ok(()) }
+    /// ```
+    ///
     /// # Errors
     /// [`LockError::InvalidKey`] or [`LockError::Backend`].
     pub async fn force_unlock(&self) -> Result<bool, LockError> {
         let key = self.key()?;
-        let deleted = self.client.inner.backend.force_unlock(key).await?;
+        let deleted = self.engine.store().force_unlock(key).await?;
         tracing::warn!(%key, deleted, "lock force-unlocked");
         Ok(deleted)
+    }
+
+    /// Releases one hold of `holder`, which has no guard for it (a Redlock node whose
+    /// answer was lost).
+    pub(crate) async fn release_as(&self, holder: &Holder) -> Result<(), LockError> {
+        let hold = Hold {
+            kind: HoldKind::PLAIN,
+            key: self.key()?.clone(),
+            holder: holder.clone(),
+        };
+        self.engine.store().release(&hold).await?;
+        Ok(())
+    }
+}
+
+/// A handle's key, or why its name was rejected.
+pub(crate) fn checked(key: &Result<Key, KeyError>) -> Result<&Key, LockError> {
+    key.as_ref().map_err(|e| LockError::InvalidKey(e.clone()))
+}
+
+/// A plain lock's (or a claim's) attempts.
+struct PlainAttempts<'a> {
+    target: Target<'a>,
+    how: How,
+}
+
+impl Attempts for PlainAttempts<'_> {
+    const KIND: &'static str = "plain";
+    type Won = Claim;
+
+    async fn attempt(&mut self, _deadline: Option<Instant>) -> Result<Tried<Claim>, BackendError> {
+        let answer = self.target.ask(self.how).await?;
+        if let (Attempt::Completed { outcome }, How::Claim) = (answer.0.clone(), self.how) {
+            return Ok(Tried::Won(Claim::Completed(outcome)));
+        }
+        Ok(self.target.tried(answer, self.how)?.map(Claim::Acquired))
+    }
+
+    fn key(&self, _lock: usize) -> &Key {
+        self.target.key
     }
 }

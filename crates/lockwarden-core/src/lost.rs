@@ -1,7 +1,8 @@
 //! The signal that tells a holder its lock is gone.
 
-use std::time::Duration;
+use std::sync::Arc;
 
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -10,7 +11,8 @@ use tokio_util::sync::CancellationToken;
 /// A lock kept alive by the watchdog is lost when a renewal finds it gone or owned by
 /// someone else, or when renewals keep failing until the lease runs out. A lock with a
 /// fixed lease is lost when that lease ends (measured on this machine's clock from the
-/// moment the acquire request was sent, so it errs on the early side).
+/// moment the acquire request was sent, so it errs on the early side), unless it is
+/// [extended](crate::LockGuard::extend) first. Once lost, it stays lost.
 ///
 /// ```
 /// # use lockwarden_core::LockClient;
@@ -27,32 +29,79 @@ use tokio_util::sync::CancellationToken;
 #[derive(Clone, Debug)]
 pub struct LostSignal {
     token: CancellationToken,
-    expires: Option<Instant>,
+    /// The end of a fixed lease; it moves when the hold is extended.
+    expires: Option<Arc<watch::Sender<Instant>>>,
 }
 
 impl LostSignal {
-    pub(crate) fn new(token: CancellationToken, lease: Option<Duration>, sent: Instant) -> Self {
+    /// A hold the watchdog keeps: lost when `token` is cancelled.
+    pub(crate) fn watched(token: CancellationToken) -> Self {
         Self {
             token,
-            expires: lease.map(|lease| sent + lease),
+            expires: None,
         }
+    }
+
+    /// A hold that ends at `at` unless moved with [`extend_to`](Self::extend_to).
+    pub(crate) fn expiring(at: Instant) -> Self {
+        Self {
+            token: CancellationToken::new(),
+            expires: Some(Arc::new(watch::Sender::new(at))),
+        }
+    }
+
+    /// When the hold ends if nothing moves it; `None` for one the watchdog keeps.
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        self.expires.as_ref().map(|at| *at.borrow())
+    }
+
+    /// Moves the end of a fixed lease to `at`; a lost hold is not revived. Returns
+    /// whether it moved.
+    pub(crate) fn extend_to(&self, at: Instant) -> bool {
+        match &self.expires {
+            Some(expires) if !self.is_lost() => {
+                expires.send_replace(at);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Marks the hold lost.
+    pub(crate) fn mark_lost(&self) {
+        self.token.cancel();
     }
 
     /// Whether the lock has been lost.
     pub fn is_lost(&self) -> bool {
-        self.token.is_cancelled() || self.expires.is_some_and(|at| Instant::now() >= at)
+        if self.token.is_cancelled() {
+            return true;
+        }
+        let over = self.deadline().is_some_and(|at| Instant::now() >= at);
+        if over {
+            // Sticky: an extension that races the deadline cannot revive it.
+            self.token.cancel();
+        }
+        over
     }
 
     /// Resolves once the lock has been lost; pending forever while it is held.
     pub async fn wait(&self) {
-        match self.expires {
-            Some(at) => {
-                tokio::select! {
-                    _ = self.token.cancelled() => {}
-                    _ = tokio::time::sleep_until(at) => {}
+        let Some(expires) = &self.expires else {
+            return self.token.cancelled().await;
+        };
+        let mut moved = expires.subscribe();
+        loop {
+            let at = *moved.borrow_and_update();
+            tokio::select! {
+                () = self.token.cancelled() => return,
+                () = tokio::time::sleep_until(at) => {
+                    if self.is_lost() {
+                        return;
+                    }
                 }
+                _ = moved.changed() => {}
             }
-            None => self.token.cancelled().await,
         }
     }
 }

@@ -6,18 +6,20 @@
 //! than the work needs. While one of the locks is busy the caller waits for that lock's
 //! release notice (or its lease end) and tries the whole set again.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::{Kind, MultiAttempt};
-use crate::client::LockClient;
+use crate::acquire::{self, Answer, Attempts, Busy, Tried};
+use crate::engine::Engine;
 use crate::error::LockError;
 use crate::guard::LockGuard;
+use crate::hold::{Hold, HoldKind};
 use crate::holder::Holder;
 use crate::key::Key;
-use crate::lock::NO_TTL_RECHECK;
-use crate::wait::Wait;
+use crate::options::{hold_options, HoldOptions};
+use crate::store::contract::{AcquireAll, LockStore, MultiAttempt};
 
 /// Several named locks to acquire as one, made by [`LockClient::multi_lock`].
 ///
@@ -39,109 +41,133 @@ use crate::wait::Wait;
 #[derive(Debug, Clone)]
 #[must_use = "a MultiLock does nothing until it is acquired"]
 pub struct MultiLock {
-    client: LockClient,
+    engine: Arc<Engine>,
     names: Vec<String>,
-    lease: Option<Duration>,
-    holder: Option<Holder>,
+    options: HoldOptions,
 }
 
+hold_options!(
+    MultiLock,
+    "client.multi_lock([\"account:7\", \"account:3\"])"
+);
+
 impl MultiLock {
-    pub(crate) fn new(client: LockClient, names: Vec<String>) -> Self {
+    pub(crate) fn new(engine: Arc<Engine>, names: Vec<String>) -> Self {
         Self {
-            client,
+            engine,
             names,
-            lease: None,
-            holder: None,
+            options: HoldOptions::default(),
         }
     }
 
-    /// Holds every lock for a fixed lease instead of keeping them alive with the watchdog.
-    pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = Some(lease);
-        self
-    }
-
-    /// Acquires as `holder` (see [`Lock::holder`](crate::Lock::holder)).
-    pub fn holder(mut self, holder: &Holder) -> Self {
-        self.holder = Some(holder.clone());
-        self
+    /// Acquires every lock, waiting as long as it takes; on failure none stays held.
+    ///
+    /// ```
+    /// # use lockwarden_core::LockClient;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden_core::LockError> {
+    /// let client = LockClient::in_memory();
+    /// let both = client.multi_lock(["stock:7", "order:3"]).acquire().await?;
+    /// both.release().await
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// [`LockError::InvalidKey`] (before anything is taken) or [`LockError::Backend`].
+    pub async fn acquire(&self) -> Result<MultiGuard, LockError> {
+        self.acquire_until(None).await
     }
 
     /// Acquires every lock, waiting at most `wait` in all; on failure none stays held.
+    ///
+    /// ```
+    /// # use lockwarden_core::{LockClient, LockError};
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), LockError> {
+    /// let client = LockClient::in_memory();
+    /// let one = client.acquire("order:3").await?;
+    /// let both = client.multi_lock(["stock:7", "order:3"]).try_acquire(Duration::ZERO).await;
+    /// assert!(matches!(both, Err(LockError::Timeout { key, .. }) if key == "order:3"));
+    /// assert!(!client.lock("stock:7").is_locked().await?); // nothing taken
+    /// one.release().await
+    /// # }
+    /// ```
     ///
     /// # Errors
     /// [`LockError::Timeout`] naming the lock that could not be had,
     /// [`LockError::InvalidKey`] (before anything is taken) or [`LockError::Backend`].
     pub async fn try_acquire(&self, wait: Duration) -> Result<MultiGuard, LockError> {
-        let deadline = Instant::now() + wait;
+        self.acquire_until(Instant::now().checked_add(wait)).await
+    }
+
+    async fn acquire_until(&self, deadline: Option<Instant>) -> Result<MultiGuard, LockError> {
         let mut keys: Vec<Key> = self
             .names
             .iter()
-            .map(|name| self.client.key(name))
+            .map(|name| self.engine.key(name))
             .collect::<Result<_, _>>()?;
-        // One order for every caller: the guards come back in it, and a store that
-        // takes keys one by one would need it to avoid deadlocks.
+        // One order for every caller: the guards come back in it, and a store that takes
+        // keys one by one (a cluster, slot by slot) needs it to avoid deadlocks.
         keys.sort_unstable_by(|a, b| a.redis_key().cmp(b.redis_key()));
         keys.dedup();
-        let holder = self
-            .holder
-            .clone()
-            .or_else(Holder::current)
-            .unwrap_or_else(|| self.client.holder());
-        let inner = &self.client.inner;
-        let lease = self.lease.unwrap_or(inner.config.watchdog_timeout);
-        let mut wait = Wait::new(Some(deadline));
-        // The lock whose release notice woke us, if the retry has not used it yet.
-        let mut woken_by: Option<usize> = None;
-        loop {
-            let sent = Instant::now();
-            let (index, ttl) = match inner.backend.attempt_many(&keys, &holder, lease).await {
-                Ok(MultiAttempt::Taken { tokens }) => {
-                    let guards = keys
-                        .into_iter()
-                        .zip(tokens)
-                        .map(|(key, token)| {
-                            LockGuard::new(
-                                self.client.clone(),
-                                Kind::Plain,
-                                key,
-                                holder.clone(),
-                                token,
-                                self.lease,
-                                None,
-                                sent,
-                            )
-                        })
-                        .collect();
-                    return Ok(MultiGuard { guards });
-                }
-                Ok(MultiAttempt::Busy { index, ttl }) => (index, ttl.unwrap_or(NO_TTL_RECHECK)),
-                Err(error) if error.is_transient() && wait.can_back_off() => {
-                    wait.back_off().await;
-                    continue;
-                }
-                Err(error) => return Err(error.into()),
-            };
-            // A notice for a lock we then did not take is passed on to the next local
-            // waiter of that lock, which may well get it.
-            if let Some(woken) = woken_by.take().filter(|&w| w != index) {
-                inner.waiters.notify_one(keys[woken].channel());
+        let attempts = MultiAttempts {
+            engine: &self.engine,
+            keys,
+            holder: self.options.holder(&self.engine),
+            lease: self.options.lease(&self.engine),
+            options: &self.options,
+        };
+        acquire::acquire(self.engine.waiters(), attempts, deadline).await
+    }
+}
+
+/// A multi-lock's attempts: all the locks in one step, or none; a waiter sleeps on the
+/// busy lock's channel.
+struct MultiAttempts<'a> {
+    engine: &'a Arc<Engine>,
+    keys: Vec<Key>,
+    holder: Holder,
+    lease: Duration,
+    options: &'a HoldOptions,
+}
+
+impl Attempts for MultiAttempts<'_> {
+    const KIND: &'static str = "multi";
+    type Won = MultiGuard;
+
+    async fn attempt(&mut self, _deadline: Option<Instant>) -> Answer<MultiGuard> {
+        let sent = Instant::now();
+        let ask = AcquireAll {
+            keys: &self.keys,
+            holder: &self.holder,
+            lease: self.lease,
+        };
+        match self.engine.store().acquire_all(&ask).await? {
+            MultiAttempt::Taken { tokens } => {
+                let guards = self
+                    .keys
+                    .iter()
+                    .zip(tokens)
+                    .map(|(key, token)| {
+                        let hold = Hold {
+                            kind: HoldKind::PLAIN,
+                            key: key.clone(),
+                            holder: self.holder.clone(),
+                        };
+                        LockGuard::new(self.engine.clone(), hold, token, self.options, sent)
+                    })
+                    .collect();
+                Ok(Tried::Won(MultiGuard { guards }))
             }
-            let now = Instant::now();
-            if wait.is_over(now) {
-                return Err(LockError::Timeout {
-                    key: keys[index].name().to_owned(),
-                    retry_after: ttl,
-                });
-            }
-            let channel = keys[index].channel();
-            if wait
-                .sleep(&inner.waiters, channel, wait.cap(now + ttl))
-                .await
-            {
-                woken_by = Some(index);
-            }
+            MultiAttempt::Busy { index, ttl } => Ok(Tried::Busy(Busy { lock: index, ttl })),
         }
+    }
+
+    fn key(&self, lock: usize) -> &Key {
+        &self.keys[lock]
+    }
+
+    fn name(&self) -> &str {
+        self.keys.first().map_or("", Key::name)
     }
 }
 

@@ -49,61 +49,27 @@
 //! hold (`<holder>:r`, `<holder>:w`); `<key>:leases` is a sorted set of each hold's
 //! deadline and `<key>:writers` one of waiting writers' registrations, both in the lock's
 //! cluster slot. Scripts in `lua/rw_*.lua`. A name is either a plain lock or a read-write
-//! lock: a plain lock under the same name keeps both sides refused on Redis (in-process the
-//! two kinds are kept apart). Claims ([`LockGuard::complete`]) are for plain locks only.
+//! lock: a plain lock under the same name keeps both sides refused, and a held read-write
+//! lock keeps the plain one refused, on both stores. Claims ([`LockGuard::complete`]) are
+//! for plain and fair locks only ([`LockError::NotClaimable`]).
 
-use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::{Backend, Kind, RwAttempt};
-use crate::client::LockClient;
+use crate::acquire::{self, Answer, Attempts, Tried};
+use crate::engine::Engine;
 use crate::error::{KeyError, LockError};
+use crate::finish::BoxFuture;
 use crate::guard::LockGuard;
+use crate::hold::{Hold, HoldKind, RwMode};
 use crate::holder::Holder;
 use crate::key::Key;
-use crate::wait::Wait;
-
-/// The sorted set of each hold's deadline (see the module docs).
-pub(crate) fn leases_key(key: &Key) -> String {
-    key.companion("leases")
-}
-
-/// The sorted set of waiting writers' registrations.
-pub(crate) fn writers_key(key: &Key) -> String {
-    key.companion("writers")
-}
-
-/// The channel on which waiting readers are told they may all proceed.
-pub(crate) fn readers_channel(key: &Key) -> String {
-    key.companion("readable")
-}
-
-/// Which side of a read-write lock a handle takes.
-///
-/// ```
-/// # use lockwarden_core::{LockClient, RwMode};
-/// let rw = LockClient::in_memory().rw_lock("stock");
-/// assert_eq!(rw.read().mode(), RwMode::Read);
-/// assert_eq!(rw.write().mode(), RwMode::Write);
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum RwMode {
-    /// Shared with other readers.
-    Read,
-    /// Exclusive.
-    Write,
-}
-
-impl RwMode {
-    fn kind(self) -> Kind {
-        match self {
-            RwMode::Read => Kind::Read,
-            RwMode::Write => Kind::Write,
-        }
-    }
-}
+use crate::lock::checked;
+use crate::options::{hold_options, HoldOptions};
+use crate::store::contract::{How, LockStore, Waiter};
+use crate::target::Target;
 
 /// One named read-write lock, made by [`LockClient::rw_lock`]: pick a side with
 /// [`read`](Self::read) or [`write`](Self::write). See the [module docs](self) for the
@@ -128,16 +94,16 @@ impl RwMode {
 /// writer.release().await?;
 /// # Ok(()) }
 /// ```
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 #[must_use = "an RwLock does nothing until one of its sides is acquired or inspected"]
 pub struct RwLock {
-    client: LockClient,
+    engine: Arc<Engine>,
     key: Result<Key, KeyError>,
 }
 
 impl RwLock {
-    pub(crate) fn new(client: LockClient, key: Result<Key, KeyError>) -> Self {
-        Self { client, key }
+    pub(crate) fn new(engine: Arc<Engine>, key: Result<Key, KeyError>) -> Self {
+        Self { engine, key }
     }
 
     /// The read side: shared with other readers, refused while a writer holds the lock or
@@ -153,12 +119,10 @@ impl RwLock {
 
     fn side(&self, mode: RwMode) -> RwLockHandle {
         RwLockHandle {
-            client: self.client.clone(),
+            engine: self.engine.clone(),
             key: self.key.clone(),
             mode,
-            lease: None,
-            max_hold: None,
-            holder: None,
+            options: HoldOptions::default(),
         }
     }
 
@@ -167,9 +131,7 @@ impl RwLock {
     /// # Errors
     /// [`LockError::InvalidKey`] if the name was rejected.
     pub fn key(&self) -> Result<&Key, LockError> {
-        self.key
-            .as_ref()
-            .map_err(|e| LockError::InvalidKey(e.clone()))
+        checked(&self.key)
     }
 
     /// Whether anyone holds either side.
@@ -188,13 +150,12 @@ impl RwLock {
     /// # Errors
     /// [`LockError::InvalidKey`] or [`LockError::Backend`].
     pub async fn is_locked(&self) -> Result<bool, LockError> {
-        Ok(self.client.inner.backend.rw_is_locked(self.key()?).await?)
-    }
-}
-
-impl fmt::Debug for RwLock {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RwLock").field("key", &self.key).finish()
+        Ok(self
+            .engine
+            .store()
+            .remaining_ttl(self.key()?)
+            .await?
+            .is_some())
     }
 }
 
@@ -218,46 +179,21 @@ impl fmt::Debug for RwLock {
 /// other.release().await?;
 /// # Ok(()) }
 /// ```
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 #[must_use = "an RwLockHandle does nothing until it is acquired or inspected"]
 pub struct RwLockHandle {
-    client: LockClient,
+    engine: Arc<Engine>,
     key: Result<Key, KeyError>,
     mode: RwMode,
-    lease: Option<Duration>,
-    max_hold: Option<Duration>,
-    holder: Option<Holder>,
+    options: HoldOptions,
 }
+
+hold_options!(RwLockHandle, "client.rw_lock(\"report\").write()");
 
 impl RwLockHandle {
     /// Which side this handle takes.
     pub fn mode(&self) -> RwMode {
         self.mode
-    }
-
-    /// Holds this side for a fixed lease instead of keeping it alive with the watchdog.
-    pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = Some(lease);
-        self
-    }
-
-    /// Caps how long the watchdog keeps the hold alive (see [`Lock::max_hold`](crate::Lock::max_hold)).
-    pub fn max_hold(mut self, max_hold: Duration) -> Self {
-        self.max_hold = Some(max_hold);
-        self
-    }
-
-    /// Acquires as `holder` (re-entering, or downgrading, with what it already holds).
-    /// Without this, the holder of the enclosing [`Holder::scope`] is used, or else a fresh one.
-    pub fn holder(mut self, holder: &Holder) -> Self {
-        self.holder = Some(holder.clone());
-        self
-    }
-
-    fn key(&self) -> Result<&Key, LockError> {
-        self.key
-            .as_ref()
-            .map_err(|e| LockError::InvalidKey(e.clone()))
     }
 
     /// Acquires this side, waiting as long as it takes (through a Redis outage too).
@@ -285,158 +221,75 @@ impl RwLockHandle {
     /// # Errors
     /// [`LockError::InvalidKey`] or [`LockError::Backend`].
     pub async fn hold_count(&self, holder: &Holder) -> Result<u64, LockError> {
-        let backend = &self.client.inner.backend;
-        Ok(backend
-            .rw_hold_count(self.mode.kind(), self.key()?, holder)
-            .await?)
+        let hold = Hold {
+            kind: HoldKind::ReadWrite(self.mode),
+            key: checked(&self.key)?.clone(),
+            holder: holder.clone(),
+        };
+        Ok(self.engine.store().hold_count(&hold).await?)
     }
 
     async fn acquire_until(&self, deadline: Option<Instant>) -> Result<LockGuard, LockError> {
-        let key = self.key()?;
-        let holder = self
-            .holder
-            .clone()
-            .or_else(Holder::current)
-            .unwrap_or_else(|| self.client.holder());
-        let inner = &self.client.inner;
-        let backend = &inner.backend;
-        let kind = self.mode.kind();
-        let lease = self.lease.unwrap_or(inner.config.watchdog_timeout);
-        // How long a waiting writer's registration outlives its last attempt: long enough
-        // for the retry that refreshes it (at half of it, at the latest; see below).
-        let register = inner.config.watchdog_timeout;
-        let channel = match self.mode {
-            RwMode::Read => readers_channel(key),
-            RwMode::Write => key.channel().to_owned(),
+        let attempts = RwAttempts {
+            target: Target::new(&self.engine, checked(&self.key)?, &self.options),
+            mode: self.mode,
+            // How long a waiting writer's registration outlives its last attempt: long
+            // enough for the retry that refreshes it (at half of it, at the latest).
+            register: self.engine.watchdog().lease(),
+            registered: false,
         };
-        let started = Instant::now();
-        let outcome = |outcome: &'static str| {
-            tracing::debug!(%key, mode = ?self.mode, waited_ms = started.elapsed().as_millis() as u64, outcome, "rw lock acquire");
-        };
-        let mut registration = Registration {
-            backend: backend.clone(),
-            key: key.clone(),
-            holder: holder.clone(),
-            armed: false,
-        };
-        // A writer's registration never outlives its wait budget.
-        let attempt = || {
-            let register = deadline.map_or(register, |d| {
-                register.min(d.saturating_duration_since(Instant::now()))
-            });
-            backend.rw_attempt(kind, key, &holder, lease, register)
-        };
-
-        let mut sent = Instant::now();
-        let mut attempt_result = attempt().await;
-        let mut wait = Wait::new(deadline);
-        loop {
-            let ttl = match attempt_result {
-                Ok(RwAttempt::Taken { token } | RwAttempt::Reentered { token }) => {
-                    // Taking the lock ended the writer's registration.
-                    registration.armed = false;
-                    outcome("acquired");
-                    return Ok(LockGuard::new(
-                        self.client.clone(),
-                        kind,
-                        key.clone(),
-                        holder,
-                        token,
-                        self.lease,
-                        self.max_hold,
-                        sent,
-                    ));
-                }
-                Ok(RwAttempt::Upgrade) => {
-                    outcome("upgrade refused");
-                    return Err(LockError::UpgradeRefused {
-                        key: key.name().to_owned(),
-                    });
-                }
-                Ok(RwAttempt::Busy { ttl }) => {
-                    registration.armed = self.mode == RwMode::Write;
-                    ttl
-                }
-                Err(error) if error.is_transient() && wait.can_back_off() => {
-                    tracing::debug!(%key, %error, "rw acquire failed; retrying");
-                    wait.back_off().await;
-                    sent = Instant::now();
-                    attempt_result = attempt().await;
-                    continue;
-                }
-                Err(error) => {
-                    outcome("backend error");
-                    return Err(error.into());
-                }
-            };
-            let now = Instant::now();
-            if wait.is_over(now) {
-                outcome("timeout");
-                registration.withdraw().await;
-                return Err(LockError::Timeout {
-                    key: key.name().to_owned(),
-                    retry_after: ttl,
-                });
-            }
-            let mut wake_at = now + ttl;
-            if self.mode == RwMode::Write {
-                // Retry before the registration runs out, so readers stay held back.
-                wake_at = wake_at.min(now + register / 2);
-            }
-            wait.sleep(&inner.waiters, &channel, wait.cap(wake_at))
-                .await;
-            sent = Instant::now();
-            attempt_result = attempt().await;
-        }
+        acquire::acquire(self.engine.waiters(), attempts, deadline).await
     }
 }
 
-impl fmt::Debug for RwLockHandle {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RwLockHandle")
-            .field("key", &self.key)
-            .field("mode", &self.mode)
-            .field("lease", &self.lease)
-            .field("max_hold", &self.max_hold)
-            .field("holder", &self.holder)
-            .finish()
-    }
+/// One side's attempts. A refused writer registers as waiting, which holds back new
+/// readers; readers sleep on a channel of their own, where a write release wakes them all.
+struct RwAttempts<'a> {
+    target: Target<'a>,
+    mode: RwMode,
+    register: Duration,
+    /// Whether a write attempt left a registration (so giving up must withdraw it).
+    registered: bool,
 }
 
-/// A waiting writer's registration: withdrawn when the wait ends without the lock (at
-/// once on a timeout, in the background if the wait is dropped or fails), so readers held
-/// back for it do not wait for it to run out.
-struct Registration {
-    backend: Backend,
-    key: Key,
-    holder: Holder,
-    armed: bool,
-}
+impl Attempts for RwAttempts<'_> {
+    const KIND: &'static str = "read-write";
+    type Won = LockGuard;
 
-impl Registration {
-    async fn withdraw(&mut self) {
-        if !std::mem::take(&mut self.armed) {
-            return;
-        }
-        if let Err(error) = self.backend.rw_withdraw(&self.key, &self.holder).await {
-            tracing::debug!(key = %self.key, %error, "could not withdraw a waiting writer; it runs out");
-        }
-    }
-}
-
-impl Drop for Registration {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
+    async fn attempt(&mut self, deadline: Option<Instant>) -> Answer<LockGuard> {
+        let how = match self.mode {
+            RwMode::Read => How::Read,
+            // A writer's registration never outlives its wait budget.
+            RwMode::Write => How::Write {
+                register: deadline.map_or(self.register, |d| {
+                    self.register
+                        .min(d.saturating_duration_since(Instant::now()))
+                }),
+            },
         };
-        let (backend, key, holder) = (self.backend.clone(), self.key.clone(), self.holder.clone());
-        runtime.spawn(async move {
-            if let Err(error) = backend.rw_withdraw(&key, &holder).await {
-                tracing::debug!(%key, %error, "could not withdraw a waiting writer; it runs out");
-            }
-        });
+        let tried = self.target.try_once(how).await?;
+        self.registered |= self.mode == RwMode::Write && matches!(tried, Tried::Busy(_));
+        Ok(tried)
+    }
+
+    fn key(&self, _lock: usize) -> &Key {
+        self.target.key
+    }
+
+    fn channel(&self, _lock: usize) -> &str {
+        match self.mode {
+            RwMode::Read => &self.target.key.names().readers,
+            RwMode::Write => self.target.key.channel(),
+        }
+    }
+
+    /// A waiting writer retries before its registration runs out, so readers stay held back.
+    fn recheck(&self) -> Option<Duration> {
+        (self.mode == RwMode::Write).then(|| self.register / 2)
+    }
+
+    fn left_behind(&self) -> Option<BoxFuture> {
+        self.registered
+            .then(|| self.target.withdraw(Waiter::Writer))
     }
 }

@@ -1,10 +1,11 @@
 //! Local waiters per release channel: who is waiting, and waking one of them.
 //!
-//! Both backends use this registry. The Redis backend adds one pub/sub connection per
-//! client (see `redis/pubsub.rs`) that subscribes to a channel while it has waiters here
-//! and calls [`Waiters::notify_one`] for each release notice ([`Waiters::notify_all`] for a
-//! completed claim, whose outcome every waiter can use, and for a read-write lock open to
-//! readers, which all may enter); the in-process backend calls them directly.
+//! The acquire loop registers its waiters here and sleeps on them; the store wakes them.
+//! The Redis store has one pub/sub connection per client (`store/redis/pubsub.rs`) that
+//! subscribes to a channel while it has waiters here and calls [`Waiters::notify_one`] for
+//! each release notice ([`Waiters::notify_all`] for a completed claim, whose outcome every
+//! waiter can use, and for a read-write lock open to readers, which all may enter); the
+//! in-process store calls them directly.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -40,12 +41,16 @@ impl Waiters {
         Self::default()
     }
 
-    /// A registry that reports subscription changes to a pub/sub task.
-    pub(crate) fn remote(changes: mpsc::UnboundedSender<Arc<str>>) -> Self {
-        Self {
+    /// A registry whose channels are ready once a listener says so; the receiver is told
+    /// the name of each channel that gained its first or lost its last waiter, for the
+    /// listener to (un)subscribe.
+    pub(crate) fn remote() -> (Self, mpsc::UnboundedReceiver<Arc<str>>) {
+        let (changes, listener) = mpsc::unbounded_channel();
+        let waiters = Self {
             channels: Mutex::default(),
             changes: Some(changes),
-        }
+        };
+        (waiters, listener)
     }
 
     fn channels(&self) -> MutexGuard<'_, HashMap<Arc<str>, Entry>> {

@@ -1,24 +1,33 @@
-//! The client's one watchdog: keeps every lock held without an explicit lease alive.
+//! The client's one watchdog: keeps every hold taken without an explicit lease alive.
 //!
-//! Guards register here; one task renews all that are due in one pipelined batch every
-//! third of the lease, and marks a guard lost when a renewal finds its lock gone or taken,
-//! or when renewals keep failing until the lease must have run out.
+//! Guards register here; one task (started with the first registration, stopped with the
+//! watchdog) renews all that are due in one pipelined batch every third of the lease, and
+//! marks a guard lost when a renewal finds its hold gone or taken, or when renewals keep
+//! failing until the lease must have run out.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 
-use crate::backend::{Backend, Kind, Renewal};
-use crate::holder::Holder;
-use crate::key::Key;
+use crate::hold::Hold;
+use crate::store::contract::{LockStore, Renewal};
+use crate::store::Store;
 
 pub(crate) struct Watchdog {
-    entries: Mutex<HashMap<(Kind, Key, Holder), Entry>>,
+    holds: Arc<Holds>,
+    store: Store,
+    task: OnceLock<AbortOnDropHandle<()>>,
+}
+
+/// The watched holds, shared with the renewal task.
+struct Holds {
+    entries: Mutex<HashMap<Hold, Entry>>,
     /// Woken when the first entry arrives while the task is parked.
     wake: Notify,
     parked: AtomicBool,
@@ -40,23 +49,60 @@ struct Entry {
 
 /// What a guard keeps to unregister itself.
 #[derive(Debug, Clone)]
-pub(crate) struct Registration {
+pub(crate) struct Watched {
     pub generation: u64,
     pub lost: CancellationToken,
 }
 
 impl Watchdog {
-    pub(crate) fn new(lease: Duration) -> Self {
+    /// A watchdog that renews holds for `lease` in `store`.
+    pub(crate) fn new(lease: Duration, store: Store) -> Self {
         Self {
-            entries: Mutex::default(),
-            wake: Notify::new(),
-            parked: AtomicBool::new(false),
-            lease,
-            generations: AtomicU64::new(0),
+            holds: Arc::new(Holds {
+                entries: Mutex::default(),
+                wake: Notify::new(),
+                parked: AtomicBool::new(false),
+                lease,
+                generations: AtomicU64::new(0),
+            }),
+            store,
+            task: OnceLock::new(),
         }
     }
 
-    fn entries(&self) -> MutexGuard<'_, HashMap<(Kind, Key, Holder), Entry>> {
+    /// The lease every watched hold is renewed for.
+    pub(crate) fn lease(&self) -> Duration {
+        self.holds.lease
+    }
+
+    /// Watches a hold acquired with the watchdog lease, the request sent at `sent`.
+    pub(crate) fn register(
+        &self,
+        hold: &Hold,
+        sent: Instant,
+        max_hold: Option<Duration>,
+    ) -> Watched {
+        // Started on first use: an in-process client may be made outside a runtime.
+        self.task.get_or_init(|| {
+            let (holds, store) = (self.holds.clone(), self.store.clone());
+            AbortOnDropHandle::new(tokio::spawn(async move { holds.run(store).await }))
+        });
+        self.holds.register(hold, sent, max_hold)
+    }
+
+    /// Stops watching for one guard; the hold is no longer renewed once its last guard goes.
+    pub(crate) fn unregister(&self, hold: &Hold, generation: u64) {
+        self.holds.unregister(hold, generation);
+    }
+
+    /// Number of holds being kept alive.
+    pub(crate) fn len(&self) -> usize {
+        self.holds.entries().len()
+    }
+}
+
+impl Holds {
+    fn entries(&self) -> MutexGuard<'_, HashMap<Hold, Entry>> {
         // Every critical section leaves the map consistent, so a poisoned lock is usable.
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -65,20 +111,12 @@ impl Watchdog {
         self.lease / 3
     }
 
-    /// Watches a hold acquired with the watchdog lease, the request sent at `sent`.
-    pub(crate) fn register(
-        &self,
-        kind: Kind,
-        key: &Key,
-        holder: &Holder,
-        sent: Instant,
-        max_hold: Option<Duration>,
-    ) -> Registration {
+    fn register(&self, hold: &Hold, sent: Instant, max_hold: Option<Duration>) -> Watched {
         let mut entries = self.entries();
         let was_empty = entries.is_empty();
         let hold_until = max_hold.map(|d| sent + d);
         let entry = entries
-            .entry((kind, key.clone(), holder.clone()))
+            .entry(hold.clone())
             .and_modify(|e| {
                 e.guards += 1;
                 e.expires = e.expires.max(sent + self.lease);
@@ -95,7 +133,7 @@ impl Watchdog {
                 expires: sent + self.lease,
                 hold_until,
             });
-        let registration = Registration {
+        let registration = Watched {
             generation: entry.generation,
             lost: entry.lost.clone(),
         };
@@ -106,27 +144,20 @@ impl Watchdog {
         registration
     }
 
-    /// Stops watching for one guard; the entry goes when its last guard does.
-    pub(crate) fn unregister(&self, kind: Kind, key: &Key, holder: &Holder, generation: u64) {
+    fn unregister(&self, hold: &Hold, generation: u64) {
         let mut entries = self.entries();
-        let id = (kind, key.clone(), holder.clone());
-        if let Some(entry) = entries.get_mut(&id) {
+        if let Some(entry) = entries.get_mut(hold) {
             if entry.generation == generation {
                 entry.guards -= 1;
                 if entry.guards == 0 {
-                    entries.remove(&id);
+                    entries.remove(hold);
                 }
             }
         }
     }
 
-    /// Number of holds being kept alive.
-    pub(crate) fn len(&self) -> usize {
-        self.entries().len()
-    }
-
-    /// The renewal loop; runs until the client is dropped.
-    pub(crate) async fn run(&self, backend: Backend) {
+    /// The renewal loop; runs until the watchdog is dropped.
+    async fn run(&self, store: Store) {
         let interval = self.interval();
         let retry = (interval / 10).clamp(Duration::from_millis(10), Duration::from_secs(1));
         loop {
@@ -155,14 +186,14 @@ impl Watchdog {
             {
                 let mut entries = self.entries();
                 let mut lost = Vec::new();
-                for ((kind, key, holder), e) in entries.iter_mut() {
+                for (hold, e) in entries.iter_mut() {
                     if e.due > horizon {
                         continue;
                     }
                     let lease = match e.hold_until {
                         Some(until) if until <= now => {
                             if now >= e.expires {
-                                lost.push((*kind, key.clone(), holder.clone(), "max_hold reached"));
+                                lost.push(hold.clone());
                             } else {
                                 e.due = e.expires;
                             }
@@ -173,15 +204,13 @@ impl Watchdog {
                     };
                     e.due = now + retry.max(interval);
                     let renewal = Renewal {
-                        kind: *kind,
-                        key: key.clone(),
-                        holder: holder.clone(),
+                        hold: hold.clone(),
                         lease,
                     };
                     due.push((e.expires, renewal, e.generation));
                 }
-                for (kind, key, holder, why) in lost {
-                    mark_lost(&mut entries, kind, &key, &holder, why);
+                for hold in lost {
+                    mark_lost(&mut entries, &hold, "max_hold reached");
                 }
             }
             if due.is_empty() {
@@ -193,7 +222,7 @@ impl Watchdog {
                 due.into_iter().map(|(_, r, g)| (r, g)).unzip();
 
             let sent = Instant::now();
-            let outcome = backend.renew_many(&batch).await;
+            let outcome = store.renew_all(&batch).await;
             let after = Instant::now();
             if after - sent > interval {
                 tracing::warn!(
@@ -207,21 +236,20 @@ impl Watchdog {
             match outcome {
                 Ok(renewed) => {
                     for ((r, generation), ok) in batch.iter().zip(generations).zip(renewed) {
-                        let id = (r.kind, r.key.clone(), r.holder.clone());
-                        let Some(e) = entries.get_mut(&id).filter(|e| e.generation == generation)
+                        let Some(e) = entries
+                            .get_mut(&r.hold)
+                            .filter(|e| e.generation == generation)
                         else {
                             continue; // released meanwhile
                         };
                         if ok {
                             e.expires = sent + r.lease;
                             e.due = (sent + interval).min(e.expires);
-                            tracing::trace!(key = %r.key, "renewed");
+                            tracing::trace!(key = %r.hold.key, "renewed");
                         } else {
                             mark_lost(
                                 &mut entries,
-                                r.kind,
-                                &r.key,
-                                &r.holder,
+                                &r.hold,
                                 "it was gone or held by another holder at renewal",
                             );
                         }
@@ -230,17 +258,16 @@ impl Watchdog {
                 Err(error) => {
                     tracing::warn!(%error, locks = batch.len(), "lock renewal failed; retrying until the lease runs out");
                     for (r, generation) in batch.iter().zip(generations) {
-                        let id = (r.kind, r.key.clone(), r.holder.clone());
-                        let Some(e) = entries.get_mut(&id).filter(|e| e.generation == generation)
+                        let Some(e) = entries
+                            .get_mut(&r.hold)
+                            .filter(|e| e.generation == generation)
                         else {
                             continue;
                         };
                         if after >= e.expires {
                             mark_lost(
                                 &mut entries,
-                                r.kind,
-                                &r.key,
-                                &r.holder,
+                                &r.hold,
                                 "renewals failed until the lease ran out",
                             );
                         } else {
@@ -253,15 +280,10 @@ impl Watchdog {
     }
 }
 
-fn mark_lost(
-    entries: &mut HashMap<(Kind, Key, Holder), Entry>,
-    kind: Kind,
-    key: &Key,
-    holder: &Holder,
-    why: &'static str,
-) {
-    if let Some(entry) = entries.remove(&(kind, key.clone(), holder.clone())) {
-        tracing::warn!(%key, %holder, reason = why, "lock lost while held");
+fn mark_lost(entries: &mut HashMap<Hold, Entry>, hold: &Hold, why: &'static str) {
+    if let Some(entry) = entries.remove(hold) {
+        tracing::warn!(key = %hold.key, holder = %hold.holder, kind = hold.kind.name(),
+            reason = why, "lock lost while held");
         entry.lost.cancel();
     }
 }

@@ -1,15 +1,15 @@
 //! The guard of a held Redlock: its validity, token, extensions, lost signal and release.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
+use futures_util::future::join_all;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
-use super::{release_on, renew_on, Held, Redlock, RedlockError};
-use crate::backend::Released;
-use crate::error::LockError;
+use super::nodes::Nodes;
+use super::round::{release_all, Held};
+use crate::error::{LockError, RedlockError};
 use crate::holder::Holder;
 use crate::key::Key;
 use crate::lost::LostSignal;
@@ -38,25 +38,21 @@ use crate::lost::LostSignal;
 /// ```
 #[must_use = "the lock is released as soon as the guard is dropped"]
 pub struct RedlockGuard {
-    redlock: Redlock,
+    nodes: Arc<Nodes>,
     held: Held,
     extensions: u32,
-    /// The current end of validity, watched by the task that fires `lost`.
-    valid_until: watch::Sender<Instant>,
+    /// Fires when the validity runs out; extensions move it.
     lost: LostSignal,
 }
 
 impl RedlockGuard {
-    pub(super) fn new(redlock: Redlock, held: Held) -> Self {
-        let (valid_until, watched) = watch::channel(held.valid_until);
-        let lost = CancellationToken::new();
-        tokio::spawn(expire(watched, lost.clone()));
+    pub(super) fn new(nodes: Arc<Nodes>, held: Held) -> Self {
+        let lost = LostSignal::expiring(held.valid_until);
         Self {
-            redlock,
+            nodes,
             held,
             extensions: 0,
-            valid_until,
-            lost: LostSignal::new(lost, None, Instant::now()),
+            lost,
         }
     }
 
@@ -88,7 +84,7 @@ impl RedlockGuard {
     /// successful round (acquire or extend) plus the lease, minus the clock drift. The
     /// nodes expire it later.
     pub fn valid_until(&self) -> Instant {
-        *self.valid_until.borrow()
+        self.lost.deadline().unwrap_or(self.held.valid_until)
     }
 
     /// How much validity is left (zero once it ran out).
@@ -103,7 +99,7 @@ impl RedlockGuard {
 
     /// Whether the validity has run out (see [`lost`](Self::lost)).
     pub fn is_lost(&self) -> bool {
-        self.lost.is_lost() || Instant::now() >= self.valid_until()
+        self.lost.is_lost()
     }
 
     /// Resolves once the validity has run out without a successful extension.
@@ -141,8 +137,7 @@ impl RedlockGuard {
     /// a majority renewed it and [`RedlockError::TooSlow`] if they answered after the new
     /// validity had run out. After an error the old validity still applies.
     pub async fn extend(&mut self) -> Result<Duration, LockError> {
-        let shared = self.held.shared.clone();
-        let config = &shared.config;
+        let config = &self.nodes.config;
         let name = self.held.key.name().to_owned();
         if self.is_lost() {
             return Err(LockError::Lost { key: name });
@@ -155,37 +150,42 @@ impl RedlockGuard {
             .into());
         }
         let started = Instant::now();
-        let renewed = renew_on(&shared, &self.held.key, &self.held.holder)
+        let (lease, node_timeout) = (config.lease, config.node_timeout);
+        let renewals = self
+            .held
+            .guards
+            .iter_mut()
+            .map(|guard| tokio::time::timeout(node_timeout, guard.extend(lease)));
+        let renewed = join_all(renewals)
             .await
             .into_iter()
-            .filter(|renewed| *renewed)
+            .filter(|renewed| matches!(renewed, Ok(Ok(()))))
             .count();
-        let valid_until = started + config.lease.saturating_sub(config.drift());
-        let quorum = self.redlock.quorum();
+        let valid_until = started + lease.saturating_sub(config.drift());
+        let quorum = self.nodes.quorum();
         tracing::debug!(key = %self.held.key, renewed, quorum, "redlock extend");
         if renewed < quorum {
             return Err(RedlockError::NoQuorum {
                 key: name,
                 granted: renewed,
                 needed: quorum,
-                nodes: shared.nodes.len(),
+                nodes: self.nodes.clients.len(),
             }
             .into());
-        }
-        // The signal may have fired while the nodes answered: once lost, stays lost.
-        if self.lost.is_lost() {
-            return Err(LockError::Lost { key: name });
         }
         if Instant::now() >= valid_until {
             return Err(RedlockError::TooSlow {
                 key: name,
                 elapsed: started.elapsed(),
-                lease: config.lease,
+                lease,
             }
             .into());
         }
+        // The validity may have run out while the nodes answered: once lost, stays lost.
+        if !self.lost.extend_to(valid_until) {
+            return Err(LockError::Lost { key: name });
+        }
         self.extensions += 1;
-        self.valid_until.send_replace(valid_until);
         Ok(self.validity())
     }
 
@@ -196,24 +196,13 @@ impl RedlockGuard {
     /// [`LockError::Lost`] if the validity had run out and fewer than a majority still held
     /// it; [`RedlockError::NoQuorum`] if fewer than a majority confirmed the release (the
     /// rest expire with the lease).
-    pub async fn release(mut self) -> Result<(), LockError> {
-        self.held.armed = false;
+    pub async fn release(self) -> Result<(), LockError> {
         let was_lost = self.is_lost();
-        let shared = self.held.shared.clone();
-        let answers = release_on(
-            shared.nodes.iter().cloned(),
-            &self.held.key,
-            &self.held.holder,
-            shared.config.node_timeout,
-        )
-        .await;
-        let freed = answers
-            .iter()
-            .filter(|a| matches!(a, Some(Released::Freed | Released::Remaining(_))))
-            .count();
-        let quorum = self.redlock.quorum();
-        tracing::debug!(key = %self.held.key, freed, quorum, "redlock release");
-        let key = self.held.key.name().to_owned();
+        let Self { nodes, held, .. } = self;
+        let freed = release_all(held.guards, nodes.config.node_timeout).await;
+        let quorum = nodes.quorum();
+        tracing::debug!(key = %held.key, freed, quorum, "redlock release");
+        let key = held.key.name().to_owned();
         if freed >= quorum {
             Ok(())
         } else if was_lost {
@@ -223,29 +212,9 @@ impl RedlockGuard {
                 key,
                 granted: freed,
                 needed: quorum,
-                nodes: shared.nodes.len(),
+                nodes: nodes.clients.len(),
             }
             .into())
-        }
-    }
-}
-
-/// Fires `lost` when the validity runs out without being moved; ends with the guard.
-async fn expire(mut valid_until: watch::Receiver<Instant>, lost: CancellationToken) {
-    loop {
-        let until = *valid_until.borrow_and_update();
-        tokio::select! {
-            () = tokio::time::sleep_until(until) => {
-                if *valid_until.borrow() <= Instant::now() {
-                    lost.cancel();
-                    return;
-                }
-            }
-            changed = valid_until.changed() => {
-                if changed.is_err() {
-                    return;
-                }
-            }
         }
     }
 }

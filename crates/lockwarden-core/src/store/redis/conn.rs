@@ -9,10 +9,12 @@ use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
+use std::sync::Arc;
+
+use super::pubsub::Source;
+use super::sentinel::Followed;
+use super::timeout::bounded;
 use crate::error::BackendError;
-use crate::redis::bounded;
-use crate::redis::pubsub::Source;
-use crate::redis::sentinel::Followed;
 
 /// How to reach Redis, as given to the client builder.
 #[derive(Clone)]
@@ -47,7 +49,7 @@ impl Deployment {
     /// A new command connection, and where its client's pub/sub connection goes; fails
     /// if Redis cannot be reached within `timeout`. `response` bounds each reply (longer
     /// than `timeout` for a connection that `WAIT`s).
-    pub(crate) async fn connect(
+    pub(super) async fn connect(
         &self,
         timeout: Duration,
         response: Duration,
@@ -57,14 +59,16 @@ impl Deployment {
                 let conn =
                     client.get_connection_manager_with_config(manager_config(timeout, response));
                 let conn = Conn::Server(bounded(timeout, conn).await?);
-                Ok((conn, Source::Server(client.clone())))
+                Ok((conn, Source::Server(Box::new(client.clone()))))
             }
             Deployment::Cluster(nodes) => {
                 let client = cluster_builder(nodes, timeout)
                     .response_timeout(response)
                     .build()?;
                 let conn = Conn::Cluster(bounded(timeout, client.get_async_connection()).await?);
-                Ok((conn, Source::Cluster(nodes.clone(), timeout)))
+                let nodes = nodes.clone();
+                let builder = Arc::new(move || cluster_builder(&nodes, timeout));
+                Ok((conn, Source::Cluster(builder)))
             }
             Deployment::Sentinel { sentinels, service } => {
                 let sentinel = sentinel_client(sentinels, service.clone())?;
@@ -76,7 +80,7 @@ impl Deployment {
     }
 }
 
-pub(crate) fn manager_config(timeout: Duration, response: Duration) -> ConnectionManagerConfig {
+fn manager_config(timeout: Duration, response: Duration) -> ConnectionManagerConfig {
     ConnectionManagerConfig::new()
         .set_response_timeout(Some(response))
         .set_connection_timeout(Some(timeout))
@@ -84,7 +88,7 @@ pub(crate) fn manager_config(timeout: Duration, response: Duration) -> Connectio
         .set_max_delay(Duration::from_millis(500))
 }
 
-pub(crate) fn cluster_builder(nodes: &[String], timeout: Duration) -> ClusterClientBuilder {
+fn cluster_builder(nodes: &[String], timeout: Duration) -> ClusterClientBuilder {
     ClusterClientBuilder::new(nodes.iter().map(String::as_str))
         .connection_timeout(timeout)
         .retries(3)
@@ -107,7 +111,7 @@ fn sentinel_client(
 /// The connection a backend sends its commands on; cheap to clone (all clones share the
 /// underlying connections).
 #[derive(Clone)]
-pub(crate) enum Conn {
+pub(super) enum Conn {
     /// One auto-reconnecting multiplexed connection.
     Server(ConnectionManager),
     /// A multiplexed connection per node: a command goes to the owner of its first key's
@@ -119,7 +123,7 @@ pub(crate) enum Conn {
 
 impl Conn {
     /// Whether one pipeline or script may only touch keys of one slot.
-    pub(crate) fn is_cluster(&self) -> bool {
+    pub(super) fn is_cluster(&self) -> bool {
         matches!(self, Conn::Cluster(_))
     }
 }

@@ -20,8 +20,8 @@ use redis::{
 use tokio::sync::{watch, Notify};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
+use super::timeout::bounded;
 use crate::error::BackendError;
-use crate::redis::bounded;
 
 /// How often the sentinels are asked even when every command succeeds.
 const RECHECK: Duration = Duration::from_secs(1);
@@ -29,7 +29,7 @@ const RECHECK: Duration = Duration::from_secs(1);
 /// A connection to the current primary; clones share it and its follower task, which
 /// stops with the last clone.
 #[derive(Clone)]
-pub(crate) struct Followed {
+pub(super) struct Followed {
     shared: Arc<Shared>,
     _stop: Arc<DropGuard>,
 }
@@ -48,7 +48,7 @@ struct Primary {
 }
 
 impl Followed {
-    pub(crate) async fn connect(
+    pub(super) async fn connect(
         mut sentinel: SentinelClient,
         config: ConnectionManagerConfig,
         timeout: Duration,
@@ -91,17 +91,17 @@ impl Followed {
     }
 
     /// A client for the current primary (for the pub/sub connection).
-    pub(crate) fn client(&self) -> redis::Client {
+    pub(super) fn client(&self) -> redis::Client {
         self.primary().client.clone()
     }
 
     /// Changes each time another server becomes the primary.
-    pub(crate) fn switches(&self) -> watch::Receiver<u64> {
+    pub(super) fn switches(&self) -> watch::Receiver<u64> {
         self.shared.switches.subscribe()
     }
 
     /// Asks the follower to check the primary now.
-    pub(crate) fn recheck(&self) {
+    pub(super) fn recheck(&self) {
         self.shared.recheck.notify_one();
     }
 
@@ -113,7 +113,7 @@ impl Followed {
         }
     }
 
-    pub(crate) fn req_packed_command<'a>(&'a self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+    pub(super) fn req_packed_command<'a>(&'a self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {
             let mut conn = self.conn();
             let reply = conn.req_packed_command(cmd).await;
@@ -122,7 +122,7 @@ impl Followed {
         })
     }
 
-    pub(crate) fn req_packed_commands<'a>(
+    pub(super) fn req_packed_commands<'a>(
         &'a self,
         pipeline: &'a Pipeline,
         offset: usize,

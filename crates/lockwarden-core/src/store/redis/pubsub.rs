@@ -21,8 +21,9 @@ use futures_util::{Stream, StreamExt};
 use redis::{PushInfo, PushKind, RedisResult, Value};
 use tokio::sync::{mpsc, watch};
 
-use crate::redis::conn::cluster_builder;
-use crate::redis::sentinel::Followed;
+use redis::cluster::ClusterClientBuilder;
+
+use super::sentinel::Followed;
 use crate::waiters::Waiters;
 
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
@@ -30,11 +31,12 @@ const MAX_BACKOFF: Duration = Duration::from_secs(2);
 const CONNECT: Duration = Duration::from_secs(2);
 
 /// Where the pub/sub connection goes.
-pub(crate) enum Source {
-    Server(redis::Client),
+pub(super) enum Source {
+    Server(Box<redis::Client>),
     /// The primary of this command connection, reconnected when it switches.
     Sentinel(Followed),
-    Cluster(Vec<String>, Duration),
+    /// A cluster, reached with a fresh client from this builder on each (re)connection.
+    Cluster(Arc<dyn Fn() -> ClusterClientBuilder + Send + Sync>),
 }
 
 /// What the connection delivered.
@@ -57,7 +59,7 @@ enum Ended {
     Closed,
 }
 
-pub(crate) async fn run(
+pub(super) async fn run(
     source: Source,
     waiters: Arc<Waiters>,
     mut changes: mpsc::UnboundedReceiver<Arc<str>>,
@@ -87,7 +89,7 @@ pub(crate) async fn run(
                     }
                 }
             }
-            Source::Cluster(nodes, timeout) => session.serve_cluster(nodes, *timeout).await,
+            Source::Cluster(builder) => session.serve_cluster(builder()).await,
         };
         let served = session.served;
         match ended {
@@ -175,9 +177,9 @@ impl Session<'_> {
         self.serve(&mut sink, events, switched).await
     }
 
-    async fn serve_cluster(&mut self, nodes: &[String], timeout: Duration) -> Ended {
+    async fn serve_cluster(&mut self, builder: ClusterClientBuilder) -> Ended {
         let (tx, rx) = mpsc::unbounded_channel::<PushInfo>();
-        let client = match cluster_builder(nodes, timeout)
+        let client = match builder
             .use_protocol(redis::ProtocolVersion::RESP3)
             .push_sender(tx)
             .build()

@@ -1,0 +1,246 @@
+//! The one acquire loop, run by every lock kind (plain and claims, fair, read, write,
+//! multi): attempt; while the lock is busy, sleep on its channel until a notice or until
+//! it could have changed without one, within the wait budget; ride out a store outage
+//! with backoff; and when the wait ends without the lock, undo what waiting left in the
+//! store. A lock kind supplies only what differs, as an [`Attempts`].
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::error::{BackendError, LockError};
+use crate::finish::{BoxFuture, Finish};
+use crate::key::Key;
+use crate::waiters::{Waiters, Waiting};
+
+/// Used when the store reports a lock without expiry (not one of ours): re-check this often.
+pub(crate) const NO_TTL_RECHECK: Duration = Duration::from_secs(1);
+
+/// Retry pacing while the store is unreachable during a wait.
+const MIN_BACKOFF: Duration = Duration::from_millis(20);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// What one attempt answers: how it went, or why the store failed.
+pub(crate) type Answer<W> = Result<Tried<W>, BackendError>;
+
+/// What one lock kind supplies to the acquire loop.
+pub(crate) trait Attempts: Send {
+    /// What winning yields: a guard, a claim's outcome, several guards.
+    type Won: Send;
+
+    /// One attempt, one round trip; `deadline` is the end of the wait budget.
+    fn attempt(
+        &mut self,
+        deadline: Option<Instant>,
+    ) -> impl Future<Output = Answer<Self::Won>> + Send;
+
+    /// The kind's name in logs.
+    const KIND: &'static str;
+
+    /// The lock (of the kind's locks) named `lock` by a [`Busy`] answer.
+    fn key(&self, lock: usize) -> &Key;
+
+    /// What is being acquired, in logs.
+    fn name(&self) -> &str {
+        self.key(0).name()
+    }
+
+    /// The channel a waiter for `lock` sleeps on (by default the lock's release channel).
+    fn channel(&self, lock: usize) -> &str {
+        self.key(lock).channel()
+    }
+
+    /// How often to try again while busy even without a notice: a waiter that keeps a
+    /// place in the store must refresh it. `None`: only when the lock could have expired.
+    fn recheck(&self) -> Option<Duration> {
+        None
+    }
+
+    /// What waiting left in the store after the last attempt (a place in a queue, a
+    /// registration), to undo if the wait ends without the lock; `None` if nothing.
+    fn left_behind(&self) -> Option<BoxFuture> {
+        None
+    }
+}
+
+/// The answer of one attempt, as the loop needs it.
+pub(crate) enum Tried<W> {
+    /// Acquired (or, for a claim, found done).
+    Won(W),
+    /// Busy: retry on a notice or by `ttl` (the holder's remaining lease) at the latest.
+    Busy(Busy),
+    /// Refused for good (an upgrade from read to write).
+    Refused(LockError),
+}
+
+impl<W> Tried<W> {
+    /// The same answer, with what winning yields made into something else.
+    pub(crate) fn map<V>(self, f: impl FnOnce(W) -> V) -> Tried<V> {
+        match self {
+            Tried::Won(won) => Tried::Won(f(won)),
+            Tried::Busy(busy) => Tried::Busy(busy),
+            Tried::Refused(error) => Tried::Refused(error),
+        }
+    }
+}
+
+/// Which lock is busy and for how long at most.
+pub(crate) struct Busy {
+    /// Which of the kind's locks (0 but for a multi-lock).
+    pub(crate) lock: usize,
+    /// The holder's remaining lease; `None` if the lock has no expiry.
+    pub(crate) ttl: Option<Duration>,
+}
+
+/// Runs `attempts` until they win, the budget (`deadline`) is spent or the store fails
+/// for good. Dropping the future at any point leaves nothing behind.
+pub(crate) async fn acquire<A: Attempts>(
+    waiters: &Arc<Waiters>,
+    mut attempts: A,
+    deadline: Option<Instant>,
+) -> Result<A::Won, LockError> {
+    let started = Instant::now();
+    let mut wait = Wait::new(deadline);
+    // Undone at once when the wait ends without the lock, in the background if the
+    // future is dropped; cancelled once the lock is taken (the store cleared it).
+    let mut left_behind: Option<Finish<BoxFuture>> = None;
+    // The lock whose notice woke us, if the retry has not used it yet.
+    let mut woken: Option<usize> = None;
+    let log = |attempts: &A, outcome: &'static str| {
+        tracing::debug!(
+            kind = A::KIND,
+            key = attempts.name(),
+            waited_ms = started.elapsed().as_millis() as u64,
+            outcome,
+            "lock acquire"
+        );
+    };
+    loop {
+        let busy = match attempts.attempt(deadline).await {
+            Ok(Tried::Won(won)) => {
+                if let Some(left_behind) = left_behind {
+                    left_behind.cancel();
+                }
+                log(&attempts, "acquired");
+                return Ok(won);
+            }
+            Ok(Tried::Busy(busy)) => busy,
+            Ok(Tried::Refused(error)) => {
+                give_up(left_behind).await;
+                log(&attempts, "refused");
+                return Err(error);
+            }
+            // Ride out a reconnect within the budget; the store being down is reported
+            // once the budget is spent.
+            Err(error) if error.is_transient() && wait.can_back_off() => {
+                tracing::debug!(key = attempts.name(), %error, "acquire failed; retrying");
+                wait.back_off().await;
+                continue;
+            }
+            Err(error) => {
+                give_up(left_behind).await;
+                log(&attempts, "backend error");
+                return Err(error.into());
+            }
+        };
+        if left_behind.is_none() {
+            left_behind = attempts.left_behind().map(Finish::new);
+        }
+        // A notice for a lock we then did not take goes to the next local waiter of that
+        // lock, which may well get it (only a multi-lock waits on more than one).
+        if let Some(other) = woken.take().filter(|&w| w != busy.lock) {
+            waiters.notify_one(attempts.channel(other));
+        }
+        let recheck = attempts.recheck();
+        let ttl = busy.ttl.or(recheck).unwrap_or(NO_TTL_RECHECK);
+        let now = Instant::now();
+        if wait.is_over(now) {
+            give_up(left_behind).await;
+            log(&attempts, "timeout");
+            return Err(LockError::Timeout {
+                key: attempts.key(busy.lock).name().to_owned(),
+                retry_after: ttl,
+            });
+        }
+        let wake_at = now + recheck.map_or(ttl, |recheck| ttl.min(recheck));
+        let channel = attempts.channel(busy.lock);
+        if wait.sleep(waiters, channel, wait.cap(wake_at)).await {
+            woken = Some(busy.lock);
+        }
+    }
+}
+
+async fn give_up(left_behind: Option<Finish<BoxFuture>>) {
+    if let Some(undo) = left_behind {
+        undo.await;
+    }
+}
+
+/// One acquisition's wait: its deadline (`None`: as long as it takes), its backoff, and
+/// its subscription to the channel it sleeps on.
+struct Wait {
+    deadline: Option<Instant>,
+    backoff: Duration,
+    waiting: Option<Waiting>,
+    /// Whether notices on the subscribed channel are being received.
+    ready: bool,
+}
+
+impl Wait {
+    fn new(deadline: Option<Instant>) -> Self {
+        Self {
+            deadline,
+            backoff: MIN_BACKOFF,
+            waiting: None,
+            ready: false,
+        }
+    }
+
+    /// Whether the budget is spent at `now`.
+    fn is_over(&self, now: Instant) -> bool {
+        self.deadline.is_some_and(|d| now >= d)
+    }
+
+    /// `at`, or the deadline if that comes first.
+    fn cap(&self, at: Instant) -> Instant {
+        self.deadline.map_or(at, |d| d.min(at))
+    }
+
+    /// Whether the budget leaves room for one more backoff after a transient failure.
+    fn can_back_off(&self) -> bool {
+        self.deadline
+            .is_none_or(|d| Instant::now() + self.backoff < d)
+    }
+
+    /// Sleeps the current backoff and doubles it (up to a second).
+    async fn back_off(&mut self) {
+        tokio::time::sleep(self.backoff).await;
+        self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+    }
+
+    /// Sleeps until a notice on `channel` or `wake_at`; returns whether a notice woke it.
+    /// The first sleep on a channel only subscribes (until notices flow, or `wake_at`), so
+    /// the caller retries at once and a release between its attempt and the subscription
+    /// is not missed.
+    async fn sleep(&mut self, waiters: &Arc<Waiters>, channel: &str, wake_at: Instant) -> bool {
+        let w = match &self.waiting {
+            Some(w) if w.channel() == channel => w,
+            _ => {
+                let w = waiters.register(channel);
+                self.ready = w.ready_by(wake_at).await;
+                self.waiting = Some(w);
+                return false;
+            }
+        };
+        tokio::select! {
+            _ = w.notified() => true,
+            _ = w.ready_by(wake_at), if !self.ready => {
+                self.ready = true;
+                false
+            }
+            _ = tokio::time::sleep_until(wake_at) => false,
+        }
+    }
+}

@@ -1,0 +1,248 @@
+//! How a [`LockClient`] is made: [`LockClientBuilder`] and the shorthands on the client.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::client::LockClient;
+use crate::engine::Engine;
+use crate::error::{BackendError, LockError};
+use crate::key::{KeyLayout, KeySpace};
+use crate::store::redis::{ConnectOptions, Deployment};
+use crate::store::Store;
+use crate::waiters::Waiters;
+
+/// The watchdog lease by default: the lease of a hold taken without one of its own.
+const DEFAULT_WATCHDOG_LEASE: Duration = Duration::from_secs(30);
+/// How long one Redis command may take by default.
+const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
+
+impl LockClient {
+    /// A client on a new in-process store: locks exclude each other within this process
+    /// only (clones of this client share the store). No Redis needed.
+    pub fn in_memory() -> Self {
+        LockClientBuilder::default().in_memory()
+    }
+
+    /// Connects to Redis at `url` (e.g. `redis://127.0.0.1:6379/`) with default settings.
+    ///
+    /// # Errors
+    /// [`LockError::Backend`] if the URL is invalid or Redis cannot be reached.
+    pub async fn connect(url: &str) -> Result<Self, LockError> {
+        LockClientBuilder::default().connect(url).await
+    }
+
+    /// A builder for a client with non-default settings.
+    ///
+    /// ```
+    /// # use lockwarden_core::LockClient;
+    /// # use std::time::Duration;
+    /// let client = LockClient::builder()
+    ///     .namespace("billing:locks:")
+    ///     .watchdog_timeout(Duration::from_secs(10))
+    ///     .in_memory();
+    /// ```
+    pub fn builder() -> LockClientBuilder {
+        LockClientBuilder::default()
+    }
+}
+
+/// Settings for a [`LockClient`]; finish with [`in_memory`](Self::in_memory) or
+/// [`connect`](Self::connect).
+#[derive(Debug, Clone)]
+#[must_use = "a builder does nothing until `in_memory()` or `connect()`"]
+pub struct LockClientBuilder {
+    keys: KeySpace,
+    watchdog_lease: Duration,
+    connect: ConnectOptions,
+}
+
+impl Default for LockClientBuilder {
+    fn default() -> Self {
+        Self {
+            keys: KeySpace::default(),
+            watchdog_lease: DEFAULT_WATCHDOG_LEASE,
+            connect: ConnectOptions {
+                command_timeout: DEFAULT_COMMAND_TIMEOUT,
+                replicas: None,
+            },
+        }
+    }
+}
+
+impl LockClientBuilder {
+    /// Prefix of every Redis key and channel (default `lockwarden:`).
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.keys.namespace = namespace.into();
+        self
+    }
+
+    /// How lock names become Redis keys (default [`KeyLayout::Tagged`]).
+    /// [`KeyLayout::Redisson`] also clears the namespace (Redisson has none); set one
+    /// after it if your Redisson lock names carry a prefix.
+    ///
+    /// ```
+    /// use lockwarden_core::{KeyLayout, LockClient};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden_core::LockError> {
+    /// // Exclude a JVM service that locks `RLock lock = redisson.getLock("invoice:7")`:
+    /// let client = LockClient::builder().layout(KeyLayout::Redisson).in_memory();
+    /// // LockClient::builder().layout(KeyLayout::Redisson).connect(url).await? on Redis.
+    /// let guard = client.acquire("invoice:7").await?;
+    /// assert_eq!(guard.key().redis_key(), "invoice:7");
+    /// # guard.release().await }
+    /// ```
+    pub fn layout(mut self, layout: KeyLayout) -> Self {
+        if layout == KeyLayout::Redisson {
+            self.keys.namespace.clear();
+        }
+        self.keys.layout = layout;
+        self
+    }
+
+    /// Longest accepted key name in bytes (default 255).
+    pub fn max_key_len(mut self, bytes: usize) -> Self {
+        self.keys.max_len = bytes;
+        self
+    }
+
+    /// Lease of locks acquired without an explicit one; the watchdog renews them every
+    /// third of it (default 30 s, at least 3 ms).
+    pub fn watchdog_timeout(mut self, lease: Duration) -> Self {
+        self.watchdog_lease = lease.max(Duration::from_millis(3));
+        self
+    }
+
+    /// How long one Redis command may take before it fails (default 2 s).
+    pub fn command_timeout(mut self, timeout: Duration) -> Self {
+        self.connect.command_timeout = timeout;
+        self
+    }
+
+    /// Makes every acquisition wait until `replicas` replicas have acknowledged it (Redis
+    /// `WAIT`, sent in the same round trip as the acquire script), for at most `timeout`.
+    /// An acquisition fewer replicas acknowledged in time is released and reported as
+    /// [`BackendError::NotReplicated`], so a failover to a replica cannot hand a lock
+    /// you were told you hold to someone else, as long as that replica is among those
+    /// that acknowledged. Costs the replication delay on every acquisition, and acquisitions
+    /// share one connection of their own (`WAIT` blocks the connection it is sent on, so
+    /// renewals and releases do not queue behind it). Releases and renewals do not wait.
+    /// Applies to plain, fair and read-write acquisitions and claims; a
+    /// [`multi_lock`](LockClient::multi_lock) does not wait. Ignored by the in-process store.
+    ///
+    /// ```no_run
+    /// # use lockwarden_core::LockClient;
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden_core::LockError> {
+    /// let client = LockClient::builder()
+    ///     .wait_for_replicas(1, Duration::from_millis(50))
+    ///     .connect("redis://127.0.0.1:6379/")
+    ///     .await?;
+    /// let guard = client.acquire("payout:9").await?; // on the primary and one replica
+    /// # guard.release().await }
+    /// ```
+    pub fn wait_for_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.connect.replicas = (replicas > 0).then_some((replicas, timeout));
+        self
+    }
+
+    /// A client on a new in-process store.
+    pub fn in_memory(self) -> LockClient {
+        let (store, waiters) = Store::in_memory();
+        self.finish(store, waiters)
+    }
+
+    /// A client on the Redis server at `url`.
+    ///
+    /// # Errors
+    /// [`LockError::Backend`] if the URL is invalid or Redis cannot be reached within the
+    /// command timeout.
+    pub async fn connect(self, url: &str) -> Result<LockClient, LockError> {
+        let client = ::redis::Client::open(url).map_err(BackendError::from)?;
+        self.connect_to(Deployment::Server(client)).await
+    }
+
+    /// A client on a Redis Cluster, found through any of `nodes` (one reachable node is
+    /// enough; the client learns the others and follows slots as they move).
+    ///
+    /// Every key of one lock carries the lock's hash tag, so each script touches one slot
+    /// and runs on the node that owns it; the release channel is in that slot too. A
+    /// [`multi_lock`](LockClient::multi_lock) whose locks live in different slots takes
+    /// them slot by slot, in one order for every caller, and gives back what it took if a
+    /// later one is busy.
+    ///
+    /// ```no_run
+    /// # use lockwarden_core::LockClient;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden_core::LockError> {
+    /// let client = LockClient::builder()
+    ///     .connect_cluster(["redis://127.0.0.1:7000/", "redis://127.0.0.1:7001/"])
+    ///     .await?;
+    /// let guard = client.acquire("invoice:7").await?;
+    /// # guard.release().await }
+    /// ```
+    ///
+    /// # Errors
+    /// [`LockError::Backend`] if an address is invalid or the cluster cannot be reached
+    /// within the command timeout.
+    pub async fn connect_cluster<I, S>(self, nodes: I) -> Result<LockClient, LockError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let nodes = nodes.into_iter().map(|n| n.as_ref().to_owned()).collect();
+        self.connect_to(Deployment::Cluster(nodes)).await
+    }
+
+    /// A client on the primary that the Redis Sentinels at `sentinels` name for `service`,
+    /// followed across failovers.
+    ///
+    /// Replication is asynchronous, so a failover can lose a lock the old primary granted
+    /// but had not passed on. The client does not hide that: each lock held with the
+    /// watchdog is renewed on the new primary, and one that is not there is marked lost
+    /// ([`LockGuard::lost`](crate::LockGuard::lost) fires). Commands in flight when the
+    /// primary fails return errors; the next ones go to the new primary.
+    /// [`wait_for_replicas`](Self::wait_for_replicas) narrows the window.
+    ///
+    /// ```no_run
+    /// # use lockwarden_core::LockClient;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden_core::LockError> {
+    /// let client = LockClient::builder()
+    ///     .connect_sentinel(["redis://127.0.0.1:26379/"], "mymaster")
+    ///     .await?;
+    /// let guard = client.acquire("invoice:7").await?;
+    /// # guard.release().await }
+    /// ```
+    ///
+    /// # Errors
+    /// [`LockError::Backend`] if an address is invalid or no sentinel names a reachable
+    /// primary within the command timeout.
+    pub async fn connect_sentinel<I, S>(
+        self,
+        sentinels: I,
+        service: &str,
+    ) -> Result<LockClient, LockError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let sentinels = sentinels
+            .into_iter()
+            .map(|n| n.as_ref().to_owned())
+            .collect();
+        self.connect_to(Deployment::Sentinel {
+            sentinels,
+            service: service.to_owned(),
+        })
+        .await
+    }
+
+    async fn connect_to(self, deployment: Deployment) -> Result<LockClient, LockError> {
+        deployment.check()?;
+        // Boxed: the cluster and sentinel clients' connect futures are deep enough to
+        // overflow the layout depth of the futures that embed this one.
+        let (store, waiters) = Box::pin(Store::connect(&deployment, &self.connect)).await?;
+        Ok(self.finish(store, waiters))
+    }
+
+    fn finish(self, store: Store, waiters: Arc<Waiters>) -> LockClient {
+        LockClient::from_engine(Engine::new(self.keys, self.watchdog_lease, store, waiters))
+    }
+}

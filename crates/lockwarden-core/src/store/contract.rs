@@ -1,0 +1,186 @@
+//! The store contract: what every lock store (Redis, in-process) does, in one trait, and
+//! the requests and answers it speaks. Everything above the store talks to this contract.
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::error::BackendError;
+use crate::hold::{Exclusive, Hold, HoldKind, RwMode};
+use crate::holder::Holder;
+use crate::key::Key;
+
+/// What every store operation returns: its answer, or why the store failed.
+pub(crate) type Result<T, E = BackendError> = std::result::Result<T, E>;
+
+/// What every lock store does. Each operation is atomic (one Lua script on Redis, one
+/// critical section in-process) and one round trip; each promise below holds on both
+/// stores alike, which the conformance tests check.
+///
+/// - **Acquire** never blocks: a busy lock is answered with its holder's remaining lease,
+///   and the caller waits on the lock's channel (see [`Waiters`](crate::waiters::Waiters),
+///   which the store wakes when a lock becomes free). An attempt whose caller goes away
+///   while it is in flight is undone once its answer is in: no lock is held for nobody.
+/// - **Re-entry** by the same holder counts up; each release counts down; at zero the lock
+///   is free and its waiters are woken (the fair lock's head only; every reader of a
+///   read-write lock open to readers; every waiter of a completed claim).
+/// - **Fencing tokens** strictly increase per lock, across holders and across the loss of
+///   the fencing key (they come from the server clock, never at or below the last one).
+/// - **Leases** are kept by the store: a hold not renewed or released in time expires.
+pub(crate) trait LockStore {
+    /// `"redis"` or `"in-memory"`.
+    fn name(&self) -> &'static str;
+
+    /// One attempt to take or re-enter a lock.
+    fn acquire(&self, ask: &Acquire<'_>) -> impl Future<Output = Result<Attempt>> + Send;
+
+    /// Takes (or re-enters) every lock of a multi-lock, or none.
+    fn acquire_all(
+        &self,
+        ask: &AcquireAll<'_>,
+    ) -> impl Future<Output = Result<MultiAttempt>> + Send;
+
+    /// Releases one hold.
+    fn release(&self, hold: &Hold) -> impl Future<Output = Result<Released>> + Send;
+
+    /// Releases a hold whose guard was dropped, without an answer: at once in-process,
+    /// batched with others on Redis.
+    fn release_later(&self, hold: Hold);
+
+    /// Completes a claim: releases one hold and, if the holder still held it, stores
+    /// `outcome` for claims of the key to find, waking every waiter.
+    fn complete(
+        &self,
+        hold: &Hold<Exclusive>,
+        outcome: Outcome<'_>,
+    ) -> impl Future<Output = Result<Released>> + Send;
+
+    /// Renews each hold whose holder still has it; `false` for one that is gone.
+    fn renew_all(&self, renewals: &[Renewal]) -> impl Future<Output = Result<Vec<bool>>> + Send;
+
+    /// A waiter gives up: leaves a fair lock's queue, or withdraws a waiting writer.
+    fn withdraw(
+        &self,
+        waiter: Waiter,
+        key: &Key,
+        holder: &Holder,
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    /// Deletes a lock whoever holds it and wakes a waiter; whether there was one.
+    fn force_unlock(&self, key: &Key) -> impl Future<Output = Result<bool>> + Send;
+
+    /// How many times the holder holds this hold (0: not at all).
+    fn hold_count(&self, hold: &Hold) -> impl Future<Output = Result<u64>> + Send;
+
+    /// The lease the lock has left (any kind), `None` if nobody holds it.
+    fn remaining_ttl(&self, key: &Key) -> impl Future<Output = Result<Option<Duration>>> + Send;
+
+    /// Waiters in a fair lock's queue, counting any that died less than their queue
+    /// timeout ago.
+    fn queued(&self, key: &Key) -> impl Future<Output = Result<usize>> + Send;
+}
+
+/// One acquire attempt: who wants which lock, for how long, in which way.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Acquire<'a> {
+    pub(crate) key: &'a Key,
+    pub(crate) holder: &'a Holder,
+    pub(crate) lease: Duration,
+    pub(crate) how: How,
+}
+
+/// One attempt to take several locks as one.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AcquireAll<'a> {
+    /// Sorted by Redis key, without repeats: one order for every caller.
+    pub(crate) keys: &'a [Key],
+    pub(crate) holder: &'a Holder,
+    pub(crate) lease: Duration,
+}
+
+/// The way of an acquire attempt, per kind of lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum How {
+    /// The plain lock.
+    Plain,
+    /// The plain lock, unless a stored outcome says the work is done.
+    Claim,
+    /// The fair lock; `join` queues a waiter that does not get it, for `queue_timeout`.
+    Fair { queue_timeout: Duration, join: bool },
+    /// The read side of a read-write lock.
+    Read,
+    /// The write side; a refused writer is registered as waiting for `register`, which
+    /// holds back new readers.
+    Write { register: Duration },
+}
+
+impl How {
+    /// The kind of the hold an attempt of this way takes.
+    pub(crate) fn kind(self) -> HoldKind {
+        match self {
+            How::Plain | How::Claim => HoldKind::PLAIN,
+            How::Fair { .. } => HoldKind::FAIR,
+            How::Read => HoldKind::ReadWrite(RwMode::Read),
+            How::Write { .. } => HoldKind::ReadWrite(RwMode::Write),
+        }
+    }
+}
+
+/// Answer of one acquire attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Attempt {
+    /// A new hold, with a fresh fencing token (a read phase's, for a reader joining one).
+    Taken { token: u64 },
+    /// The holder held it already; its count went up by one.
+    Reentered { token: u64 },
+    /// Refused for now; retry on a notice or after `ttl` at the latest (`None`: the lock
+    /// has no expiry, so it is not one of ours).
+    Busy { ttl: Option<Duration> },
+    /// A claim found the work done: the outcome its holder stored (no lock was taken).
+    Completed { outcome: Vec<u8> },
+    /// A write asked by a holder that holds only the read side: it would wait for itself.
+    Upgrade,
+}
+
+/// Answer of one attempt to take several locks at once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum MultiAttempt {
+    /// Every lock is now held by the holder: the token of each, in the order asked.
+    Taken { tokens: Vec<u64> },
+    /// The lock at `index` is held by another holder (`ttl` as in [`Attempt::Busy`]);
+    /// nothing was taken.
+    Busy { index: usize, ttl: Option<Duration> },
+}
+
+/// Answer of one release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Released {
+    /// This hold ended (the lock is free, or other holds of a read-write lock remain).
+    Freed,
+    /// The holder still holds it this many times.
+    Remaining(u64),
+    /// The holder did not hold it.
+    NotHeld,
+}
+
+/// An outcome to store on release, completing a claim.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Outcome<'a> {
+    pub(crate) bytes: &'a [u8],
+    pub(crate) keep: Duration,
+}
+
+/// One hold for the watchdog to renew.
+#[derive(Debug, Clone)]
+pub(crate) struct Renewal {
+    pub(crate) hold: Hold,
+    pub(crate) lease: Duration,
+}
+
+/// A waiter that leaves something in the store while it waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Waiter {
+    /// Its place in a fair lock's queue.
+    Queued,
+    /// Its registration as a waiting writer of a read-write lock.
+    Writer,
+}

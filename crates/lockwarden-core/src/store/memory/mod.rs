@@ -1,0 +1,303 @@
+//! The in-process lock store: the store contract kept by one mutex over the exclusive
+//! locks (`locks.rs`), the fair queues (`queue.rs`) and the read-write locks (`rw.rs`),
+//! with the same semantics as the Lua scripts. For single-process apps, tests and
+//! zero-setup examples. Waiters are woken directly, once the mutex is released.
+
+mod locks;
+mod queue;
+mod rw;
+mod tokens;
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::hold::{Exclusive, Hold, HoldKind, RwMode};
+use crate::holder::Holder;
+use crate::key::Key;
+use crate::store::contract::{
+    Acquire, AcquireAll, Attempt, How, LockStore, MultiAttempt, Outcome, Released, Renewal, Result,
+    Waiter,
+};
+use crate::waiters::Waiters;
+use locks::Locks;
+use queue::Queues;
+use rw::{Notices, RwLocks};
+
+/// Operations between sweeps of what has run out.
+const SWEEP_EVERY: u32 = 1024;
+
+pub(crate) struct MemoryStore {
+    state: Mutex<State>,
+    waiters: Arc<Waiters>,
+}
+
+#[derive(Default)]
+struct State {
+    locks: Locks,
+    queues: Queues,
+    rw: RwLocks,
+    last_token: u64,
+    ops: u32,
+}
+
+impl State {
+    fn sweep(&mut self, now: Instant) {
+        self.ops += 1;
+        if self.ops >= SWEEP_EVERY {
+            self.ops = 0;
+            self.locks.sweep(now);
+            self.queues.sweep(now);
+            self.rw.sweep(now);
+        }
+    }
+
+    /// How long a lock of the other family (exclusive or read-write) under the same name
+    /// has left: on Redis both are one hash, so each keeps the other out.
+    fn held_by_other_family(&mut self, key: &Key, rw: bool, now: Instant) -> Option<Duration> {
+        if rw {
+            self.locks.live(key, now).map(|held| held.expires - now)
+        } else {
+            self.rw.remaining_ttl(key, now)
+        }
+    }
+}
+
+impl MemoryStore {
+    pub(crate) fn new(waiters: Arc<Waiters>) -> Self {
+        Self {
+            state: Mutex::default(),
+            waiters,
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // Every critical section leaves the maps consistent, so a poisoned lock is usable.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn tell(&self, key: &Key, notices: Notices) {
+        if notices.writer {
+            self.waiters.notify_one(key.channel());
+        }
+        if notices.readers {
+            self.waiters.notify_all(&key.names().readers);
+        }
+    }
+
+    fn wake_turn(&self, key: &Key, next: Option<Holder>) {
+        if let Some(next) = next {
+            self.waiters.notify_one(&key.wake_channel(&next));
+        }
+    }
+
+    fn attempt(&self, ask: &Acquire<'_>) -> Attempt {
+        let (key, holder, lease, how) = (ask.key, ask.holder, ask.lease, ask.how);
+        let now = Instant::now();
+        let mut state = self.state();
+        state.sweep(now);
+        if how == How::Claim {
+            if let Some(outcome) = state.locks.outcome(key, now) {
+                return Attempt::Completed { outcome };
+            }
+        }
+        let rw = matches!(how, How::Read | How::Write { .. });
+        if let Some(ttl) = state.held_by_other_family(key, rw, now) {
+            return Attempt::Busy { ttl: Some(ttl) };
+        }
+        let State {
+            locks,
+            queues,
+            rw,
+            last_token,
+            ..
+        } = &mut *state;
+        match how {
+            How::Plain | How::Claim => locks.take(key, holder, lease, now, last_token),
+            How::Fair {
+                queue_timeout,
+                join,
+            } => {
+                let fair = queues.attempt(
+                    locks,
+                    key,
+                    holder,
+                    lease,
+                    queue_timeout,
+                    join,
+                    now,
+                    last_token,
+                );
+                drop(state);
+                self.wake_turn(key, fair.wake);
+                fair.attempt
+            }
+            How::Read => rw.attempt(
+                RwMode::Read,
+                key,
+                holder,
+                lease,
+                Duration::ZERO,
+                now,
+                last_token,
+            ),
+            How::Write { register } => {
+                rw.attempt(RwMode::Write, key, holder, lease, register, now, last_token)
+            }
+        }
+    }
+
+    fn release_now(
+        &self,
+        kind: HoldKind,
+        key: &Key,
+        holder: &Holder,
+        outcome: Option<Outcome<'_>>,
+    ) -> Released {
+        let now = Instant::now();
+        let mut state = self.state();
+        match kind {
+            HoldKind::Exclusive(kind) => {
+                let released = state.locks.release(key, holder, outcome, now);
+                let next = match (kind, released) {
+                    (Exclusive::Fair, Released::Freed) => state.queues.next(key, now),
+                    _ => None,
+                };
+                drop(state);
+                if released != Released::NotHeld && outcome.is_some() {
+                    // Every waiter can use the outcome.
+                    self.waiters.notify_all(key.channel());
+                } else if released == Released::Freed && kind == Exclusive::Plain {
+                    self.waiters.notify_one(key.channel());
+                }
+                self.wake_turn(key, next);
+                released
+            }
+            HoldKind::ReadWrite(mode) => {
+                let (released, notices) = state.rw.release(mode, key, holder, now);
+                drop(state);
+                self.tell(key, notices);
+                released
+            }
+        }
+    }
+}
+
+impl LockStore for MemoryStore {
+    fn name(&self) -> &'static str {
+        "in-memory"
+    }
+
+    async fn acquire(&self, ask: &Acquire<'_>) -> Result<Attempt> {
+        Ok(self.attempt(ask))
+    }
+
+    async fn acquire_all(&self, ask: &AcquireAll<'_>) -> Result<MultiAttempt> {
+        let (keys, holder, lease) = (ask.keys, ask.holder, ask.lease);
+        let now = Instant::now();
+        let mut state = self.state();
+        state.sweep(now);
+        for (index, key) in keys.iter().enumerate() {
+            let busy = match state.locks.live(key, now) {
+                Some(held) if held.holder != *holder => Some(held.expires - now),
+                _ => state.held_by_other_family(key, false, now),
+            };
+            if let Some(ttl) = busy {
+                return Ok(MultiAttempt::Busy {
+                    index,
+                    ttl: Some(ttl),
+                });
+            }
+        }
+        let State {
+            locks, last_token, ..
+        } = &mut *state;
+        let tokens = keys
+            .iter()
+            .map(
+                |key| match locks.take(key, holder, lease, now, last_token) {
+                    Attempt::Taken { token } | Attempt::Reentered { token } => token,
+                    // Checked free or ours above, under the same lock.
+                    _ => 0,
+                },
+            )
+            .collect();
+        Ok(MultiAttempt::Taken { tokens })
+    }
+
+    async fn release(&self, hold: &Hold) -> Result<Released> {
+        Ok(self.release_now(hold.kind, &hold.key, &hold.holder, None))
+    }
+
+    fn release_later(&self, hold: Hold) {
+        self.release_now(hold.kind, &hold.key, &hold.holder, None);
+    }
+
+    async fn complete(&self, hold: &Hold<Exclusive>, outcome: Outcome<'_>) -> Result<Released> {
+        let Hold { kind, key, holder } = hold;
+        Ok(self.release_now(HoldKind::Exclusive(*kind), key, holder, Some(outcome)))
+    }
+
+    async fn renew_all(&self, renewals: &[Renewal]) -> Result<Vec<bool>> {
+        let now = Instant::now();
+        let mut state = self.state();
+        Ok(renewals
+            .iter()
+            .map(|Renewal { hold, lease }| match hold.kind {
+                // A fair lock is held as a plain one is; its queue needs no renewal.
+                HoldKind::Exclusive(_) => state.locks.renew(&hold.key, &hold.holder, *lease, now),
+                HoldKind::ReadWrite(mode) => {
+                    state.rw.renew(mode, &hold.key, &hold.holder, *lease, now)
+                }
+            })
+            .collect())
+    }
+
+    async fn withdraw(&self, waiter: Waiter, key: &Key, holder: &Holder) -> Result<()> {
+        let now = Instant::now();
+        let mut state = self.state();
+        match waiter {
+            Waiter::Queued => {
+                let free = state.locks.live(key, now).is_none();
+                let next = state.queues.leave(key, holder, free);
+                drop(state);
+                self.wake_turn(key, next);
+            }
+            Waiter::Writer => {
+                let notices = state.rw.withdraw(key, holder, now);
+                drop(state);
+                self.tell(key, notices);
+            }
+        }
+        Ok(())
+    }
+
+    async fn force_unlock(&self, key: &Key) -> Result<bool> {
+        let existed = self.state().locks.remove(key, Instant::now());
+        if existed {
+            self.waiters.notify_one(key.channel());
+        }
+        Ok(existed)
+    }
+
+    async fn hold_count(&self, hold: &Hold) -> Result<u64> {
+        let now = Instant::now();
+        let mut state = self.state();
+        Ok(match hold.kind {
+            HoldKind::Exclusive(_) => state.locks.hold_count(&hold.key, &hold.holder, now),
+            HoldKind::ReadWrite(mode) => state.rw.hold_count(mode, &hold.key, &hold.holder, now),
+        })
+    }
+
+    async fn remaining_ttl(&self, key: &Key) -> Result<Option<Duration>> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let exclusive = state.locks.live(key, now).map(|held| held.expires - now);
+        Ok(exclusive.or_else(|| state.rw.remaining_ttl(key, now)))
+    }
+
+    async fn queued(&self, key: &Key) -> Result<usize> {
+        Ok(self.state().queues.len(key, Instant::now()))
+    }
+}

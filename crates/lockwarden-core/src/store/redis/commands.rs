@@ -1,0 +1,126 @@
+//! Sending calls to Redis: one at a time or pipelined in bulk, each bounded by the command
+//! timeout, loading the scripts again when Redis has lost them (after a restart or a
+//! failover).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::time::Duration;
+
+use redis::cluster_routing::Slot;
+use redis::{FromRedisValue, RedisResult};
+
+use super::conn::Conn;
+use super::scripts::{self, Call};
+use super::timeout::bounded;
+use crate::error::BackendError;
+
+/// Commands per pipeline when renewing or releasing in bulk.
+const BATCH: usize = 1024;
+/// Pipelines sent before the first reply is awaited.
+const PIPELINES_IN_FLIGHT: usize = 4;
+
+/// The connection the store's commands go over, with their timeout; cheap to clone.
+#[derive(Clone)]
+pub(super) struct Commands {
+    pub(super) conn: Conn,
+    pub(super) timeout: Duration,
+}
+
+impl Commands {
+    /// Runs `call`, waiting at most the command timeout.
+    pub(super) async fn run<T: FromRedisValue + Send>(
+        &self,
+        call: Call,
+    ) -> Result<T, BackendError> {
+        bounded(self.timeout, self.send(call)).await
+    }
+
+    /// Runs `call` without a bound (the caller sets one): a future that owns what it
+    /// needs, so it can be finished in the background.
+    pub(super) fn send<T: FromRedisValue + Send>(
+        &self,
+        call: Call,
+    ) -> impl Future<Output = RedisResult<T>> + Send + 'static {
+        let mut conn = self.conn.clone();
+        async move {
+            match call.cmd.query_async(&mut conn).await {
+                Err(e) if is_noscript(&e) => {
+                    if let Some(script) = call.script {
+                        script.prepare_invoke().load_async(&mut conn).await?;
+                    }
+                    call.cmd.query_async(&mut conn).await
+                }
+                other => other,
+            }
+        }
+    }
+
+    /// Runs one call per item, pipelined in batches, and returns their integer replies in
+    /// the items' order. `slot_key` names a key of each call: on a cluster a pipeline may
+    /// only hold commands of one slot, so calls are grouped by slot first.
+    pub(super) async fn pipelined<'a, T: 'a>(
+        &self,
+        items: &'a [T],
+        slot_key: impl Fn(&'a T) -> &'a str,
+        call: impl Fn(&'a T) -> Call,
+    ) -> Result<Vec<i64>, BackendError> {
+        // Each pipeline with the positions of its items.
+        let mut pipes: Vec<(redis::Pipeline, Vec<usize>)> = Vec::new();
+        let mut open: HashMap<Option<Slot>, usize> = HashMap::new();
+        for (at, item) in items.iter().enumerate() {
+            let slot = self
+                .conn
+                .is_cluster()
+                .then(|| Slot::for_key(slot_key(item)));
+            let pipe = match open.get(&slot) {
+                Some(&p) if pipes[p].1.len() < BATCH => p,
+                _ => {
+                    pipes.push((redis::pipe(), Vec::new()));
+                    open.insert(slot, pipes.len() - 1);
+                    pipes.len() - 1
+                }
+            };
+            pipes[pipe].0.add_command(call(item).cmd);
+            pipes[pipe].1.push(at);
+        }
+        // A few pipelines in flight keep Redis busy while replies are decoded.
+        let mut out = vec![0; items.len()];
+        for group in pipes.chunks(PIPELINES_IN_FLIGHT) {
+            let replies = futures_util::future::try_join_all(
+                group.iter().map(|(pipe, _)| self.run_pipeline(pipe)),
+            )
+            .await?;
+            for ((_, positions), reply) in group.iter().zip(replies) {
+                if reply.len() != positions.len() {
+                    return Err(BackendError::Protocol(format!(
+                        "{} replies to a pipeline of {}",
+                        reply.len(),
+                        positions.len()
+                    )));
+                }
+                for (&at, value) in positions.iter().zip(reply) {
+                    out[at] = value;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn run_pipeline(&self, pipe: &redis::Pipeline) -> Result<Vec<i64>, BackendError> {
+        let mut conn = self.conn.clone();
+        match bounded(self.timeout, pipe.query_async::<Vec<i64>>(&mut conn)).await {
+            Err(BackendError::Redis(e)) if is_noscript(&e) => {
+                for script in scripts::all() {
+                    bounded(self.timeout, script.prepare_invoke().load_async(&mut conn)).await?;
+                }
+                bounded(self.timeout, pipe.query_async::<Vec<i64>>(&mut conn)).await
+            }
+            other => other,
+        }
+    }
+}
+
+/// Whether Redis answered that it does not know a script (it lost its script cache).
+pub(super) fn is_noscript(e: &redis::RedisError) -> bool {
+    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+}

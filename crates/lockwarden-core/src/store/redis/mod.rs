@@ -1,0 +1,212 @@
+//! The Redis lock store: the store contract kept by the Lua scripts of `lua/`.
+//!
+//! | file | owns |
+//! |---|---|
+//! | `mod.rs` | [`RedisStore`]: the contract, its connections and background tasks |
+//! | `scripts.rs` | every script, the keys and arguments of each call, the replies |
+//! | `commands.rs` | sending calls, one at a time or pipelined, reloading lost scripts |
+//! | `orphan.rs` | giving back what an abandoned acquire took |
+//! | `replicated.rs` | `WAIT` after an acquire, on a connection of its own |
+//! | `multi.rs` | several locks at once, slot by slot on a cluster |
+//! | `conn.rs` | where commands go: one server, a cluster, or the primary Sentinel names |
+//! | `sentinel.rs` | following the primary across failovers |
+//! | `pubsub.rs` | the client's one pub/sub connection, which wakes waiters |
+//! | `timeout.rs` | the bound on every command |
+
+mod commands;
+mod conn;
+mod multi;
+mod orphan;
+mod pubsub;
+mod replicated;
+mod scripts;
+mod sentinel;
+mod timeout;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::Either;
+use redis::Value;
+use tokio::sync::mpsc;
+use tokio_util::task::AbortOnDropHandle;
+
+use crate::error::BackendError;
+use crate::finish::Finish;
+use crate::hold::{Exclusive, Hold};
+use crate::holder::Holder;
+use crate::key::Key;
+use crate::store::contract::{
+    Acquire, AcquireAll, Attempt, LockStore, MultiAttempt, Outcome, Released, Renewal, Result,
+    Waiter,
+};
+use crate::waiters::Waiters;
+use commands::Commands;
+pub(crate) use conn::Deployment;
+use replicated::Replicated;
+use scripts::NOT_REPLICATED;
+pub(crate) use timeout::bounded;
+
+/// How the store talks to Redis.
+#[derive(Debug, Clone)]
+pub(crate) struct ConnectOptions {
+    /// How long one command may take.
+    pub(crate) command_timeout: Duration,
+    /// `Some((n, wait))`: every acquisition waits up to `wait` for `n` replicas.
+    pub(crate) replicas: Option<(u32, Duration)>,
+}
+
+/// The Redis store; clones share its connections. Its background tasks (the pub/sub
+/// listener, the release of dropped guards) end with the last clone.
+#[derive(Clone)]
+pub(crate) struct RedisStore {
+    commands: Commands,
+    /// Set when acquisitions wait for replicas (`WAIT`).
+    replicated: Option<Replicated>,
+    /// Holds of dropped guards, released in batches by a task of their own.
+    dropped: mpsc::UnboundedSender<Hold>,
+    _listener: Arc<AbortOnDropHandle<()>>,
+}
+
+impl RedisStore {
+    /// Connects to `deployment`; its pub/sub connection subscribes to the channels of
+    /// `waiters` (told of changes through `changes`) and wakes them.
+    pub(crate) async fn connect(
+        deployment: &Deployment,
+        options: &ConnectOptions,
+        waiters: Arc<Waiters>,
+        changes: mpsc::UnboundedReceiver<Arc<str>>,
+    ) -> Result<Self> {
+        let timeout = options.command_timeout;
+        let (conn, source) = deployment.connect(timeout, timeout).await?;
+        let replicated = match options.replicas {
+            None => None,
+            Some((n, wait)) => {
+                let (conn, _) = deployment.connect(timeout, timeout + wait).await?;
+                Some(Replicated::new(conn, n, wait))
+            }
+        };
+        let commands = Commands { conn, timeout };
+        let listener = tokio::spawn(pubsub::run(source, waiters, changes));
+        let (dropped, queue) = mpsc::unbounded_channel();
+        tokio::spawn(release_dropped(commands.clone(), queue));
+        Ok(Self {
+            commands,
+            replicated,
+            dropped,
+            _listener: Arc::new(AbortOnDropHandle::new(listener)),
+        })
+    }
+}
+
+impl LockStore for RedisStore {
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
+    async fn acquire(&self, ask: &Acquire<'_>) -> Result<Attempt> {
+        let call = scripts::acquire(ask);
+        let hold = Hold {
+            kind: ask.how.kind(),
+            key: ask.key.clone(),
+            holder: ask.holder.clone(),
+        };
+        let mut limit = self.commands.timeout;
+        let reply = match &self.replicated {
+            None => Either::Left(self.commands.send::<(i64, Value)>(call)),
+            Some(replicated) => {
+                limit += replicated.timeout();
+                Either::Right(replicated.acquire(call, self.commands.clone(), hold.clone()))
+            }
+        };
+        // If the caller goes away (or the bound runs out) while the script is in flight,
+        // what it took is given back once its reply is in.
+        let undo = orphan::give_back(self.commands.clone(), hold);
+        let (state, value) = bounded(limit, Finish::new(reply).or_undo(undo)).await?;
+        if state == NOT_REPLICATED {
+            return Err(BackendError::NotReplicated {
+                acknowledged: match value {
+                    Value::Int(n) => u32::try_from(n).unwrap_or(0),
+                    _ => 0,
+                },
+                wanted: self.replicated.as_ref().map_or(0, Replicated::replicas),
+            });
+        }
+        scripts::attempted(ask.how, state, value)
+    }
+
+    async fn acquire_all(&self, ask: &AcquireAll<'_>) -> Result<MultiAttempt> {
+        multi::acquire_all(&self.commands, ask).await
+    }
+
+    async fn release(&self, hold: &Hold) -> Result<Released> {
+        let left = self.commands.run(scripts::release(hold)).await?;
+        Ok(scripts::released(left))
+    }
+
+    fn release_later(&self, hold: Hold) {
+        // Refused only once the release task has ended, which it does only after the
+        // last clone of the store (this one included) is gone.
+        let _ = self.dropped.send(hold);
+    }
+
+    async fn complete(&self, hold: &Hold<Exclusive>, outcome: Outcome<'_>) -> Result<Released> {
+        let call = scripts::complete(hold, outcome);
+        Ok(scripts::released(self.commands.run(call).await?))
+    }
+
+    async fn renew_all(&self, renewals: &[Renewal]) -> Result<Vec<bool>> {
+        let replies = self
+            .commands
+            .pipelined(renewals, |r| r.hold.key.redis_key(), scripts::renew)
+            .await?;
+        Ok(replies.into_iter().map(|renewed| renewed == 1).collect())
+    }
+
+    async fn withdraw(&self, waiter: Waiter, key: &Key, holder: &Holder) -> Result<()> {
+        let call = scripts::withdraw(waiter, key, holder);
+        self.commands.run::<i64>(call).await?;
+        Ok(())
+    }
+
+    async fn force_unlock(&self, key: &Key) -> Result<bool> {
+        let deleted: i64 = self.commands.run(scripts::force_unlock(key)).await?;
+        Ok(deleted == 1)
+    }
+
+    async fn hold_count(&self, hold: &Hold) -> Result<u64> {
+        let count: Option<i64> = self.commands.run(scripts::hold_count(hold)).await?;
+        Ok(count.unwrap_or(0).max(0) as u64)
+    }
+
+    async fn remaining_ttl(&self, key: &Key) -> Result<Option<Duration>> {
+        let ms: i64 = self.commands.run(scripts::pttl_of(key)).await?;
+        Ok(scripts::remaining_ttl(ms))
+    }
+
+    async fn queued(&self, key: &Key) -> Result<usize> {
+        self.commands.run(scripts::queue_length(key)).await
+    }
+}
+
+/// Releases dropped guards' holds, all that queued up meanwhile in one pipeline.
+async fn release_dropped(commands: Commands, mut queue: mpsc::UnboundedReceiver<Hold>) {
+    let mut batch = Vec::new();
+    while queue.recv_many(&mut batch, 1024).await > 0 {
+        let replies = commands
+            .pipelined(&batch, |hold| hold.key.redis_key(), scripts::release)
+            .await;
+        match replies {
+            Ok(replies) => {
+                for (hold, left) in batch.iter().zip(replies) {
+                    if scripts::released(left) == Released::NotHeld {
+                        tracing::debug!(key = %hold.key, "dropped guard's lock was no longer held");
+                    }
+                }
+            }
+            Err(error) => tracing::warn!(%error, locks = batch.len(),
+                "could not release dropped guards; their locks expire with their leases"),
+        }
+        batch.clear();
+    }
+}

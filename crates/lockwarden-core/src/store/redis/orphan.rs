@@ -1,0 +1,40 @@
+//! Acquisitions nobody waits for any more: an acquire whose caller went away (cancelled,
+//! or timed out locally) while its script was in flight is finished in the background,
+//! and what it took is given back, so a dropped acquire never leaves a lock held.
+
+use redis::{RedisResult, Value};
+
+use super::commands::Commands;
+use super::scripts;
+use crate::finish::{BoxFuture, Undo};
+use crate::hold::{Exclusive, Hold, HoldKind, RwMode};
+use crate::store::contract::Waiter;
+
+/// Undoes what an abandoned acquire of `hold` did, once its `{state, value}` reply is in.
+pub(super) fn give_back(commands: Commands, hold: Hold) -> Undo<RedisResult<(i64, Value)>> {
+    Box::new(move |reply| -> BoxFuture {
+        Box::pin(async move {
+            let Ok((state, _)) = reply else { return };
+            // Taken or re-entered: one count is ours and nobody will release it.
+            let call = match (state, hold.kind) {
+                (1 | 2, _) => scripts::release(&hold),
+                // Waiting in the store: nobody will wait for the turn, so leave now
+                // rather than make the others wait for the place to run out.
+                (0, HoldKind::Exclusive(Exclusive::Fair)) => {
+                    scripts::withdraw(Waiter::Queued, &hold.key, &hold.holder)
+                }
+                (0, HoldKind::ReadWrite(RwMode::Write)) => {
+                    scripts::withdraw(Waiter::Writer, &hold.key, &hold.holder)
+                }
+                _ => return,
+            };
+            match commands.run::<i64>(call).await {
+                Ok(_) => {
+                    tracing::debug!(key = %hold.key, "gave back what an abandoned acquire took")
+                }
+                Err(error) => tracing::warn!(key = %hold.key, %error,
+                    "could not give back what an abandoned acquire took; it expires with its lease"),
+            }
+        })
+    })
+}

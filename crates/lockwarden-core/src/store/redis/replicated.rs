@@ -1,0 +1,81 @@
+//! Acquisitions that wait for replicas: the acquire script and a `WAIT` in one pipeline,
+//! on a connection of their own.
+//!
+//! A lock written only to the primary is lost if the primary fails before replicating it
+//! (the failover window the Redlock discussion describes). `WAIT n timeout` after the
+//! script narrows that window to what `n` replicas have not acknowledged. `WAIT` blocks
+//! the connection it is sent on, so it gets a connection of its own: renewals and
+//! releases never queue behind a slow replica.
+
+use std::future::Future;
+use std::time::Duration;
+
+use redis::{RedisResult, Value};
+
+use super::commands::{is_noscript, Commands};
+use super::conn::Conn;
+use super::scripts::{self, Call, NOT_REPLICATED};
+use crate::hold::Hold;
+
+#[derive(Clone)]
+pub(super) struct Replicated {
+    conn: Conn,
+    replicas: u32,
+    timeout: Duration,
+}
+
+impl Replicated {
+    pub(super) fn new(conn: Conn, replicas: u32, timeout: Duration) -> Self {
+        Self {
+            conn,
+            replicas,
+            timeout,
+        }
+    }
+
+    pub(super) fn replicas(&self) -> u32 {
+        self.replicas
+    }
+
+    /// The longest a `WAIT` may add to a command.
+    pub(super) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Runs the acquire `call`, then `WAIT`, in one round trip. A lock it took that too
+    /// few replicas acknowledged is released (over `main`) before answering
+    /// [`NOT_REPLICATED`], so no caller ever holds a lock it was told it did not get.
+    pub(super) fn acquire(
+        &self,
+        call: Call,
+        main: Commands,
+        hold: Hold,
+    ) -> impl Future<Output = RedisResult<(i64, Value)>> + Send + 'static {
+        let (mut conn, replicas) = (self.conn.clone(), self.replicas);
+        let mut pipe = redis::pipe();
+        pipe.add_command(call.cmd)
+            .cmd("WAIT")
+            .arg(replicas)
+            .arg(scripts::millis(self.timeout));
+        async move {
+            let ((state, value), acked): ((i64, Value), i64) =
+                match pipe.query_async(&mut conn).await {
+                    Err(e) if is_noscript(&e) => {
+                        if let Some(script) = call.script {
+                            script.prepare_invoke().load_async(&mut conn).await?;
+                        }
+                        pipe.query_async(&mut conn).await?
+                    }
+                    other => other?,
+                };
+            if matches!(state, 1 | 2) && acked < i64::from(replicas) {
+                if let Err(error) = main.run::<i64>(scripts::release(&hold)).await {
+                    tracing::warn!(key = %hold.key, %error,
+                        "could not release a lock that was not replicated; it expires with its lease");
+                }
+                return Ok((NOT_REPLICATED, Value::Int(acked)));
+            }
+            Ok((state, value))
+        }
+    }
+}

@@ -1,0 +1,308 @@
+//! The Lua scripts (top-level `lua/`, shipped inside this crate through the `lua` link)
+//! and the one place that knows each script's keys and arguments: every operation of the
+//! store contract becomes a [`Call`] here, and every script reply is read here.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::{Cmd, Script, Value};
+
+use crate::error::BackendError;
+use crate::hold::{Exclusive, Hold, HoldKind, RwMode};
+use crate::holder::Holder;
+use crate::key::Key;
+use crate::store::contract::{Acquire, Attempt, How, Outcome, Released, Renewal, Waiter};
+
+/// A script of `lua/`, compiled into the crate.
+macro_rules! script {
+    ($($file:literal),+) => {
+        LazyLock::new(|| {
+            Script::new(concat!($(include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/", $file))),+))
+        })
+    };
+}
+
+static ACQUIRE: LazyLock<Script> = script!("acquire.lua");
+static RENEW: LazyLock<Script> = script!("renew.lua");
+static RELEASE: LazyLock<Script> = script!("release.lua");
+static FORCE_RELEASE: LazyLock<Script> = script!("force_release.lua");
+static MULTI_ACQUIRE: LazyLock<Script> = script!("multi_acquire.lua");
+static FAIR_ACQUIRE: LazyLock<Script> = script!("fair_acquire.lua");
+static FAIR_RELEASE: LazyLock<Script> = script!("fair_release.lua");
+static FAIR_LEAVE: LazyLock<Script> = script!("fair_leave.lua");
+// Each read-write script runs after the shared prelude (layout, clock, pruning).
+static READ_ACQUIRE: LazyLock<Script> = script!("rw_prelude.lua", "rw_read_acquire.lua");
+static WRITE_ACQUIRE: LazyLock<Script> = script!("rw_prelude.lua", "rw_write_acquire.lua");
+static RW_RELEASE: LazyLock<Script> = script!("rw_prelude.lua", "rw_release.lua");
+static RW_RENEW: LazyLock<Script> = script!("rw_prelude.lua", "rw_renew.lua");
+static RW_WITHDRAW: LazyLock<Script> = script!("rw_prelude.lua", "rw_withdraw.lua");
+static RW_COUNT: LazyLock<Script> = script!("rw_prelude.lua", "rw_count.lua");
+
+/// The synthetic acquire state of a lock taken but not acknowledged by enough replicas
+/// (and released again); its value is the number that acknowledged.
+pub(super) const NOT_REPLICATED: i64 = 4;
+
+/// One command for Redis: a script's `EVALSHA` (with the script, to load it if Redis lost
+/// it, e.g. after a restart) or a plain command.
+pub(super) struct Call {
+    pub(super) script: Option<&'static Script>,
+    pub(super) cmd: Cmd,
+}
+
+impl Call {
+    fn script(script: &'static LazyLock<Script>, keys: &[&str]) -> Self {
+        let script: &'static Script = script;
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash()).arg(keys.len()).arg(keys);
+        Self {
+            script: Some(script),
+            cmd,
+        }
+    }
+
+    fn command(name: &str, key: &str) -> Self {
+        let mut cmd = redis::cmd(name);
+        cmd.arg(key);
+        Self { script: None, cmd }
+    }
+
+    fn arg(mut self, arg: impl redis::ToRedisArgs) -> Self {
+        self.cmd.arg(arg);
+        self
+    }
+}
+
+/// Every script a pipeline may send, to load them all when Redis lost them.
+pub(super) fn all() -> [&'static Script; 14] {
+    [
+        &ACQUIRE,
+        &RENEW,
+        &RELEASE,
+        &FORCE_RELEASE,
+        &MULTI_ACQUIRE,
+        &FAIR_ACQUIRE,
+        &FAIR_RELEASE,
+        &FAIR_LEAVE,
+        &READ_ACQUIRE,
+        &WRITE_ACQUIRE,
+        &RW_RELEASE,
+        &RW_RENEW,
+        &RW_WITHDRAW,
+        &RW_COUNT,
+    ]
+    .map(|script| -> &'static Script { script })
+}
+
+/// The four keys of every read-write script, in the prelude's order.
+fn rw_keys(key: &Key) -> [&str; 4] {
+    [
+        key.redis_key(),
+        &key.names().leases,
+        key.fence_key(),
+        &key.names().writers,
+    ]
+}
+
+/// The three keys of the fair scripts that queue (`fair_acquire.lua` adds the fence).
+fn fair_keys(key: &Key) -> [&str; 3] {
+    [key.redis_key(), &key.names().queue, &key.names().deadlines]
+}
+
+/// One acquire attempt (`{state, value}` reply, see [`attempted`]).
+pub(super) fn acquire(ask: &Acquire<'_>) -> Call {
+    let (key, how) = (ask.key, ask.how);
+    let (lock, fence) = (key.redis_key(), key.fence_key());
+    let call = match how {
+        How::Plain => Call::script(&ACQUIRE, &[lock, fence]),
+        How::Claim => Call::script(&ACQUIRE, &[lock, fence, &key.names().outcome]),
+        How::Fair { .. } => Call::script(
+            &FAIR_ACQUIRE,
+            &[lock, fence, &key.names().queue, &key.names().deadlines],
+        ),
+        How::Read => Call::script(&READ_ACQUIRE, &rw_keys(key)),
+        How::Write { .. } => Call::script(&WRITE_ACQUIRE, &rw_keys(key)),
+    };
+    let call = call.arg(ask.holder.id()).arg(millis(ask.lease));
+    match how {
+        How::Fair {
+            queue_timeout,
+            join,
+        } => call
+            .arg(millis(queue_timeout))
+            .arg(&*key.names().wake_prefix)
+            .arg(if join { "1" } else { "0" }),
+        How::Write { register } => call.arg(millis(register)),
+        How::Plain | How::Claim | How::Read => call,
+    }
+}
+
+/// Reads an acquire script's `{state, value}` reply: `{1, token}` taken, `{2, token}`
+/// re-entered, `{0, ms}` busy, `{3, outcome}` a claim's stored outcome (a write: `{3, 0}`,
+/// an upgrade refused).
+pub(super) fn attempted(how: How, state: i64, value: Value) -> Result<Attempt, BackendError> {
+    let claim = how == How::Claim;
+    let write = matches!(how, How::Write { .. });
+    match (state, value) {
+        (1, Value::Int(token)) => Ok(Attempt::Taken {
+            token: token as u64,
+        }),
+        (2, Value::Int(token)) => Ok(Attempt::Reentered {
+            token: token as u64,
+        }),
+        (0, Value::Int(ms)) => Ok(Attempt::Busy { ttl: pttl(ms) }),
+        (3, Value::BulkString(outcome)) if claim => Ok(Attempt::Completed { outcome }),
+        (3, Value::Int(_)) if write => Ok(Attempt::Upgrade),
+        (state, other) => Err(BackendError::Protocol(format!(
+            "the {} acquire script returned {{{state}, {other:?}}}",
+            how.kind().name()
+        ))),
+    }
+}
+
+/// Takes every lock of `keys` or none (`{1, tokens..}` or `{0, i, pttl}`, see
+/// `multi_acquire.lua`).
+pub(super) fn acquire_all<'k>(
+    keys: impl Iterator<Item = &'k Key>,
+    holder: &Holder,
+    lease: Duration,
+) -> Call {
+    let names: Vec<&str> = keys
+        .flat_map(|key| [key.redis_key(), key.fence_key()])
+        .collect();
+    Call::script(&MULTI_ACQUIRE, &names)
+        .arg(holder.id())
+        .arg(millis(lease))
+}
+
+/// Releases one hold (`-1`, `0` or the count left, see [`released`]).
+pub(super) fn release(hold: &Hold) -> Call {
+    let Hold { kind, key, holder } = hold;
+    match kind {
+        HoldKind::Exclusive(Exclusive::Plain) => Call::script(&RELEASE, &[key.redis_key()])
+            .arg(holder.id())
+            .arg(key.channel()),
+        HoldKind::Exclusive(Exclusive::Fair) => Call::script(&FAIR_RELEASE, &fair_keys(key))
+            .arg(holder.id())
+            .arg(&*key.names().wake_prefix),
+        HoldKind::ReadWrite(mode) => rw_release(*mode, key, holder),
+    }
+}
+
+fn rw_release(mode: RwMode, key: &Key, holder: &Holder) -> Call {
+    Call::script(&RW_RELEASE, &rw_keys(key))
+        .arg(holder.id())
+        .arg(mode.field_suffix())
+        .arg(key.channel())
+        .arg(&*key.names().readers)
+}
+
+/// Releases one hold and stores a claim's outcome with it.
+pub(super) fn complete(hold: &Hold<Exclusive>, outcome: Outcome<'_>) -> Call {
+    let Hold { kind, key, holder } = hold;
+    match kind {
+        Exclusive::Plain => Call::script(&RELEASE, &[key.redis_key(), &key.names().outcome])
+            .arg(holder.id())
+            .arg(key.channel())
+            .arg(outcome.bytes)
+            .arg(millis(outcome.keep)),
+        Exclusive::Fair => {
+            let [lock, queue, deadlines] = fair_keys(key);
+            Call::script(
+                &FAIR_RELEASE,
+                &[lock, queue, deadlines, &key.names().outcome],
+            )
+            .arg(holder.id())
+            .arg(&*key.names().wake_prefix)
+            .arg(outcome.bytes)
+            .arg(millis(outcome.keep))
+            .arg(key.channel())
+        }
+    }
+}
+
+/// Renews one hold (`1` renewed, `0` gone).
+pub(super) fn renew(renewal: &Renewal) -> Call {
+    let Hold { kind, key, holder } = &renewal.hold;
+    match kind {
+        // A fair lock's hash has the plain shape; its queue needs no renewal.
+        HoldKind::Exclusive(_) => Call::script(&RENEW, &[key.redis_key(), key.fence_key()])
+            .arg(holder.id())
+            .arg(millis(renewal.lease)),
+        HoldKind::ReadWrite(mode) => Call::script(&RW_RENEW, &rw_keys(key))
+            .arg(holder.id())
+            .arg(mode.field_suffix())
+            .arg(millis(renewal.lease)),
+    }
+}
+
+/// A waiter gives up what it left in the store.
+pub(super) fn withdraw(waiter: Waiter, key: &Key, holder: &Holder) -> Call {
+    match waiter {
+        Waiter::Queued => Call::script(&FAIR_LEAVE, &fair_keys(key))
+            .arg(holder.id())
+            .arg(&*key.names().wake_prefix),
+        Waiter::Writer => Call::script(&RW_WITHDRAW, &rw_keys(key))
+            .arg(holder.id())
+            .arg(&*key.names().readers),
+    }
+}
+
+/// Deletes the lock whoever holds it and wakes a waiter (`1` deleted, `0` none).
+pub(super) fn force_unlock(key: &Key) -> Call {
+    Call::script(&FORCE_RELEASE, &[key.redis_key()]).arg(key.channel())
+}
+
+/// How many times the holder holds the hold (an integer, or nil for none).
+pub(super) fn hold_count(hold: &Hold) -> Call {
+    match hold.kind {
+        HoldKind::Exclusive(_) => Call::command("HGET", hold.key.redis_key()).arg(hold.holder.id()),
+        HoldKind::ReadWrite(mode) => Call::script(&RW_COUNT, &rw_keys(&hold.key))
+            .arg(hold.holder.id())
+            .arg(mode.field_suffix()),
+    }
+}
+
+/// The lock's `PTTL` (see [`remaining_ttl`]).
+pub(super) fn pttl_of(key: &Key) -> Call {
+    Call::command("PTTL", key.redis_key())
+}
+
+/// The length of a fair lock's queue.
+pub(super) fn queue_length(key: &Key) -> Call {
+    Call::command("LLEN", &key.names().queue)
+}
+
+/// A release script's answer: `-1` not held, `0` this hold ended, `n` re-entries left.
+pub(super) fn released(left: i64) -> Released {
+    match left {
+        n if n < 0 => Released::NotHeld,
+        0 => Released::Freed,
+        n => Released::Remaining(n as u64),
+    }
+}
+
+/// A busy lock's remaining lease from its `PTTL`: -2 (gone since the check) is zero, -1
+/// (no expiry: not one of ours) is unknown; both mean "retry now or later".
+pub(super) fn pttl(ms: i64) -> Option<Duration> {
+    match ms {
+        -2 => Some(Duration::ZERO),
+        ms if ms < 0 => None,
+        ms => Some(Duration::from_millis(ms as u64)),
+    }
+}
+
+/// A lock's remaining lease from `PTTL` for inspection: -2 no lock; -1 a lock without
+/// expiry (not one of ours) that never expires.
+pub(super) fn remaining_ttl(ms: i64) -> Option<Duration> {
+    match ms {
+        -2 => None,
+        -1 => Some(Duration::MAX),
+        ms => Some(Duration::from_millis(ms.max(0) as u64)),
+    }
+}
+
+/// Milliseconds for a script argument: at least 1 (0 would mean "no expiry" to some
+/// commands), at most `u64::MAX`.
+pub(super) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}

@@ -1,0 +1,19 @@
+//! Every Redis command of the store waits a bounded time.
+
+use std::future::Future;
+use std::time::Duration;
+
+use redis::RedisResult;
+
+use crate::error::BackendError;
+
+/// `fut`, failing with [`BackendError::TimedOut`] after `timeout`.
+pub(crate) async fn bounded<T>(
+    timeout: Duration,
+    fut: impl Future<Output = RedisResult<T>>,
+) -> Result<T, BackendError> {
+    match tokio::time::timeout(timeout, fut).await {
+        Ok(reply) => Ok(reply?),
+        Err(_) => Err(BackendError::TimedOut(timeout)),
+    }
+}

@@ -1,0 +1,93 @@
+//! One lock to acquire as one holder with its options: what the plain, fair and
+//! read-write attempts share (each adds only its way of asking).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::acquire::{Answer, Busy, Tried};
+use crate::engine::Engine;
+use crate::error::{BackendError, LockError};
+use crate::finish::BoxFuture;
+use crate::guard::LockGuard;
+use crate::hold::Hold;
+use crate::holder::Holder;
+use crate::key::Key;
+use crate::options::HoldOptions;
+use crate::store::contract::{Acquire, Attempt, How, LockStore, Waiter};
+
+pub(crate) struct Target<'a> {
+    pub(crate) engine: &'a Arc<Engine>,
+    pub(crate) key: &'a Key,
+    pub(crate) holder: Holder,
+    lease: Duration,
+    options: &'a HoldOptions,
+}
+
+impl<'a> Target<'a> {
+    /// `key`, to be acquired with `options` (their holder and lease resolved now).
+    pub(crate) fn new(engine: &'a Arc<Engine>, key: &'a Key, options: &'a HoldOptions) -> Self {
+        Self {
+            engine,
+            key,
+            holder: options.holder(engine),
+            lease: options.lease(engine),
+            options,
+        }
+    }
+
+    /// One attempt in the way `how`: the store's answer, and when it was asked for (a
+    /// fixed lease counts from then).
+    pub(crate) async fn ask(&self, how: How) -> Result<(Attempt, Instant), BackendError> {
+        let sent = Instant::now();
+        let ask = Acquire {
+            key: self.key,
+            holder: &self.holder,
+            lease: self.lease,
+            how,
+        };
+        Ok((self.engine.store().acquire(&ask).await?, sent))
+    }
+
+    /// The loop's view of an answer to `how`: a taken or re-entered lock is a guard. Only
+    /// claims are answered with an outcome, and they read it first.
+    pub(crate) fn tried(&self, (attempt, sent): (Attempt, Instant), how: How) -> Answer<LockGuard> {
+        match attempt {
+            Attempt::Taken { token } | Attempt::Reentered { token } => {
+                let hold = Hold {
+                    kind: how.kind(),
+                    key: self.key.clone(),
+                    holder: self.holder.clone(),
+                };
+                let guard = LockGuard::new(self.engine.clone(), hold, token, self.options, sent);
+                Ok(Tried::Won(guard))
+            }
+            Attempt::Busy { ttl } => Ok(Tried::Busy(Busy { lock: 0, ttl })),
+            Attempt::Upgrade => Ok(Tried::Refused(LockError::UpgradeRefused {
+                key: self.key.name().to_owned(),
+            })),
+            Attempt::Completed { .. } => Err(BackendError::Protocol(format!(
+                "the store answered a {} acquire with a stored outcome",
+                how.kind().name()
+            ))),
+        }
+    }
+
+    /// Asks once in the way `how`.
+    pub(crate) async fn try_once(&self, how: How) -> Answer<LockGuard> {
+        let answer = self.ask(how).await?;
+        self.tried(answer, how)
+    }
+
+    /// Takes the waiter out of the store: what a fair or write waiter leaves behind.
+    pub(crate) fn withdraw(&self, waiter: Waiter) -> BoxFuture {
+        let (engine, key, holder) = (self.engine.clone(), self.key.clone(), self.holder.clone());
+        Box::pin(async move {
+            if let Err(error) = engine.store().withdraw(waiter, &key, &holder).await {
+                tracing::debug!(%key, %error, ?waiter,
+                    "could not withdraw a waiter; its place runs out by itself");
+            }
+        })
+    }
+}
