@@ -18,8 +18,8 @@ use tracing::Span;
 
 use super::body::{Held, LockedBody};
 use super::client::{default_client, ready_default_client};
+use super::config::{Config, MissingKey};
 use super::key::Extracted;
-use super::layer::{Config, MissingKey};
 use super::rejection::LockRejection;
 use super::remember::RequestFingerprint;
 use super::replay::{Recording, Stored};

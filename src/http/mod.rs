@@ -21,7 +21,8 @@
 //!
 //! | file | owns |
 //! |---|---|
-//! | `layer.rs` | [`LockLayer`] and its settings |
+//! | `layer.rs` | [`LockLayer`] and its builder methods |
+//! | `config.rs` | the settings a layer shares with its services and futures; [`MissingKey`], the defaults, lock names |
 //! | `service.rs` | [`LockService`] |
 //! | `future.rs` | [`ResponseFuture`]: extract the key, acquire, call the inner service |
 //! | `body.rs` | [`LockedBody`]: the response body that holds the lock until it ends |
@@ -38,6 +39,7 @@
 mod body;
 mod buffer;
 mod client;
+mod config;
 #[cfg(feature = "axum")]
 mod extract;
 mod future;
@@ -51,6 +53,7 @@ mod trace;
 
 pub use body::LockedBody;
 pub use client::default_client;
+pub use config::{MissingKey, DEFAULT_BODY_LIMIT, DEFAULT_HTTP_NAMESPACE};
 #[cfg(feature = "axum")]
 pub use extract::{Guarded, LockKey, Locked, LockedRejection, StateLocked};
 pub use future::ResponseFuture;
@@ -59,7 +62,7 @@ pub use key::FromPathParam;
 pub use key::{
     Extracted, FromFn, FromHeader, FromJsonField, FromPath, JsonKeyFuture, KeySource, PartsKey,
 };
-pub use layer::{LockLayer, MissingKey, DEFAULT_BODY_LIMIT, DEFAULT_HTTP_NAMESPACE};
+pub use layer::LockLayer;
 pub use rejection::LockRejection;
 pub use remember::{Fingerprint, Remember, RememberFuture, DEFAULT_MAX_STORED_BODY};
 pub use replay::IDEMPOTENCY_REPLAYED;
