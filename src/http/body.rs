@@ -7,13 +7,13 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use std::time::Instant;
 
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::task::JoinHandle;
 use tracing::{Instrument, Span};
 
-use super::replay::Recording;
+use super::remember::recording::Recording;
 use crate::LockGuard;
 
 /// A held lock, its request span, and the response being recorded for replay, if any.
@@ -198,15 +198,7 @@ where
             return Poll::Ready(frame);
         };
         if let Some(recording) = held.recording.as_mut() {
-            frame = frame.map(|frame| {
-                frame.map(|frame| {
-                    frame.map_data(|mut data| {
-                        let bytes = data.copy_to_bytes(data.remaining());
-                        recording.push(&bytes);
-                        B::Data::from(bytes)
-                    })
-                })
-            });
+            frame = frame.map(|frame| frame.map(|frame| frame.map_data(|d| recording.record(d))));
         }
         let completed = match &frame {
             None => true,

@@ -11,7 +11,7 @@ use std::time::Duration;
 use http::request::Parts;
 use http::StatusCode;
 
-use super::remember::Remembering;
+use super::remember::config::Remembering;
 use crate::LockClient;
 
 /// How much of a body [`LockLayer::by_json_field`](super::LockLayer::by_json_field) reads by

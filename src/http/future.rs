@@ -21,8 +21,9 @@ use super::client::{default_client, ready_default_client};
 use super::config::{Config, MissingKey};
 use super::key::Extracted;
 use super::rejection::LockRejection;
-use super::remember::RequestFingerprint;
-use super::replay::{Recording, Stored};
+use super::remember::fingerprint::RequestFingerprint;
+use super::remember::recording::Recording;
+use super::remember::stored::Stored;
 use super::trace;
 use crate::{BackendError, Claim, LockClient, LockError, Scoped};
 use tokio::task::JoinHandle;
@@ -160,7 +161,15 @@ where
                     span.record("wait_ms", millis(this.started.elapsed()));
                     *this.fingerprint = request.extensions().get().copied();
                     match acquired {
-                        Ok(Claim::Completed(stored)) => replay(stored, *this.fingerprint, &span),
+                        Ok(Claim::Completed(stored)) => {
+                            match Stored::for_request(stored, *this.fingerprint) {
+                                Ok(stored) => {
+                                    span.record("outcome", "replayed");
+                                    Next::Replay(stored)
+                                }
+                                Err(rejection) => Next::Reject(rejection),
+                            }
+                        }
                         Ok(Claim::Acquired(guard)) => {
                             span.record("outcome", "acquired");
                             let extensions = request.extensions_mut();
@@ -300,25 +309,6 @@ where
                     });
                 }
             }
-        }
-    }
-}
-
-/// A claim found the request completed before: replay it if it is the same request.
-fn replay<RB>(stored: Vec<u8>, fingerprint: Option<RequestFingerprint>, span: &Span) -> Next<RB> {
-    match Stored::decode(stored) {
-        Some(stored) if Some(stored.fingerprint) == fingerprint => {
-            span.record("outcome", "replayed");
-            Next::Replay(stored)
-        }
-        Some(_) => Next::Reject(LockRejection::KeyReused),
-        None => {
-            tracing::error!(
-                "a remembered response could not be read (written by another version?)"
-            );
-            Next::Reject(LockRejection::Unavailable {
-                detail: "The stored response for this key could not be read.".to_owned(),
-            })
         }
     }
 }

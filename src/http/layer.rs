@@ -16,7 +16,8 @@ use super::config::{Config, MissingKey, DEFAULT_BODY_LIMIT};
 #[cfg(feature = "axum")]
 use super::key::FromPathParam;
 use super::key::{FromFn, FromHeader, FromJsonField, FromPath, KeySource};
-use super::remember::{Fingerprint, Remember, Remembering};
+use super::remember::config::Remembering;
+use super::remember::{Fingerprint, Remember};
 use super::service::LockService;
 use crate::LockClient;
 

@@ -28,8 +28,7 @@
 //! | `body.rs` | [`LockedBody`]: the response body that holds the lock until it ends |
 //! | `key.rs` | where a key comes from ([`KeySource`] and its implementations) |
 //! | `rejection.rs` | [`LockRejection`]: the problem responses |
-//! | `remember.rs` | idempotent replay, request side: [`Remember`], [`Fingerprint`] |
-//! | `replay.rs` | idempotent replay, response side: recording, storing, replaying |
+//! | `remember/` | idempotency ([`LockLayer::remember`]): [`Remember`], [`Fingerprint`], recording, storing and replaying responses |
 //! | `buffer.rs` | reading a request body up to a limit |
 //! | `client.rs` | the process-wide [`default_client`] |
 //! | `extract.rs` | the [`Locked`] extractor (feature `axum`) |
@@ -47,7 +46,6 @@ mod key;
 mod layer;
 mod rejection;
 mod remember;
-mod replay;
 mod service;
 mod trace;
 
@@ -64,6 +62,7 @@ pub use key::{
 };
 pub use layer::LockLayer;
 pub use rejection::LockRejection;
-pub use remember::{Fingerprint, Remember, RememberFuture, DEFAULT_MAX_STORED_BODY};
-pub use replay::IDEMPOTENCY_REPLAYED;
+pub use remember::{
+    Fingerprint, Remember, RememberFuture, DEFAULT_MAX_STORED_BODY, IDEMPOTENCY_REPLAYED,
+};
 pub use service::LockService;
