@@ -51,8 +51,8 @@ pin_project! {
         started: Instant,
         held: Option<Held>,
         lost: Option<BoxFuture<()>>,
-        // Remembering layers: the request's fingerprint, and a response with an empty
-        // body waiting for its lock's release (and storage) to finish.
+        // Remembering layers: the request's fingerprint (from its extracted key), and a
+        // response with an empty body waiting for its lock's release (and storage) to finish.
         fingerprint: Option<RequestFingerprint>,
         finished: Option<S::Response>,
     }
@@ -141,7 +141,10 @@ where
             let next = match this.state.as_mut().project() {
                 StateProj::Extract { fut } => match ready!(fut.poll(cx)) {
                     Err(rejection) => Next::Reject(rejection),
-                    Ok(extracted) => route(extracted, this.config, this.missing, &span),
+                    Ok(extracted) => {
+                        *this.fingerprint = extracted.fingerprint;
+                        route(extracted, this.config, this.missing, &span)
+                    }
                 },
                 StateProj::Connect { fut, request, name } => {
                     let connected = ready!(fut.as_mut().poll(cx));
@@ -159,7 +162,6 @@ where
                     let acquired = ready!(fut.as_mut().poll(cx));
                     let mut request = take_request(request);
                     span.record("wait_ms", millis(this.started.elapsed()));
-                    *this.fingerprint = request.extensions().get().copied();
                     match acquired {
                         Ok(Claim::Completed(stored)) => {
                             match Stored::for_request(stored, *this.fingerprint) {
@@ -338,7 +340,7 @@ fn route<RB>(
     missing: &LockRejection,
     span: &Span,
 ) -> Next<RB> {
-    let Extracted { request, key } = extracted;
+    let Extracted { request, key, .. } = extracted;
     let on_missing = |request| match config.missing_key {
         MissingKey::PassUnlocked => {
             span.record("outcome", "missing key, passed unlocked");

@@ -101,7 +101,8 @@ impl Fingerprint {
     }
 }
 
-/// The fingerprint of one request, put in its extensions by [`Remember`](super::Remember).
+/// The fingerprint of one request, made by [`Remember`](super::Remember) and carried to
+/// the response side in the request's [`Extracted`](crate::http::Extracted) key.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) struct RequestFingerprint(pub(super) [u8; 32]);
 

@@ -1,6 +1,6 @@
 //! [`Remember`]: the key source of a remembering layer. It reads the body, fingerprints
 //! the request, finds the key with the wrapped source and hands both on in one
-//! [`Extracted`].
+//! [`Extracted`], so the fingerprint travels with the key (not in the request).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -12,7 +12,7 @@ use http_body::Body;
 use http_body_util::Full;
 use pin_project_lite::pin_project;
 
-use super::fingerprint::Fingerprint;
+use super::fingerprint::{Fingerprint, RequestFingerprint};
 use crate::http::buffer::{BoxError, ReadBody};
 use crate::http::key::{Extracted, KeySource};
 use crate::http::rejection::LockRejection;
@@ -90,7 +90,7 @@ pin_project! {
         B::Error: Into<BoxError>,
     {
         Reading { #[pin] read: ReadBody<B> },
-        Extracting { #[pin] extract: F },
+        Extracting { #[pin] extract: F, fingerprint: RequestFingerprint },
     }
 }
 
@@ -105,10 +105,16 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         loop {
-            let extract = match this.state.as_mut().project() {
-                RememberStateProj::Extracting { extract } => return extract.poll(cx),
+            let (extract, fingerprint) = match this.state.as_mut().project() {
+                RememberStateProj::Extracting {
+                    extract,
+                    fingerprint,
+                } => {
+                    let extracted = ready!(extract.poll(cx));
+                    return Poll::Ready(extracted.map(|e| e.fingerprinted(*fingerprint)));
+                }
                 RememberStateProj::Reading { read } => {
-                    let (mut parts, body) = match ready!(read.poll(cx)) {
+                    let (parts, body) = match ready!(read.poll(cx)) {
                         Ok(read) => read,
                         Err(rejection) => return Poll::Ready(Err(rejection)),
                     };
@@ -116,13 +122,14 @@ where
                         Ok(fingerprint) => fingerprint,
                         Err(rejection) => return Poll::Ready(Err(rejection)),
                     };
-                    parts.extensions.insert(fingerprint);
-                    this.source
-                        .inner
-                        .extract(Request::from_parts(parts, Full::new(body)))
+                    let request = Request::from_parts(parts, Full::new(body));
+                    (this.source.inner.extract(request), fingerprint)
                 }
             };
-            this.state.set(RememberState::Extracting { extract });
+            this.state.set(RememberState::Extracting {
+                extract,
+                fingerprint,
+            });
         }
     }
 }
