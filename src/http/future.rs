@@ -16,9 +16,10 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 use tracing::Span;
 
-use super::body::{Held, LockedBody};
+use super::body::LockedBody;
 use super::client::{default_client, ready_default_client};
 use super::config::{Config, MissingKey};
+use super::held::Held;
 use super::key::Extracted;
 use super::rejection::LockRejection;
 use super::remember::fingerprint::RequestFingerprint;

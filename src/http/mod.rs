@@ -26,6 +26,7 @@
 //! | `service.rs` | [`LockService`] |
 //! | `future.rs` | [`ResponseFuture`]: extract the key, acquire, call the inner service |
 //! | `body.rs` | [`LockedBody`]: the response body that holds the lock until it ends |
+//! | `held.rs` | a held lock: records the response, stores it and releases, in order |
 //! | `key.rs` | where a key comes from ([`KeySource`] and its implementations) |
 //! | `rejection.rs` | [`LockRejection`]: the problem responses |
 //! | `remember/` | idempotency ([`LockLayer::remember`]): [`Remember`], [`Fingerprint`], recording, storing and replaying responses |
@@ -42,6 +43,7 @@ mod config;
 #[cfg(feature = "axum")]
 mod extract;
 mod future;
+mod held;
 mod key;
 mod layer;
 mod rejection;
