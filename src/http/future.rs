@@ -162,7 +162,7 @@ where
                 } => {
                     let acquired = ready!(fut.as_mut().poll(cx));
                     let mut request = take_request(request);
-                    span.record("wait_ms", millis(this.started.elapsed()));
+                    span.record("wait_ms", trace::millis(this.started.elapsed()));
                     match acquired {
                         Ok(Claim::Completed(stored)) => {
                             match Stored::for_request(stored, *this.fingerprint) {
@@ -314,10 +314,6 @@ where
             }
         }
     }
-}
-
-fn millis(duration: Duration) -> u64 {
-    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 fn take_request<RB>(request: &mut Option<Request<RB>>) -> Request<RB> {

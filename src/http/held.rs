@@ -8,6 +8,7 @@ use tokio::task::JoinHandle;
 use tracing::{Instrument, Span};
 
 use super::remember::recording::Recording;
+use super::trace;
 use crate::LockGuard;
 
 /// A held lock, its request span, and the response being recorded for replay, if any.
@@ -40,7 +41,7 @@ impl Held {
 
     fn take_guard(&mut self) -> Option<LockGuard> {
         let guard = self.guard.take()?;
-        let hold_ms = u64::try_from(self.acquired.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let hold_ms = trace::millis(self.acquired.elapsed());
         self.span.record("hold_ms", hold_ms);
         if guard.is_lost() {
             tracing::warn!(
