@@ -172,7 +172,7 @@ where
 }
 
 impl<K> LockLayer<K> {
-    /// A layer with any key source (see [`KeySource`](super::KeySource) and
+    /// A layer with any key source (see [`KeySource`] and
     /// [`PartsKey`](super::PartsKey)).
     ///
     /// ```
@@ -203,8 +203,9 @@ impl<K> LockLayer<K> {
         self
     }
 
-    /// Prefixes every lock name (default [`DEFAULT_HTTP_NAMESPACE`]); give layers that
-    /// must not share locks different namespaces.
+    /// Prefixes every lock name (default
+    /// [`DEFAULT_HTTP_NAMESPACE`](super::DEFAULT_HTTP_NAMESPACE)); give layers that must not
+    /// share locks different namespaces.
     ///
     /// ```
     /// use lockwarden::LockLayer;
