@@ -22,17 +22,23 @@
 //! | file | owns |
 //! |---|---|
 //! | `layer.rs` | [`LockLayer`] and its builder methods |
-//! | `config.rs` | the settings a layer shares with its services and futures; [`MissingKey`], the defaults, lock names |
+//! | `config.rs` | the settings a layer shares with its services and futures: [`MissingKey`], the defaults, lock names |
 //! | `service.rs` | [`LockService`] |
 //! | `future.rs` | [`ResponseFuture`]: extract the key, acquire, call the inner service |
+//! | `held.rs` | a held lock: stores the recorded response, then releases, in order |
 //! | `body.rs` | [`LockedBody`]: the response body that holds the lock until it ends |
-//! | `held.rs` | a held lock: records the response, stores it and releases, in order |
-//! | `key.rs` | where a key comes from ([`KeySource`] and its implementations) |
-//! | `rejection.rs` | [`LockRejection`]: the problem responses |
+//! | `key.rs` | where a key comes from ([`KeySource`] and its implementations, [`Extracted`]) |
 //! | `remember/` | idempotency ([`LockLayer::remember`]): [`Remember`], [`Fingerprint`], recording, storing and replaying responses |
+//! | `rejection.rs` | [`LockRejection`]: the problem responses |
 //! | `buffer.rs` | reading a request body up to a limit |
 //! | `client.rs` | the process-wide [`default_client`] |
+//! | `trace.rs` | the request span |
 //! | `extract.rs` | the [`Locked`] extractor (feature `axum`) |
+//!
+//! Imports point one way: the layer builds the service, the service the future; both read
+//! `config.rs`, never `layer.rs`. The request's fingerprint rides in its [`Extracted`]
+//! key; the response side reaches `remember/` through `held.rs`, and `remember/` imports
+//! neither the body nor the future.
 //!
 //! [`Holder`]: crate::Holder
 
