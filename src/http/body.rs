@@ -5,91 +5,13 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
-use std::time::Instant;
 
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::task::JoinHandle;
-use tracing::{Instrument, Span};
 
-use super::replay::Recording;
-use crate::LockGuard;
-
-/// A held lock, its request span, and the response being recorded for replay, if any.
-/// [`finish`](Self::finish) ends it in order; dropping it releases in the background.
-pub(crate) struct Held {
-    guard: Option<LockGuard>,
-    span: Span,
-    acquired: Instant,
-    recording: Option<Recording>,
-}
-
-impl Held {
-    pub(crate) fn new(guard: LockGuard, span: Span) -> Self {
-        Self {
-            guard: Some(guard),
-            span,
-            acquired: Instant::now(),
-            recording: None,
-        }
-    }
-
-    pub(crate) fn record(&mut self, recording: Option<Recording>) {
-        self.recording = recording;
-    }
-
-    fn take_guard(&mut self) -> Option<LockGuard> {
-        let guard = self.guard.take()?;
-        let hold_ms = u64::try_from(self.acquired.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.span.record("hold_ms", hold_ms);
-        if guard.is_lost() {
-            tracing::warn!(
-                parent: &self.span,
-                hold_ms,
-                "the request's lock was lost before the request finished; another request may have run concurrently"
-            );
-        }
-        Some(guard)
-    }
-
-    /// Releases the lock, storing the recorded response first if the body `completed`
-    /// (ended without an error) and fit. The release runs as its own task, so a client
-    /// that goes away meanwhile cannot cut it short; the handle resolves when it is done.
-    pub(crate) fn finish(mut self, completed: bool) -> Option<JoinHandle<()>> {
-        let guard = self.take_guard()?;
-        let stored = self
-            .recording
-            .take()
-            .filter(|_| completed)
-            .and_then(Recording::finish);
-        let runtime = tokio::runtime::Handle::try_current().ok()?;
-        let task = async move {
-            let remembered = stored.is_some();
-            let result = match stored {
-                Some((bytes, keep)) => guard.complete(bytes, keep).await,
-                None => guard.release().await,
-            };
-            match result {
-                Ok(()) => tracing::debug!(remembered, "lock released"),
-                Err(error) => {
-                    tracing::warn!(%error, remembered, "releasing the request's lock failed; it expires with its lease")
-                }
-            }
-        };
-        Some(runtime.spawn(task.instrument(self.span.clone())))
-    }
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        // Unfinished (client gone, handler panicked): the guard releases in the background
-        // and nothing is remembered.
-        if self.take_guard().is_some() {
-            tracing::debug!(parent: &self.span, "lock released (response not completed)");
-        }
-    }
-}
+use super::held::Held;
 
 pin_project! {
     /// The response body of [`LockService`](super::LockService): the inner service's body,
@@ -197,16 +119,8 @@ where
         let Some(held) = this.held.as_mut() else {
             return Poll::Ready(frame);
         };
-        if let Some(recording) = held.recording.as_mut() {
-            frame = frame.map(|frame| {
-                frame.map(|frame| {
-                    frame.map_data(|mut data| {
-                        let bytes = data.copy_to_bytes(data.remaining());
-                        recording.push(&bytes);
-                        B::Data::from(bytes)
-                    })
-                })
-            });
+        if let Some(recording) = held.recording() {
+            frame = frame.map(|frame| frame.map(|frame| frame.map_data(|d| recording.record(d))));
         }
         let completed = match &frame {
             None => true,

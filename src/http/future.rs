@@ -16,13 +16,15 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 use tracing::Span;
 
-use super::body::{Held, LockedBody};
+use super::body::LockedBody;
 use super::client::{default_client, ready_default_client};
+use super::config::{Config, MissingKey};
+use super::held::Held;
 use super::key::Extracted;
-use super::layer::{Config, MissingKey};
 use super::rejection::LockRejection;
-use super::remember::RequestFingerprint;
-use super::replay::{Recording, Stored};
+use super::remember::fingerprint::RequestFingerprint;
+use super::remember::recording::Recording;
+use super::remember::stored::Stored;
 use super::trace;
 use crate::{BackendError, Claim, LockClient, LockError, Scoped};
 use tokio::task::JoinHandle;
@@ -50,8 +52,8 @@ pin_project! {
         started: Instant,
         held: Option<Held>,
         lost: Option<BoxFuture<()>>,
-        // Remembering layers: the request's fingerprint, and a response with an empty
-        // body waiting for its lock's release (and storage) to finish.
+        // Remembering layers: the request's fingerprint (from its extracted key), and a
+        // response with an empty body waiting for its lock's release (and storage) to finish.
         fingerprint: Option<RequestFingerprint>,
         finished: Option<S::Response>,
     }
@@ -140,7 +142,10 @@ where
             let next = match this.state.as_mut().project() {
                 StateProj::Extract { fut } => match ready!(fut.poll(cx)) {
                     Err(rejection) => Next::Reject(rejection),
-                    Ok(extracted) => route(extracted, this.config, this.missing, &span),
+                    Ok(extracted) => {
+                        *this.fingerprint = extracted.fingerprint;
+                        route(extracted, this.config, this.missing, &span)
+                    }
                 },
                 StateProj::Connect { fut, request, name } => {
                     let connected = ready!(fut.as_mut().poll(cx));
@@ -157,10 +162,17 @@ where
                 } => {
                     let acquired = ready!(fut.as_mut().poll(cx));
                     let mut request = take_request(request);
-                    span.record("wait_ms", millis(this.started.elapsed()));
-                    *this.fingerprint = request.extensions().get().copied();
+                    span.record("wait_ms", trace::millis(this.started.elapsed()));
                     match acquired {
-                        Ok(Claim::Completed(stored)) => replay(stored, *this.fingerprint, &span),
+                        Ok(Claim::Completed(stored)) => {
+                            match Stored::for_request(stored, *this.fingerprint) {
+                                Ok(stored) => {
+                                    span.record("outcome", "replayed");
+                                    Next::Replay(stored)
+                                }
+                                Err(rejection) => Next::Reject(rejection),
+                            }
+                        }
                         Ok(Claim::Acquired(guard)) => {
                             span.record("outcome", "acquired");
                             let extensions = request.extensions_mut();
@@ -304,29 +316,6 @@ where
     }
 }
 
-/// A claim found the request completed before: replay it if it is the same request.
-fn replay<RB>(stored: Vec<u8>, fingerprint: Option<RequestFingerprint>, span: &Span) -> Next<RB> {
-    match Stored::decode(stored) {
-        Some(stored) if Some(stored.fingerprint) == fingerprint => {
-            span.record("outcome", "replayed");
-            Next::Replay(stored)
-        }
-        Some(_) => Next::Reject(LockRejection::KeyReused),
-        None => {
-            tracing::error!(
-                "a remembered response could not be read (written by another version?)"
-            );
-            Next::Reject(LockRejection::Unavailable {
-                detail: "The stored response for this key could not be read.".to_owned(),
-            })
-        }
-    }
-}
-
-fn millis(duration: Duration) -> u64 {
-    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
-}
-
 fn take_request<RB>(request: &mut Option<Request<RB>>) -> Request<RB> {
     match request.take() {
         Some(request) => request,
@@ -348,7 +337,7 @@ fn route<RB>(
     missing: &LockRejection,
     span: &Span,
 ) -> Next<RB> {
-    let Extracted { request, key } = extracted;
+    let Extracted { request, key, .. } = extracted;
     let on_missing = |request| match config.missing_key {
         MissingKey::PassUnlocked => {
             span.record("outcome", "missing key, passed unlocked");

@@ -18,15 +18,45 @@ use pin_project_lite::pin_project;
 
 use super::buffer::{BoxError, ReadBody};
 use super::rejection::LockRejection;
+use super::remember::fingerprint::RequestFingerprint;
 
 /// What a [`KeySource`] found: the request (possibly with a rebuilt body) and its key,
-/// `None` if the request carries none.
+/// `None` if the request carries none. A source makes one with [`Extracted::new`].
 #[derive(Debug)]
 pub struct Extracted<B> {
     /// The request, to hand on to the inner service.
     pub request: Request<B>,
     /// The raw key, before scope and namespace.
     pub key: Option<String>,
+    /// The request's fingerprint when the layer remembers responses (set by
+    /// [`Remember`](super::Remember)): it goes with the key to the response side.
+    pub(crate) fingerprint: Option<RequestFingerprint>,
+}
+
+impl<B> Extracted<B> {
+    /// The request and its raw key (`None` if it carries none).
+    ///
+    /// ```
+    /// use lockwarden::http::Extracted;
+    ///
+    /// let extracted = Extracted::new(http::Request::new(()), Some("order:42".to_owned()));
+    /// assert_eq!(extracted.key.as_deref(), Some("order:42"));
+    /// ```
+    pub fn new(request: Request<B>, key: Option<String>) -> Self {
+        Self {
+            request,
+            key,
+            fingerprint: None,
+        }
+    }
+
+    /// The same, carrying the fingerprint of the request.
+    pub(crate) fn fingerprinted(self, fingerprint: RequestFingerprint) -> Self {
+        Self {
+            fingerprint: Some(fingerprint),
+            ..self
+        }
+    }
 }
 
 /// Finds the lock key of a request.
@@ -105,10 +135,10 @@ impl<B, K: PartsKey> KeySource<B> for K {
 
     fn extract(&self, request: Request<B>) -> Self::Future {
         let (mut parts, body) = request.into_parts();
-        ready(self.key(&mut parts).map(|key| Extracted {
-            request: Request::from_parts(parts, body),
-            key,
-        }))
+        ready(
+            self.key(&mut parts)
+                .map(|key| Extracted::new(Request::from_parts(parts, body), key)),
+        )
     }
 
     fn missing(&self) -> LockRejection {
@@ -447,10 +477,11 @@ where
             Ok(read) => read,
             Err(rejection) => return Poll::Ready(Err(rejection)),
         };
-        Poll::Ready(this.source.key_of(&bytes).map(|key| Extracted {
-            request: Request::from_parts(parts, Full::new(bytes)),
-            key,
-        }))
+        Poll::Ready(
+            this.source
+                .key_of(&bytes)
+                .map(|key| Extracted::new(Request::from_parts(parts, Full::new(bytes)), key)),
+        )
     }
 }
 

@@ -1,124 +1,25 @@
-//! [`LockLayer`]: where the key comes from and how the lock is taken, in one cloneable
-//! value that wraps services into [`LockService`].
+//! [`LockLayer`] and its builder methods: where the key comes from and how the lock is
+//! taken, in one cloneable value that wraps services into [`LockService`]. The settings
+//! themselves are in `config.rs`.
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::request::Parts;
 use http::StatusCode;
+use http_body_util::Full;
 use tower_layer::Layer;
 
+use super::config::{Config, MissingKey, DEFAULT_BODY_LIMIT};
 #[cfg(feature = "axum")]
 use super::key::FromPathParam;
-use super::key::KeySource;
-use super::key::{FromFn, FromHeader, FromJsonField, FromPath};
-use super::remember::{Fingerprint, Remember, Remembering};
+use super::key::{FromFn, FromHeader, FromJsonField, FromPath, KeySource};
+use super::remember::config::Remembering;
+use super::remember::{Fingerprint, Remember};
 use super::service::LockService;
 use crate::LockClient;
-use bytes::Bytes;
-use http_body_util::Full;
-
-/// How much of a body [`LockLayer::by_json_field`] reads by default: 64 KiB.
-pub const DEFAULT_BODY_LIMIT: usize = 64 * 1024;
-
-/// The prefix of every lock name the layer makes, unless set with [`LockLayer::namespace`].
-pub const DEFAULT_HTTP_NAMESPACE: &str = "http:";
-
-/// What to do with a request that carries no key (see [`LockLayer::on_missing_key`]).
-///
-/// ```
-/// use lockwarden::{LockLayer, MissingKey};
-/// let layer = LockLayer::by_header("Idempotency-Key").on_missing_key(MissingKey::PassUnlocked);
-/// # let _ = layer;
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum MissingKey {
-    /// Answer 400 (422 for an absent JSON field) with a problem body. The default.
-    #[default]
-    Reject,
-    /// Let the request through without a lock.
-    PassUnlocked,
-}
-
-pub(crate) type ScopeFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
-
-/// The settings shared by a layer and every service and future it makes.
-#[derive(Clone)]
-pub(crate) struct Config {
-    pub(crate) client: Option<LockClient>,
-    pub(crate) namespace: Arc<str>,
-    pub(crate) scope: Option<ScopeFn>,
-    pub(crate) wait: Duration,
-    pub(crate) lease: Option<Duration>,
-    pub(crate) conflict_status: StatusCode,
-    pub(crate) missing_key: MissingKey,
-    pub(crate) fail_open: bool,
-    pub(crate) abort_on_loss: bool,
-    pub(crate) redact_keys: bool,
-    /// Set by [`LockLayer::remember`]: store completed responses and replay them.
-    pub(crate) remember: Option<Remembering>,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Self {
-            client: None,
-            namespace: DEFAULT_HTTP_NAMESPACE.into(),
-            scope: None,
-            wait: Duration::ZERO,
-            lease: None,
-            conflict_status: StatusCode::CONFLICT,
-            missing_key: MissingKey::Reject,
-            fail_open: false,
-            abort_on_loss: false,
-            redact_keys: false,
-            remember: None,
-        }
-    }
-}
-
-impl Config {
-    /// The lock name of a request: `<namespace>[<escaped scope>/]<key>`. The scope is
-    /// escaped (`%` and `/`), so no scope/key pair can spell another pair's name.
-    pub(crate) fn lock_name(&self, scope: Option<&str>, key: &str) -> String {
-        let mut name = String::with_capacity(
-            self.namespace.len() + scope.map_or(0, |s| s.len() + 1) + key.len(),
-        );
-        name.push_str(&self.namespace);
-        if let Some(scope) = scope {
-            for c in scope.chars() {
-                match c {
-                    '%' => name.push_str("%25"),
-                    '/' => name.push_str("%2F"),
-                    c => name.push(c),
-                }
-            }
-            name.push('/');
-        }
-        name.push_str(key);
-        name
-    }
-}
-
-impl fmt::Debug for Config {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Config")
-            .field("client", &self.client)
-            .field("namespace", &self.namespace)
-            .field("scoped", &self.scope.is_some())
-            .field("wait", &self.wait)
-            .field("lease", &self.lease)
-            .field("conflict_status", &self.conflict_status)
-            .field("missing_key", &self.missing_key)
-            .field("fail_open", &self.fail_open)
-            .field("abort_on_loss", &self.abort_on_loss)
-            .field("redact_keys", &self.redact_keys)
-            .field("remember", &self.remember)
-            .finish()
-    }
-}
 
 /// A tower layer that holds a distributed lock, keyed by something in the request, for
 /// the whole life of each request: while the inner service runs and while the response
@@ -271,7 +172,7 @@ where
 }
 
 impl<K> LockLayer<K> {
-    /// A layer with any key source (see [`KeySource`](super::KeySource) and
+    /// A layer with any key source (see [`KeySource`] and
     /// [`PartsKey`](super::PartsKey)).
     ///
     /// ```
@@ -302,8 +203,9 @@ impl<K> LockLayer<K> {
         self
     }
 
-    /// Prefixes every lock name (default [`DEFAULT_HTTP_NAMESPACE`]); give layers that
-    /// must not share locks different namespaces.
+    /// Prefixes every lock name (default
+    /// [`DEFAULT_HTTP_NAMESPACE`](super::DEFAULT_HTTP_NAMESPACE)); give layers that must not
+    /// share locks different namespaces.
     ///
     /// ```
     /// use lockwarden::LockLayer;
@@ -582,25 +484,5 @@ impl<S, K: Clone> Layer<S> for LockLayer<K> {
 
     fn layer(&self, inner: S) -> Self::Service {
         LockService::from_parts(inner, self.source.clone(), self.config.clone())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn scoped_names_cannot_collide() {
-        let config = Config::default();
-        assert_eq!(config.lock_name(None, "k"), "http:k");
-        assert_eq!(config.lock_name(Some("alice"), "k"), "http:alice/k");
-        assert_ne!(
-            config.lock_name(Some("a/b"), "c"),
-            config.lock_name(Some("a"), "b/c")
-        );
-        assert_ne!(
-            config.lock_name(Some("a%2Fb"), "c"),
-            config.lock_name(Some("a/b"), "c")
-        );
     }
 }

@@ -21,36 +21,45 @@
 //!
 //! | file | owns |
 //! |---|---|
-//! | `layer.rs` | [`LockLayer`] and its settings |
+//! | `layer.rs` | [`LockLayer`] and its builder methods |
+//! | `config.rs` | the settings a layer shares with its services and futures: [`MissingKey`], the defaults, lock names |
 //! | `service.rs` | [`LockService`] |
 //! | `future.rs` | [`ResponseFuture`]: extract the key, acquire, call the inner service |
+//! | `held.rs` | a held lock: stores the recorded response, then releases, in order |
 //! | `body.rs` | [`LockedBody`]: the response body that holds the lock until it ends |
-//! | `key.rs` | where a key comes from ([`KeySource`] and its implementations) |
+//! | `key.rs` | where a key comes from ([`KeySource`] and its implementations, [`Extracted`]) |
+//! | `remember/` | idempotency ([`LockLayer::remember`]): [`Remember`], [`Fingerprint`], recording, storing and replaying responses |
 //! | `rejection.rs` | [`LockRejection`]: the problem responses |
-//! | `remember.rs` | idempotent replay, request side: [`Remember`], [`Fingerprint`] |
-//! | `replay.rs` | idempotent replay, response side: recording, storing, replaying |
 //! | `buffer.rs` | reading a request body up to a limit |
 //! | `client.rs` | the process-wide [`default_client`] |
+//! | `trace.rs` | the request span |
 //! | `extract.rs` | the [`Locked`] extractor (feature `axum`) |
+//!
+//! Imports point one way: the layer builds the service, the service the future; both read
+//! `config.rs`, never `layer.rs`. The request's fingerprint rides in its [`Extracted`]
+//! key; the response side reaches `remember/` through `held.rs`, and `remember/` imports
+//! neither the body nor the future.
 //!
 //! [`Holder`]: crate::Holder
 
 mod body;
 mod buffer;
 mod client;
+mod config;
 #[cfg(feature = "axum")]
 mod extract;
 mod future;
+mod held;
 mod key;
 mod layer;
 mod rejection;
 mod remember;
-mod replay;
 mod service;
 mod trace;
 
 pub use body::LockedBody;
 pub use client::default_client;
+pub use config::{MissingKey, DEFAULT_BODY_LIMIT, DEFAULT_HTTP_NAMESPACE};
 #[cfg(feature = "axum")]
 pub use extract::{Guarded, LockKey, Locked, LockedRejection, StateLocked};
 pub use future::ResponseFuture;
@@ -59,8 +68,9 @@ pub use key::FromPathParam;
 pub use key::{
     Extracted, FromFn, FromHeader, FromJsonField, FromPath, JsonKeyFuture, KeySource, PartsKey,
 };
-pub use layer::{LockLayer, MissingKey, DEFAULT_BODY_LIMIT, DEFAULT_HTTP_NAMESPACE};
+pub use layer::LockLayer;
 pub use rejection::LockRejection;
-pub use remember::{Fingerprint, Remember, RememberFuture, DEFAULT_MAX_STORED_BODY};
-pub use replay::IDEMPOTENCY_REPLAYED;
+pub use remember::{
+    Fingerprint, Remember, RememberFuture, DEFAULT_MAX_STORED_BODY, IDEMPOTENCY_REPLAYED,
+};
 pub use service::LockService;

@@ -10,9 +10,9 @@ use http_body::Body;
 use tower_service::Service;
 
 use super::body::LockedBody;
+use super::config::Config;
 use super::future::ResponseFuture;
 use super::key::KeySource;
-use super::layer::Config;
 use super::rejection::LockRejection;
 
 /// Holds a lock around each call of the inner service; made by

@@ -1,6 +1,7 @@
 //! The request span: key (or its hash), wait time, outcome and hold time.
 
 use std::fmt::Write as _;
+use std::time::Duration;
 
 use tracing::field::Empty;
 use tracing::Span;
@@ -26,6 +27,11 @@ pub(crate) fn record_key(span: &Span, name: &str, redact: bool) {
     } else {
         span.record("key", name);
     }
+}
+
+/// A duration as whole milliseconds, for the span's `wait_ms` and `hold_ms`.
+pub(crate) fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// `fnv1a:<16 hex digits>`: stable across processes, so logs of one key correlate. Not a

@@ -1,19 +1,15 @@
-//! Idempotent replay, response side: a response recorded while it streams, its stored
-//! form, and the replayed response built from it.
+//! [`Stored`]: a completed response as kept in the store (its encoding), and the replayed
+//! response built from it.
 //!
 //! Stored form (version 1), all integers big-endian:
 //! `"LW1"`, fingerprint (32 bytes), status (u16), header count (u16), per header its name
 //! length (u16), name, value length (u32), value; the rest is the body.
 
-use std::time::Duration;
-
-use bytes::{BufMut, Bytes, BytesMut};
-use http::header::CONTENT_TYPE;
-use http::response::Parts;
+use bytes::{BufMut, Bytes};
 use http::{HeaderName, HeaderValue, Response, StatusCode};
 
-use super::body::LockedBody;
-use super::remember::{Remembering, RequestFingerprint};
+use super::fingerprint::RequestFingerprint;
+use crate::http::rejection::LockRejection;
 
 const MAGIC: &[u8; 3] = b"LW1";
 
@@ -23,14 +19,35 @@ pub const IDEMPOTENCY_REPLAYED: HeaderName = HeaderName::from_static("idempotenc
 /// A completed response as kept in the store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Stored {
-    pub(crate) fingerprint: RequestFingerprint,
-    pub(crate) status: StatusCode,
-    pub(crate) headers: Vec<(HeaderName, HeaderValue)>,
-    pub(crate) body: Bytes,
+    pub(super) fingerprint: RequestFingerprint,
+    pub(super) status: StatusCode,
+    pub(super) headers: Vec<(HeaderName, HeaderValue)>,
+    pub(super) body: Bytes,
 }
 
 impl Stored {
-    pub(crate) fn encode(&self) -> Vec<u8> {
+    /// What a claim that found `bytes` stored for its key answers a request with
+    /// `fingerprint`: the stored response if it is the same request, `422` if it is
+    /// another one that reuses the key, `503` if the bytes cannot be read.
+    pub(crate) fn for_request(
+        bytes: Vec<u8>,
+        fingerprint: Option<RequestFingerprint>,
+    ) -> Result<Self, LockRejection> {
+        match Self::decode(bytes) {
+            Some(stored) if Some(stored.fingerprint) == fingerprint => Ok(stored),
+            Some(_) => Err(LockRejection::KeyReused),
+            None => {
+                tracing::error!(
+                    "a remembered response could not be read (written by another version?)"
+                );
+                Err(LockRejection::Unavailable {
+                    detail: "The stored response for this key could not be read.".to_owned(),
+                })
+            }
+        }
+    }
+
+    pub(super) fn encode(&self) -> Vec<u8> {
         let headers: usize = self
             .headers
             .iter()
@@ -52,7 +69,7 @@ impl Stored {
     }
 
     /// `None` for bytes this version did not write (another version, or not ours).
-    pub(crate) fn decode(bytes: Vec<u8>) -> Option<Self> {
+    fn decode(bytes: Vec<u8>) -> Option<Self> {
         let bytes = Bytes::from(bytes);
         let mut at = Reader(&bytes, 0);
         if at.take(3)? != MAGIC {
@@ -78,9 +95,10 @@ impl Stored {
         })
     }
 
-    /// The replayed response: stored status, headers and body, marked as a replay.
-    pub(crate) fn into_response<B: http_body::Body>(self) -> Response<LockedBody<B>> {
-        let mut response = Response::new(LockedBody::from(self.body));
+    /// The replayed response: stored status, headers and body, marked as a replay. Any
+    /// body type made from [`Bytes`] will do (the layer's is `LockedBody`).
+    pub(crate) fn into_response<B: From<Bytes>>(self) -> Response<B> {
+        let mut response = Response::new(B::from(self.body));
         *response.status_mut() = self.status;
         let headers = response.headers_mut();
         for (name, value) in self.headers {
@@ -109,74 +127,10 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// A response being recorded while its body streams.
-pub(crate) struct Recording {
-    stored: Stored,
-    body: BytesMut,
-    limit: usize,
-    overflowed: bool,
-    keep: Duration,
-}
-
-impl Recording {
-    /// Starts recording `head` if its status is one to remember.
-    pub(crate) fn start(
-        head: &Parts,
-        fingerprint: RequestFingerprint,
-        remembering: &Remembering,
-    ) -> Option<Self> {
-        if !(remembering.store_if)(head.status) {
-            return None;
-        }
-        let wanted = std::iter::once(&CONTENT_TYPE).chain(&remembering.replay_headers);
-        let headers = wanted
-            .flat_map(|name| {
-                head.headers
-                    .get_all(name)
-                    .iter()
-                    .map(move |value| (name.clone(), value.clone()))
-            })
-            .collect();
-        Some(Self {
-            stored: Stored {
-                fingerprint,
-                status: head.status,
-                headers,
-                body: Bytes::new(),
-            },
-            body: BytesMut::new(),
-            limit: remembering.max_stored_body,
-            overflowed: false,
-            keep: remembering.keep,
-        })
-    }
-
-    pub(crate) fn push(&mut self, chunk: &[u8]) {
-        if self.overflowed || self.body.len() + chunk.len() > self.limit {
-            self.overflowed = true;
-            self.body = BytesMut::new();
-            return;
-        }
-        self.body.extend_from_slice(chunk);
-    }
-
-    /// The stored form and how long to keep it; `None` if the body was over the limit.
-    pub(crate) fn finish(mut self) -> Option<(Vec<u8>, Duration)> {
-        if self.overflowed {
-            tracing::warn!(
-                limit = self.limit,
-                "response body over the limit for remembered responses: not stored; a retry runs the handler again"
-            );
-            return None;
-        }
-        self.stored.body = self.body.freeze();
-        Some((self.stored.encode(), self.keep))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::header::CONTENT_TYPE;
 
     #[test]
     fn stored_responses_round_trip() {
