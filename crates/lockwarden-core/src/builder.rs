@@ -19,11 +19,25 @@ const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
 impl LockClient {
     /// A client on a new in-process store: locks exclude each other within this process
     /// only (clones of this client share the store). No Redis needed.
+    ///
+    /// ```
+    /// # use lockwarden_core::LockClient;
+    /// let client = LockClient::in_memory();
+    /// let same_store = client.clone();
+    /// assert_eq!(same_store.backend_name(), "in-memory");
+    /// ```
     pub fn in_memory() -> Self {
         LockClientBuilder::default().in_memory()
     }
 
     /// Connects to Redis at `url` (e.g. `redis://127.0.0.1:6379/`) with default settings.
+    ///
+    /// ```no_run
+    /// # use lockwarden_core::LockClient;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden_core::LockError> {
+    /// let client = LockClient::connect("redis://127.0.0.1:6379/").await?;
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// [`LockError::Backend`] if the URL is invalid or Redis cannot be reached.
@@ -71,6 +85,13 @@ impl Default for LockClientBuilder {
 
 impl LockClientBuilder {
     /// Prefix of every Redis key and channel (default `lockwarden:`).
+    ///
+    /// ```
+    /// # use lockwarden_core::LockClient;
+    /// let billing = LockClient::builder().namespace("billing:locks:").in_memory();
+    /// assert_eq!(billing.key("run:7")?.redis_key(), "billing:locks:{run:7}");
+    /// # Ok::<(), lockwarden_core::LockError>(())
+    /// ```
     pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
         self.keys.namespace = namespace.into();
         self
@@ -99,19 +120,50 @@ impl LockClientBuilder {
     }
 
     /// Longest accepted key name in bytes (default 255).
+    ///
+    /// ```
+    /// # use lockwarden_core::LockClient;
+    /// let client = LockClient::builder().max_key_len(8).in_memory();
+    /// assert!(client.key("order:42").is_ok());
+    /// assert!(client.key("order:4242").is_err());
+    /// ```
     pub fn max_key_len(mut self, bytes: usize) -> Self {
         self.keys.max_len = bytes;
         self
     }
 
     /// Lease of locks acquired without an explicit one; the watchdog renews them every
-    /// third of it (default 30 s, at least 3 ms).
+    /// third of it (default 30 s, at least 3 ms). A holder that dies keeps its lock at
+    /// most this long.
+    ///
+    /// ```
+    /// # use lockwarden_core::LockClient;
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden_core::LockError> {
+    /// let client = LockClient::builder().watchdog_timeout(Duration::from_secs(9)).in_memory();
+    /// let guard = client.acquire("job").await?; // renewed every 3 s while it lives
+    /// assert!(client.lock("job").remaining_ttl().await?.unwrap() <= Duration::from_secs(9));
+    /// guard.release().await
+    /// # }
+    /// ```
     pub fn watchdog_timeout(mut self, lease: Duration) -> Self {
         self.watchdog_lease = lease.max(Duration::from_millis(3));
         self
     }
 
-    /// How long one Redis command may take before it fails (default 2 s).
+    /// How long one Redis command may take before it fails (default 2 s); an acquire
+    /// whose command times out is given back once its answer arrives.
+    ///
+    /// ```no_run
+    /// # use lockwarden_core::LockClient;
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden_core::LockError> {
+    /// let client = LockClient::builder()
+    ///     .command_timeout(Duration::from_millis(500))
+    ///     .connect("redis://127.0.0.1:6379/")
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
     pub fn command_timeout(mut self, timeout: Duration) -> Self {
         self.connect.command_timeout = timeout;
         self
@@ -145,12 +197,28 @@ impl LockClientBuilder {
     }
 
     /// A client on a new in-process store.
+    ///
+    /// ```
+    /// # use lockwarden_core::LockClient;
+    /// let client = LockClient::builder().namespace("tests:").in_memory();
+    /// # let _ = client;
+    /// ```
     pub fn in_memory(self) -> LockClient {
         let (store, waiters) = Store::in_memory();
         self.finish(store, waiters)
     }
 
     /// A client on the Redis server at `url`.
+    ///
+    /// ```no_run
+    /// # use lockwarden_core::LockClient;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden_core::LockError> {
+    /// let client = LockClient::builder()
+    ///     .namespace("orders:")
+    ///     .connect("redis://127.0.0.1:6379/")
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// [`LockError::Backend`] if the URL is invalid or Redis cannot be reached within the

@@ -124,17 +124,24 @@ impl FairLock {
         checked(&self.key)
     }
 
-    /// Acquires the lock in its turn, waiting as long as it takes (also through a Redis
-    /// outage, retrying with backoff; a waiter cut off for longer than its queue timeout
-    /// loses its place and joins again at the tail).
+    /// Acquires the lock in its turn, waiting as long as it takes (as
+    /// [`Lock::acquire`](crate::Lock::acquire), through a Redis outage too; a waiter cut
+    /// off for longer than its queue timeout loses its place and joins again at the tail).
     ///
     /// ```
     /// # use lockwarden_core::LockClient;
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden_core::LockError> {
     /// let client = LockClient::in_memory();
-    /// let guard = client.fair_lock("ticket:1").acquire().await?;
-    /// assert!(guard.fencing_token() > 0);
-    /// guard.release().await
+    /// let first = client.fair_lock("ticket:1").acquire().await?;
+    /// let second = tokio::spawn({
+    ///     let turn = client.fair_lock("ticket:1");
+    ///     async move { turn.acquire().await }
+    /// });
+    /// while client.fair_lock("ticket:1").queued().await? == 0 {
+    ///     tokio::task::yield_now().await; // the second one lines up
+    /// }
+    /// first.release().await?; // the head of the queue is told its turn has come
+    /// second.await.unwrap()?.release().await
     /// # }
     /// ```
     ///
@@ -154,10 +161,11 @@ impl FairLock {
     /// # use std::time::Duration;
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), LockError> {
     /// let client = LockClient::in_memory();
-    /// let held = client.fair_lock("slot").acquire().await?;
-    /// let late = client.fair_lock("slot").try_acquire(Duration::from_millis(20)).await;
-    /// assert!(matches!(late, Err(LockError::Timeout { .. })));
-    /// assert_eq!(client.fair_lock("slot").queued().await?, 0); // it left the queue
+    /// let printer = client.fair_lock("printer");
+    /// let held = printer.acquire().await?;
+    /// let gave_up = printer.try_acquire(Duration::from_millis(20)).await;
+    /// assert!(matches!(gave_up, Err(LockError::Timeout { .. })));
+    /// assert_eq!(printer.queued().await?, 0); // it left the queue as it gave up
     /// held.release().await
     /// # }
     /// ```

@@ -108,16 +108,51 @@ impl LockGuard {
     }
 
     /// Whether the lock has been lost (see [`LostSignal`]).
+    ///
+    /// ```
+    /// # use lockwarden_core::LockClient;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden_core::LockError> {
+    /// let client = LockClient::in_memory();
+    /// let guard = client.acquire("ledger").await?;
+    /// assert!(!guard.is_lost());
+    /// client.lock("ledger").force_unlock().await?; // an operator frees it
+    /// # guard.release().await.ok(); Ok(()) }
+    /// ```
     pub fn is_lost(&self) -> bool {
         self.lost.is_lost()
     }
 
-    /// Resolves once the lock has been lost.
+    /// Resolves once the lock has been lost: race it against the protected work.
+    ///
+    /// ```
+    /// # use lockwarden_core::LockClient;
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden_core::LockError> {
+    /// let client = LockClient::in_memory();
+    /// let guard = client.lock("sync").lease(Duration::from_millis(10)).acquire().await?;
+    /// tokio::select! {
+    ///     () = guard.lost() => { /* the lease ran out: stop writing */ }
+    ///     () = tokio::time::sleep(Duration::from_secs(5)) => unreachable!("the work outlived its lease"),
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn lost(&self) {
         self.lost.wait().await;
     }
 
     /// A cloneable handle on the lost signal, to move into other tasks.
+    ///
+    /// ```
+    /// # use lockwarden_core::LockClient;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden_core::LockError> {
+    /// let client = LockClient::in_memory();
+    /// let guard = client.acquire("export").await?;
+    /// let lost = guard.lost_signal();
+    /// let worker = tokio::spawn(async move { lost.is_lost() });
+    /// assert!(!worker.await.unwrap());
+    /// guard.release().await
+    /// # }
+    /// ```
     pub fn lost_signal(&self) -> LostSignal {
         self.lost.clone()
     }
@@ -162,6 +197,8 @@ impl LockGuard {
     ///
     /// # Errors
     /// As [`release`](Self::release); on an error nothing was stored.
+    /// [`LockError::NotClaimable`] for the guard of a read-write lock (which keeps no
+    /// outcome): the hold is released, nothing is stored.
     pub async fn complete(
         self,
         outcome: impl Into<Vec<u8>>,

@@ -105,3 +105,53 @@ impl LostSignal {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test(start_paused = true)]
+    async fn an_extended_deadline_moves_the_signal() {
+        let lost = LostSignal::expiring(Instant::now() + Duration::from_millis(100));
+        let waiter = tokio::spawn({
+            let lost = lost.clone();
+            async move { lost.wait().await }
+        });
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        assert!(lost.extend_to(Instant::now() + Duration::from_millis(100)));
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        assert!(
+            !lost.is_lost() && !waiter.is_finished(),
+            "moved past the first deadline"
+        );
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        assert!(lost.is_lost());
+        waiter
+            .await
+            .expect("the wait ends once the moved deadline passes");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_hold_is_not_revived() {
+        let lost = LostSignal::expiring(Instant::now() + Duration::from_millis(10));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(lost.is_lost());
+        assert!(!lost.extend_to(Instant::now() + Duration::from_secs(10)));
+        assert!(lost.is_lost(), "once lost, stays lost");
+
+        let marked = LostSignal::expiring(Instant::now() + Duration::from_secs(10));
+        marked.mark_lost();
+        assert!(marked.is_lost() && !marked.extend_to(Instant::now() + Duration::from_secs(20)));
+    }
+
+    #[tokio::test]
+    async fn a_watched_hold_is_lost_only_when_told() {
+        let token = CancellationToken::new();
+        let lost = LostSignal::watched(token.clone());
+        assert!(!lost.is_lost() && lost.deadline().is_none());
+        token.cancel();
+        lost.wait().await;
+        assert!(lost.is_lost());
+    }
+}

@@ -75,6 +75,16 @@ pub struct RedlockBuilder {
 impl RedlockBuilder {
     /// The lease each node grants (default 30 s). The lock is valid for this long minus
     /// the round's duration and the clock drift.
+    ///
+    /// ```
+    /// # use lockwarden_core::{LockClient, LockError, Redlock, RedlockError};
+    /// # use std::time::Duration;
+    /// // Settings are checked before the nodes: a lease shorter than a round is refused.
+    /// let refused = Redlock::builder()
+    ///     .lease(Duration::from_millis(50))
+    ///     .build(vec![LockClient::in_memory()]);
+    /// assert!(matches!(refused, Err(LockError::Redlock(RedlockError::InvalidSettings(_)))));
+    /// ```
     pub fn lease(mut self, lease: Duration) -> Self {
         self.config.lease = lease;
         self
@@ -82,6 +92,12 @@ impl RedlockBuilder {
 
     /// How fast clocks may drift apart, as a fraction of the lease (default 0.01); 2 ms are
     /// added for Redis' millisecond expiry.
+    ///
+    /// ```
+    /// # use lockwarden_core::{LockClient, LockError, Redlock, RedlockError};
+    /// let refused = Redlock::builder().clock_drift_factor(1.5).build(vec![LockClient::in_memory()]);
+    /// assert!(matches!(refused, Err(LockError::Redlock(RedlockError::InvalidSettings(_)))));
+    /// ```
     pub fn clock_drift_factor(mut self, factor: f64) -> Self {
         self.config.drift_factor = factor;
         self
@@ -90,6 +106,16 @@ impl RedlockBuilder {
     /// How long one node may take to answer in a round before it counts as failed
     /// (default 100 ms). Keep it far below the lease: a stopped node costs every round
     /// this much validity.
+    ///
+    /// ```
+    /// # use lockwarden_core::{LockClient, LockError, Redlock, RedlockError};
+    /// # use std::time::Duration;
+    /// let refused = Redlock::builder()
+    ///     .lease(Duration::from_secs(1))
+    ///     .node_timeout(Duration::from_secs(1)) // as long as the lease: no validity left
+    ///     .build(vec![LockClient::in_memory()]);
+    /// assert!(matches!(refused, Err(LockError::Redlock(RedlockError::InvalidSettings(_)))));
+    /// ```
     pub fn node_timeout(mut self, timeout: Duration) -> Self {
         self.config.node_timeout = timeout;
         self
@@ -97,6 +123,13 @@ impl RedlockBuilder {
 
     /// Upper bound of the random pause after a split vote or with unreachable nodes
     /// (default 200 ms).
+    ///
+    /// ```
+    /// # use lockwarden_core::Redlock;
+    /// # use std::time::Duration;
+    /// let contenders_spread = Redlock::builder().retry_delay(Duration::from_millis(50));
+    /// # let _ = contenders_spread;
+    /// ```
     pub fn retry_delay(mut self, delay: Duration) -> Self {
         self.config.retry_delay = delay;
         self
@@ -104,6 +137,14 @@ impl RedlockBuilder {
 
     /// How many times one guard may be extended (default 10); the lock is then held for at
     /// most `lease * (max_extensions + 1)`.
+    ///
+    /// ```
+    /// # use lockwarden_core::Redlock;
+    /// # use std::time::Duration;
+    /// // Held for 4 minutes at most: the lease and three extensions.
+    /// let capped = Redlock::builder().lease(Duration::from_secs(60)).max_extensions(3);
+    /// # let _ = capped;
+    /// ```
     pub fn max_extensions(mut self, max: u32) -> Self {
         self.config.max_extensions = max;
         self
@@ -111,6 +152,12 @@ impl RedlockBuilder {
 
     /// Key namespace of the node clients made by [`connect`](Self::connect) (default
     /// `lockwarden:`); [`build`](Self::build) uses the first client's.
+    ///
+    /// ```
+    /// # use lockwarden_core::Redlock;
+    /// let billing = Redlock::builder().namespace("billing:locks:");
+    /// # let _ = billing;
+    /// ```
     pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
         self.config.namespace = Some(namespace.into());
         self
