@@ -9,7 +9,7 @@
 
 use std::time::{Duration, Instant};
 
-use lockwarden::{Claim, LockClient, LockClientBuilder, LockError};
+use lockwarden_core::{Claim, LockClient, LockClientBuilder, LockError};
 use lockwarden_testkit::RedisCluster;
 
 /// Long enough that a waiter served before it was served by a release notice.

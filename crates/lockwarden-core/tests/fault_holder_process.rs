@@ -12,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use lockwarden::LockClient;
+use lockwarden_core::LockClient;
 use lockwarden_testkit::RedisServer;
 
 /// Set (to a Redis URL) only in the re-executed child: it makes [`holder_child`] act as

@@ -14,7 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use lockwarden::{LockClient, LockError};
+use lockwarden_core::{LockClient, LockError};
 use lockwarden_testkit::RedisServer;
 
 /// Set (to a Redis URL) only in re-executed children.

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use lockwarden::{BackendError, LockClient, LockError};
+use lockwarden_core::{BackendError, LockClient, LockError};
 use lockwarden_testkit::RedisServer;
 
 const WAIT: Duration = Duration::from_millis(300);

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::Env;
-use lockwarden::{LockError, LockGuard};
+use lockwarden_core::{LockError, LockGuard};
 
 conformance!(
     many_readers_hold_at_once,
@@ -746,7 +746,7 @@ fn rw_reader_child() {
         .build()
         .unwrap();
     runtime.block_on(async move {
-        let client = lockwarden::LockClient::builder()
+        let client = lockwarden_core::LockClient::builder()
             .watchdog_timeout(CHILD_LEASE)
             .connect(&url)
             .await

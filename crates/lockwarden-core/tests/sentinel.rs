@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use lockwarden::{BackendError, LockClient, LockClientBuilder, LockError};
+use lockwarden_core::{BackendError, LockClient, LockClientBuilder, LockError};
 use lockwarden_testkit::RedisSentinel;
 
 /// The longest a failover may take here: the sentinel notices after 400 ms, then elects
@@ -23,7 +23,7 @@ async fn client_with(
 
 /// Retries `name` until the client's commands reach a primary again (they fail while
 /// the old one is gone and no new one is named).
-async fn acquire_after_failover(client: &LockClient, name: &str) -> lockwarden::LockGuard {
+async fn acquire_after_failover(client: &LockClient, name: &str) -> lockwarden_core::LockGuard {
     let deadline = Instant::now() + FAILOVER;
     loop {
         match client.try_acquire(name, Duration::ZERO).await {

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use lockwarden::{LockClient, LockError};
+use lockwarden_core::{LockClient, LockError};
 use lockwarden_testkit::RedisServer;
 
 fn connections(server: &RedisServer) -> usize {

@@ -6,7 +6,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::Env;
-use lockwarden::{Claim, LockError};
+use lockwarden_core::{Claim, LockError};
 
 conformance!(
     a_completed_claim_answers_later_claims_with_its_outcome,
@@ -16,7 +16,7 @@ conformance!(
     a_plain_release_stores_nothing,
 );
 
-fn acquired(claim: Claim) -> lockwarden::LockGuard {
+fn acquired(claim: Claim) -> lockwarden_core::LockGuard {
     match claim {
         Claim::Acquired(guard) => guard,
         Claim::Completed(outcome) => panic!("expected the lock, got outcome {outcome:?}"),

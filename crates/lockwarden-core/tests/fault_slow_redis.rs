@@ -11,7 +11,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lockwarden::{LockClient, LockError, LockGuard};
+use lockwarden_core::{LockClient, LockError, LockGuard};
 use lockwarden_testkit::RedisServer;
 
 const LOCKS: usize = 16;

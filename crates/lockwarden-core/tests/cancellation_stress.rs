@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicIsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use lockwarden::{LockClient, LockGuard};
+use lockwarden_core::{LockClient, LockGuard};
 use lockwarden_testkit::RedisServer;
 
 /// Counts the bytes currently allocated by the whole process.

@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::Env;
-use lockwarden::LockError;
+use lockwarden_core::LockError;
 
 conformance!(
     all_or_nothing,

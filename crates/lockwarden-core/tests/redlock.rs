@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockwarden::{LockClient, LockError, Redlock, RedlockBuilder, RedlockError};
+use lockwarden_core::{LockClient, LockError, Redlock, RedlockBuilder, RedlockError};
 use lockwarden_testkit::RedisServer;
 use tokio::time::Instant;
 

@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use lockwarden::{KeyLayout, LockClient, LockError};
+use lockwarden_core::{KeyLayout, LockClient, LockError};
 use lockwarden_testkit::RedisServer;
 
 /// RLock.tryLockInnerAsync, restated: nil when taken or re-entered, else the PTTL.
@@ -174,6 +174,8 @@ async fn braces_are_refused_in_the_redisson_layout() {
         .in_memory();
     assert!(matches!(
         client.acquire("a{b}").await,
-        Err(LockError::InvalidKey(lockwarden::KeyError::Brace { at: 1 }))
+        Err(LockError::InvalidKey(lockwarden_core::KeyError::Brace {
+            at: 1
+        }))
     ));
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::Env;
-use lockwarden::{Holder, KeyError, LockError};
+use lockwarden_core::{Holder, KeyError, LockError};
 
 conformance!(
     excludes_other_holders,

@@ -14,7 +14,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use common::Env;
-use lockwarden::{Claim, FairLock, LockClient, LockError, LockGuard};
+use lockwarden_core::{Claim, FairLock, LockClient, LockError, LockGuard};
 use lockwarden_testkit::RedisServer;
 use tokio::time::Instant;
 
