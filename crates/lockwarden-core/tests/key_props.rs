@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::keys::{check_layout, config, crc16, hash_tag, key_slot, tricky, unescape, valid};
 use lockwarden_core::{KeyLayout, LockClient};
-use lockwarden_testkit::RedisServer;
+use lockwarden_testkit::{eventually, RedisServer};
 use proptest::prelude::*;
 
 /// The slot function agrees with the Redis Cluster specification's test vectors.
@@ -111,11 +111,6 @@ async fn redis_holds_only_keys_of_the_layout() {
     let server = RedisServer::start().expect("start redis-server");
     let holder = LockClient::connect(&server.url()).await.expect("connect");
     let waiter = LockClient::connect(&server.url()).await.expect("connect");
-    let mut redis = redis::Client::open(server.url())
-        .expect("url")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("redis");
     let names = [
         "plain",
         "}",
@@ -136,27 +131,16 @@ async fn redis_holds_only_keys_of_the_layout() {
             let waiter = waiter.clone();
             async move { waiter.try_acquire(name, Duration::from_secs(5)).await }
         });
-        // The waiter subscribes to the release channel before sleeping.
-        let deadline = std::time::Instant::now() + Duration::from_secs(3);
-        let channels: Vec<String> = loop {
-            let channels: Vec<String> = redis::cmd("PUBSUB")
-                .arg("CHANNELS")
-                .query_async(&mut redis)
-                .await
-                .expect("PUBSUB CHANNELS");
-            // (The previous name's subscription may still be on its way out.)
-            if channels == [key.channel()] || std::time::Instant::now() > deadline {
-                break channels;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        };
-        assert_eq!(channels, vec![key.channel().to_owned()], "{name:?}");
-        let mut keys: Vec<String> = redis::cmd("KEYS")
-            .arg("*")
-            .query_async(&mut redis)
-            .await
-            .expect("KEYS");
-        keys.sort();
+        // The waiter subscribes to the release channel before sleeping. (The previous
+        // name's subscription may still be on its way out.)
+        let channels = vec![key.channel().to_owned()];
+        eventually(
+            Duration::from_secs(3),
+            format_args!("exactly {name:?}'s release channel subscribed"),
+            || async { server.channels() == channels },
+        )
+        .await;
+        let keys = server.keys_matching("*");
         let mut expected = vec![
             key.redis_key().to_owned(),
             format!("{}:fence", key.redis_key()),
@@ -178,9 +162,6 @@ async fn redis_holds_only_keys_of_the_layout() {
         guard.release().await.expect("release");
         let taken = wait.await.expect("task").expect("the waiter gets it");
         taken.release().await.expect("release");
-        let () = redis::cmd("FLUSHALL")
-            .query_async(&mut redis)
-            .await
-            .expect("FLUSHALL");
+        let () = server.query(&["FLUSHALL"]).expect("FLUSHALL");
     }
 }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::Env;
 use lockwarden_core::{Holder, KeyError, LockError};
+use lockwarden_testkit::eventually;
 
 conformance!(
     excludes_other_holders,
@@ -238,42 +239,27 @@ async fn cancelled_acquires_leave_nothing_behind(env: Env) {
         }
     }
     // Abandoned acquires are finished and undone in the background.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let mut held = Vec::new();
+    eventually(Duration::from_secs(5), "no lock left held", || async {
+        let mut held = false;
         for k in 0..5 {
-            if client
+            held |= client
                 .lock(format!("cancel:{k}"))
                 .is_locked()
                 .await
-                .unwrap()
-            {
-                held.push(k);
-            }
+                .unwrap();
         }
-        if held.is_empty() {
-            break;
-        }
-        assert!(Instant::now() < deadline, "locks left held: {held:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        !held
+    })
+    .await;
     assert!(!client.lock("cancel:busy").is_locked().await.unwrap());
     let stats = client.stats();
     assert_eq!(stats.watched_locks, 0);
     assert_eq!(stats.waited_channels, 0);
     if env.is_redis() {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            let channels: Vec<String> = env.server().query(&["PUBSUB", "CHANNELS"]).unwrap();
-            if channels.is_empty() {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "subscriptions left: {channels:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        eventually(Duration::from_secs(5), "no subscription left", || async {
+            env.server().channels().is_empty()
+        })
+        .await;
     }
 }
 
@@ -334,7 +320,7 @@ async fn invalid_keys_are_rejected(env: Env) {
         }
     }
     if env.is_redis() {
-        let keys: Vec<String> = env.server().query(&["KEYS", "*"]).unwrap();
+        let keys = env.server().keys_matching("*");
         assert!(keys.is_empty(), "rejected keys touched Redis: {keys:?}");
     }
 }

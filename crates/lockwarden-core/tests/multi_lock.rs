@@ -159,14 +159,6 @@ async fn the_set_is_taken_in_one_script_call() {
     let env = Env::redis();
     let client = env.client().await;
     let names: Vec<String> = (0..8).map(|i| format!("one:{i}")).collect();
-    let calls = |server: &lockwarden_testkit::RedisServer| -> u64 {
-        let info: String = server.query(&["INFO", "commandstats"]).unwrap();
-        info.lines()
-            .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-            .and_then(|rest| rest.split(',').next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0)
-    };
     // Once first, so the script is loaded (a first EVALSHA is answered NOSCRIPT).
     let warm = client
         .multi_lock(["warm"])
@@ -174,13 +166,17 @@ async fn the_set_is_taken_in_one_script_call() {
         .await
         .unwrap();
     warm.release().await.unwrap();
-    let before = calls(env.server());
+    let before = env.server().command_calls("evalsha");
     let set = client
         .multi_lock(names.clone())
         .try_acquire(Duration::ZERO)
         .await
         .unwrap();
-    assert_eq!(calls(env.server()) - before, 1, "one EVALSHA for 8 locks");
+    assert_eq!(
+        env.server().command_calls("evalsha") - before,
+        1,
+        "one EVALSHA for 8 locks"
+    );
     for name in &names {
         assert!(client.lock(name).is_locked().await.unwrap());
     }

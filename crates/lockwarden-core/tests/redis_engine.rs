@@ -4,39 +4,15 @@
 use std::time::{Duration, Instant};
 
 use lockwarden_core::{LockClient, LockError};
-use lockwarden_testkit::RedisServer;
+use lockwarden_testkit::{eventually, RedisServer};
 
-fn connections(server: &RedisServer) -> usize {
-    let list: String = server.query(&["CLIENT", "LIST"]).unwrap();
-    list.lines().count()
-}
-
-fn numsub(server: &RedisServer, channel: &str) -> i64 {
-    let reply: (String, i64) = server.query(&["PUBSUB", "NUMSUB", channel]).unwrap();
-    reply.1
-}
-
-fn evalsha_calls(server: &RedisServer) -> u64 {
-    let info: String = server.query(&["INFO", "commandstats"]).unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
-}
-
-async fn wait_until(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
+/// How long the waits for subscriptions to appear or go may take.
+const SUBSCRIBED: Duration = Duration::from_secs(5);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_waiters_share_one_pubsub_connection() {
     let server = RedisServer::start().unwrap();
-    let before = connections(&server);
+    let before = server.clients().len();
     let holder = LockClient::connect(&server.url()).await.unwrap();
     let waiter = LockClient::connect(&server.url()).await.unwrap();
     let mut guards = Vec::new();
@@ -52,21 +28,22 @@ async fn many_waiters_share_one_pubsub_connection() {
                 .map(drop)
         }));
     }
-    wait_until("every waiter subscribed", Duration::from_secs(5), || {
-        (0..20).all(|k| numsub(&server, &format!("lockwarden:{{shared:{k}}}:released")) == 1)
+    eventually(SUBSCRIBED, "every waiter subscribed", || async {
+        (0..20).all(|k| server.subscribers(&format!("lockwarden:{{shared:{k}}}:released")) == 1)
     })
     .await;
     // Two clients: one command and one pub/sub connection each, however many waiters.
-    assert_eq!(connections(&server), before + 4);
+    let clients = server.clients();
+    assert_eq!(clients.len(), before + 4, "{clients:?}");
+    assert_eq!(clients.iter().filter(|c| c.is_pubsub()).count(), 1);
     assert_eq!(waiter.stats().waited_channels, 20);
 
     drop(guards);
     for task in tasks {
         task.await.unwrap().expect("every waiter gets its lock");
     }
-    wait_until("subscriptions dropped", Duration::from_secs(5), || {
-        let channels: Vec<String> = server.query(&["PUBSUB", "CHANNELS"]).unwrap();
-        channels.is_empty()
+    eventually(SUBSCRIBED, "subscriptions dropped", || async {
+        server.channels().is_empty()
     })
     .await;
     assert_eq!(waiter.stats().waited_channels, 0);
@@ -88,15 +65,15 @@ async fn a_release_wakes_one_local_waiter_not_all() {
             g.release().await
         }));
     }
-    wait_until("waiters subscribed", Duration::from_secs(5), || {
-        numsub(&server, "lockwarden:{herd}:released") == 1
+    eventually(SUBSCRIBED, "waiters subscribed", || async {
+        server.subscribers("lockwarden:{herd}:released") == 1
     })
     .await;
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let before = evalsha_calls(&server);
+    let before = server.command_calls("evalsha");
     guard.release().await.unwrap();
     tokio::time::sleep(Duration::from_millis(150)).await;
-    let calls = evalsha_calls(&server) - before;
+    let calls = server.command_calls("evalsha") - before;
     // One release plus the woken waiter's acquire; a thundering herd would be ~51.
     assert!(calls <= 4, "{calls} scripts ran for one handoff");
     for task in tasks {
@@ -119,14 +96,14 @@ async fn waiters_recover_when_the_pubsub_connection_is_killed() {
         w.try_acquire("killed-pubsub", Duration::from_secs(10))
             .await
     });
-    wait_until("waiter subscribed", Duration::from_secs(5), || {
-        numsub(&server, "lockwarden:{killed-pubsub}:released") == 1
+    eventually(SUBSCRIBED, "waiter subscribed", || async {
+        server.subscribers("lockwarden:{killed-pubsub}:released") == 1
     })
     .await;
     let killed: i64 = server.query(&["CLIENT", "KILL", "TYPE", "pubsub"]).unwrap();
     assert!(killed >= 1);
-    wait_until("resubscribed", Duration::from_secs(5), || {
-        numsub(&server, "lockwarden:{killed-pubsub}:released") == 1
+    eventually(SUBSCRIBED, "resubscribed", || async {
+        server.subscribers("lockwarden:{killed-pubsub}:released") == 1
     })
     .await;
     let released = Instant::now();
@@ -273,8 +250,7 @@ async fn watchdog_never_recreates_a_deleted_lock() {
         .await
         .expect("lost");
     tokio::time::sleep(lease).await;
-    let exists: i64 = server.query(&["EXISTS", "lockwarden:{deleted}"]).unwrap();
-    assert_eq!(exists, 0);
+    assert!(!server.exists("lockwarden:{deleted}"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -289,14 +265,13 @@ async fn data_layout_is_a_hash_of_holder_to_count() {
     let (uuid, number) = me.id().rsplit_once(':').unwrap();
     assert_eq!(uuid.len(), 36, "random v4 uuid");
     assert!(number.parse::<u64>().is_ok());
-    let ttl: i64 = server.query(&["PTTL", "lockwarden:{layout}"]).unwrap();
+    let ttl = server.pttl("lockwarden:{layout}");
     assert!(ttl > 25_000 && ttl <= 30_000, "watchdog lease: {ttl}");
     let token: u64 = server.query(&["GET", "lockwarden:{layout}:fence"]).unwrap();
     assert_eq!(token, a.fencing_token());
     b.release().await.unwrap();
     a.release().await.unwrap();
-    let exists: i64 = server.query(&["EXISTS", "lockwarden:{layout}"]).unwrap();
-    assert_eq!(exists, 0);
+    assert!(!server.exists("lockwarden:{layout}"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

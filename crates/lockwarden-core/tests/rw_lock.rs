@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::Env;
-use lockwarden_core::{LockError, LockGuard};
+use lockwarden_core::{LockClient, LockError, LockGuard};
+use lockwarden_testkit::{eventually, run_child, TestProcess};
 
 conformance!(
     many_readers_hold_at_once,
@@ -29,19 +30,6 @@ fn assert_timeout(result: Result<LockGuard, LockError>, what: &str) {
     match result {
         Err(LockError::Timeout { .. }) => {}
         other => panic!("{what}: expected Timeout, got {other:?}"),
-    }
-}
-
-/// Polls `check` every 10 ms until it holds; panics after `within`.
-async fn eventually<F, Fut>(within: Duration, what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + within;
-    while !check().await {
-        assert!(Instant::now() < deadline, "not within {within:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -408,14 +396,10 @@ async fn write_release_wakes_all_waiting_readers_at_once(env: Env) {
     )
     .await;
     if let Some(server) = &env.server {
-        let channel = "lockwarden:{wake}:readable";
         eventually(
             Duration::from_secs(5),
             "both clients subscribed",
-            || async {
-                let subs: (String, i64) = server.query(&["PUBSUB", "NUMSUB", channel]).unwrap();
-                subs.1 == 2
-            },
+            || async { server.subscribers("lockwarden:{wake}:readable") == 2 },
         )
         .await;
     }
@@ -737,16 +721,8 @@ const CHILD_LEASE: Duration = Duration::from_millis(1500);
 /// `HELD <holder id>` and sleeps (at most 120 s) until it is SIGKILLed.
 #[test]
 fn rw_reader_child() {
-    let Ok(url) = std::env::var(READER_ENV) else {
-        return;
-    };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async move {
-        let client = lockwarden_core::LockClient::builder()
+    run_child(READER_ENV, |url| async move {
+        let client = LockClient::builder()
             .watchdog_timeout(CHILD_LEASE)
             .connect(&url)
             .await
@@ -763,60 +739,16 @@ fn rw_reader_child() {
     });
 }
 
-/// Kills (SIGKILL) and reaps the child when dropped, so a failing test leaves no process.
-struct Reaped(std::process::Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Promise: when a reader's *process* is SIGKILLed, its read hold stops counting within
 /// one watchdog lease of the kill (+500 ms of slack), while a reader in another process
 /// keeps renewing its own; a waiting writer then gets the lock as soon as the live reader
 /// leaves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_reader_process_stops_counting_after_its_lease() {
-    use std::io::{BufRead, BufReader};
-    use std::process::{Command, Stdio};
-
     let env = Env::redis();
     let server = env.server();
-    let mut child = Reaped(
-        Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "rw_reader_child",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(READER_ENV, server.url())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap(),
-    );
-    let stdout = child.0.stdout.take().unwrap();
-    let (lines_tx, lines_rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if lines_tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let child_holder = loop {
-        let line = lines_rx
-            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-            .expect("the reader process prints HELD within 30 s");
-        if let Some((_, holder)) = line.split_once("HELD ") {
-            break holder.trim().to_owned();
-        }
-    };
+    let mut child = TestProcess::spawn("rw_reader_child", &[(READER_ENV, &server.url())]).unwrap();
+    let child_holder = child.wait_for_line("HELD ", Duration::from_secs(30));
     let field = format!("{child_holder}:r");
 
     let client = env.client_with(|b| b.watchdog_timeout(CHILD_LEASE)).await;
@@ -840,24 +772,21 @@ async fn redis_killed_reader_process_stops_counting_after_its_lease() {
         .unwrap();
     assert_eq!(count, Some(1), "the reader process did not renew its hold");
 
-    child.0.kill().unwrap();
+    child.kill();
     let killed = Instant::now();
-    child.0.wait().unwrap();
 
     // Counted out by the next script that runs (here, the live reader's renewals).
-    let gone = loop {
-        let score: Option<String> = server
-            .query(&["ZSCORE", "lockwarden:{killed-reader}:leases", &field])
-            .unwrap();
-        if score.is_none() {
-            break Instant::now();
-        }
-        assert!(
-            killed.elapsed() < Duration::from_secs(10),
-            "the killed reader's hold is still counted"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let gone = eventually(
+        Duration::from_secs(10),
+        "the killed reader's hold is no longer counted",
+        || async {
+            let score: Option<String> = server
+                .query(&["ZSCORE", "lockwarden:{killed-reader}:leases", &field])
+                .unwrap();
+            score.is_none()
+        },
+    )
+    .await;
     let after = gone - killed;
     assert!(
         after <= CHILD_LEASE + Duration::from_millis(500),
