@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod keys;
+pub mod kinds;
 
 use std::sync::OnceLock;
 
@@ -62,10 +63,46 @@ impl Env {
     }
 }
 
-/// Runs each listed async test body against both stores:
-/// `conformance!(name, ...)` makes `memory::name` and `redis::name`.
+/// Runs async test bodies against both stores.
+///
+/// `conformance!(name, ...)` makes `memory::name` and `redis::name`, each calling
+/// `name(env)` with its store's [`Env`].
+///
+/// `conformance!(kinds: name, ...)` runs each body for every [`Kind`] of lock on both
+/// stores: it makes `<store>::<kind>::name` (stores `memory`, `redis`; kinds `plain`,
+/// `fair`, `read`, `write`, `multi`), each calling `name(env, kind)` with a
+/// [`kinds::Kind`].
 #[macro_export]
 macro_rules! conformance {
+    (kinds: $($name:ident),* $(,)?) => {
+        mod memory {
+            $crate::conformance!(@kinds memory; $($name),*);
+        }
+        mod redis {
+            $crate::conformance!(@kinds redis; $($name),*);
+        }
+    };
+    (@kinds $store:ident; $($name:ident),*) => {
+        $crate::conformance!(@kind $store, plain, Plain; $($name),*);
+        $crate::conformance!(@kind $store, fair, Fair; $($name),*);
+        $crate::conformance!(@kind $store, read, Read; $($name),*);
+        $crate::conformance!(@kind $store, write, Write; $($name),*);
+        $crate::conformance!(@kind $store, multi, Multi; $($name),*);
+    };
+    (@kind $store:ident, $kind:ident, $variant:ident; $($name:ident),*) => {
+        mod $kind {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::super::$name(
+                        $crate::common::Env::$store(),
+                        $crate::common::kinds::Kind::$variant,
+                    )
+                    .await;
+                }
+            )*
+        }
+    };
     ($($name:ident),* $(,)?) => {
         mod memory {
             $(
