@@ -13,8 +13,9 @@ use axum::extract::{Extension, State};
 use axum::http::{Request, StatusCode};
 use axum::routing::post;
 use axum::Router;
+use common::keys::escape;
+use common::web::{req, send};
 use common::Env;
-use http_body_util::BodyExt;
 use lockwarden::{LockInfo, LockLayer};
 use tokio::sync::Barrier;
 use tower::ServiceExt;
@@ -23,16 +24,6 @@ conformance!(
     scoped_principals_never_contend,
     user_keys_never_reach_outside_the_namespace,
 );
-
-async fn body_text(response: axum::response::Response) -> String {
-    let bytes = response
-        .into_body()
-        .collect()
-        .await
-        .expect("body")
-        .to_bytes();
-    String::from_utf8_lossy(&bytes).into_owned()
-}
 
 /// Principals whose names look like each other's escapes and separators.
 const PRINCIPALS: [&str; 12] = [
@@ -77,16 +68,15 @@ async fn scoped_principals_never_contend(env: Env) {
     let answers = futures_util::future::join_all(
         pairs
             .iter()
-            .map(|(user, key)| app.clone().oneshot(request(user, key))),
+            .map(|(user, key)| send(&app, request(user, key))),
     )
     .await;
     for ((user, key), answer) in pairs.iter().zip(answers) {
-        let answer = answer.expect("infallible");
         assert_eq!(
-            answer.status(),
+            answer.status,
             StatusCode::OK,
             "{user:?}/{key:?}: {}",
-            body_text(answer).await
+            answer.text()
         );
     }
     assert!(started.elapsed() < Duration::from_secs(5));
@@ -154,24 +144,12 @@ async fn user_keys_never_reach_outside_the_namespace(env: Env) {
         "{http:victim}",
     ];
     for attack in attacks {
-        let response = app
-            .clone()
-            .oneshot(
-                Request::post("/k")
-                    .header("idempotency-key", attack)
-                    .body(Body::empty())
-                    .expect("request"),
-            )
-            .await
-            .expect("infallible");
-        assert_eq!(response.status(), StatusCode::OK, "{attack:?}");
-        let text = body_text(response).await;
+        let answer = send(&app, req("/k", Some(attack))).await;
+        assert_eq!(answer.status, StatusCode::OK, "{attack:?}");
+        let text = answer.text();
         let (name, redis_key) = text.split_once('\n').expect("two lines");
         assert_eq!(name, format!("http:{attack}"));
-        let escaped = attack
-            .replace('%', "%25")
-            .replace('{', "%7B")
-            .replace('}', "%7D");
+        let escaped = escape(attack);
         assert_eq!(redis_key, format!("lockwarden:{{http:{escaped}}}"));
     }
     for (victim, guard) in victims.iter().zip(&guards) {

@@ -8,4 +8,8 @@
 #[path = "../../crates/lockwarden-core/tests/common/mod.rs"]
 mod engine;
 
+// Not every test binary uses the engine's helpers.
+#[allow(unused_imports)]
 pub use engine::*;
+
+pub mod web;
