@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::Env;
+use common::{finishes, Env};
 use lockwarden_core::{Claim, LockError};
 
 conformance!(
@@ -80,10 +80,7 @@ async fn completion_wakes_every_waiting_claim_at_once(env: Env) {
         .await
         .unwrap();
     for waiter in waiters {
-        let (outcome, at) = tokio::time::timeout(Duration::from_secs(10), waiter)
-            .await
-            .expect("waiter finished")
-            .unwrap();
+        let (outcome, at) = finishes(Duration::from_secs(10), "waiter finished", waiter).await;
         assert_eq!(outcome, b"receipt-7");
         // The watchdog lease is 30 s and the budget 20 s: only the notice explains this.
         assert!(

@@ -31,6 +31,19 @@ async fn client_with(
         .expect("connect to the cluster")
 }
 
+/// Runs `fut` on a task of its own; its output comes with how long it took.
+fn timed<F>(fut: F) -> tokio::task::JoinHandle<(F::Output, Duration)>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    tokio::spawn(async move {
+        let started = Instant::now();
+        let out = fut.await;
+        (out, started.elapsed())
+    })
+}
+
 /// A lock name whose keys live on master `node`, distinct per `tag`.
 fn name_on(cluster: &RedisCluster, client: &LockClient, node: usize, tag: &str) -> String {
     (0..10_000)
@@ -58,11 +71,7 @@ async fn a_lock_on_each_master_excludes_and_hands_over_by_notice() {
 
         let waiter = {
             let (b, name) = (b.clone(), name.clone());
-            tokio::spawn(async move {
-                let started = Instant::now();
-                let guard = b.try_acquire(&name, Duration::from_secs(10)).await;
-                (guard, started.elapsed())
-            })
+            timed(async move { b.try_acquire(&name, Duration::from_secs(10)).await })
         };
         tokio::time::sleep(Duration::from_millis(200)).await;
         let token = guard.fencing_token();
@@ -90,13 +99,10 @@ async fn fair_read_write_and_claims_work_on_each_master() {
         assert!(cluster.exists_on(node, held.key().redis_key()));
         let waiter = {
             let (b, name) = (b.clone(), name.clone());
-            tokio::spawn(async move {
-                let started = Instant::now();
-                let guard = b
-                    .fair_lock(&name)
+            timed(async move {
+                b.fair_lock(&name)
                     .try_acquire(Duration::from_secs(10))
-                    .await;
-                (guard, started.elapsed())
+                    .await
             })
         };
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -116,14 +122,11 @@ async fn fair_read_write_and_claims_work_on_each_master() {
         assert!(cluster.exists_on(node, r1.key().redis_key()));
         let writer = {
             let (b, name) = (b.clone(), name.clone());
-            tokio::spawn(async move {
-                let started = Instant::now();
-                let guard = b
-                    .rw_lock(&name)
+            timed(async move {
+                b.rw_lock(&name)
                     .write()
                     .try_acquire(Duration::from_secs(10))
-                    .await;
-                (guard, started.elapsed())
+                    .await
             })
         };
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -178,13 +181,10 @@ async fn a_multi_lock_spans_masters_and_holds_nothing_while_it_waits() {
     let busy = b.acquire(&names[2]).await.unwrap();
     let waiter = {
         let (a, names) = (a.clone(), names.clone());
-        tokio::spawn(async move {
-            let started = Instant::now();
-            let all = a
-                .multi_lock(names.iter().cloned())
+        timed(async move {
+            a.multi_lock(names.iter().cloned())
                 .try_acquire(Duration::from_secs(10))
-                .await;
-            (all, started.elapsed())
+                .await
         })
     };
     for _ in 0..10 {

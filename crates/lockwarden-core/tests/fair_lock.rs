@@ -11,9 +11,10 @@ use std::pin::pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::Env;
+use common::{finishes, take_and_release, Env};
 use lockwarden_core::{Claim, FairLock, LockClient, LockError, LockGuard};
 use lockwarden_testkit::{eventually, run_child, RedisServer, TestProcess};
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 conformance!(
@@ -67,10 +68,7 @@ async fn acquisition_order_is_arrival_order(env: Env) {
     assert!(order.lock().unwrap().is_empty(), "a waiter got a held lock");
     held.release().await.unwrap();
     for task in tasks {
-        tokio::time::timeout(Duration::from_secs(20), task)
-            .await
-            .expect("every waiter gets its turn")
-            .unwrap();
+        finishes(Duration::from_secs(20), "every waiter gets its turn", task).await;
     }
     let order = order.lock().unwrap().clone();
     let arrivals: Vec<usize> = order.iter().map(|(i, _)| *i).collect();
@@ -180,11 +178,13 @@ async fn waiters_that_give_up_leave_the_queue(env: Env) {
 
     let released = Instant::now();
     held.release().await.unwrap();
-    let guard = tokio::time::timeout(Duration::from_secs(5), behind)
-        .await
-        .expect("the waiter behind the ones that gave up is not stalled")
-        .unwrap()
-        .unwrap();
+    let guard = finishes(
+        Duration::from_secs(5),
+        "the waiter behind the ones that gave up is not stalled",
+        behind,
+    )
+    .await
+    .unwrap();
     assert!(
         released.elapsed() < Duration::from_secs(2),
         "took {:?}",
@@ -218,12 +218,7 @@ async fn cancelled_acquires_leave_no_queue_and_no_lock(env: Env) {
         || async { lock.queued().await.unwrap() == 0 && !lock.is_locked().await.unwrap() },
     )
     .await;
-    lock.try_acquire(Duration::ZERO)
-        .await
-        .expect("free and nobody queued")
-        .release()
-        .await
-        .unwrap();
+    take_and_release("free and nobody queued", lock.try_acquire(Duration::ZERO)).await;
 }
 
 /// Promise: held, a fair lock is an ordinary lock: re-entrant per holder with one
@@ -262,24 +257,32 @@ async fn reentry_fencing_and_watchdog(env: Env) {
     next.release().await.unwrap();
 }
 
-/// Promise: a guard dropped without `release().await` frees the lock and wakes the head
-/// (on Redis through the batched release of dropped guards).
-async fn dropped_guard_hands_over_to_the_head(env: Env) {
-    let client = env.client().await;
-    let other = env.client().await;
-    let held = client.fair_lock("drop").acquire().await.unwrap();
-    let lock = other.fair_lock("drop").queue_timeout(PATIENT);
+/// `name` held by `client`, and a waiter of another client queued for it (keeping its
+/// place for 30 s), whose acquire the returned task runs.
+async fn held_with_a_queued_head(
+    env: &Env,
+    client: &LockClient,
+    name: &str,
+) -> (LockGuard, JoinHandle<Result<LockGuard, LockError>>) {
+    let held = client.fair_lock(name).acquire().await.unwrap();
+    let lock = env.client().await.fair_lock(name).queue_timeout(PATIENT);
     let waiter = tokio::spawn({
         let lock = lock.clone();
         async move { lock.acquire().await }
     });
     queued(&lock, 1).await;
+    (held, waiter)
+}
+
+/// Promise: a guard dropped without `release().await` frees the lock and wakes the head
+/// (on Redis through the batched release of dropped guards).
+async fn dropped_guard_hands_over_to_the_head(env: Env) {
+    let client = env.client().await;
+    let (held, waiter) = held_with_a_queued_head(&env, &client, "drop").await;
     let dropped = Instant::now();
     drop(held);
-    let guard = tokio::time::timeout(Duration::from_secs(5), waiter)
+    let guard = finishes(Duration::from_secs(5), "the head is woken", waiter)
         .await
-        .expect("the head is woken")
-        .unwrap()
         .unwrap();
     assert!(
         dropped.elapsed() < Duration::from_secs(2),
@@ -293,21 +296,12 @@ async fn dropped_guard_hands_over_to_the_head(env: Env) {
 /// the outcome), and still hands the lock to the head of the queue.
 async fn completing_a_fair_hold_stores_the_outcome_and_hands_over(env: Env) {
     let client = env.client().await;
-    let other = env.client().await;
-    let held = client.fair_lock("done").acquire().await.unwrap();
-    let lock = other.fair_lock("done").queue_timeout(PATIENT);
-    let waiter = tokio::spawn({
-        let lock = lock.clone();
-        async move { lock.acquire().await }
-    });
-    queued(&lock, 1).await;
+    let (held, waiter) = held_with_a_queued_head(&env, &client, "done").await;
     held.complete(b"42 rows".to_vec(), Duration::from_secs(60))
         .await
         .unwrap();
-    let guard = tokio::time::timeout(Duration::from_secs(5), waiter)
+    let guard = finishes(Duration::from_secs(5), "the head is woken", waiter)
         .await
-        .expect("the head is woken")
-        .unwrap()
         .unwrap();
     guard.release().await.unwrap();
     match client.lock("done").try_claim(Duration::ZERO).await.unwrap() {
@@ -328,14 +322,7 @@ async fn only_the_head_is_woken() {
     let server = env.server();
     let owner = env.client().await;
     // Loads the fair scripts, so the counted calls are single EVALSHAs.
-    owner
-        .fair_lock("warm-up")
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    take_and_release("warm-up", owner.fair_lock("warm-up").acquire()).await;
     // Fixed leases: no watchdog renewals in the count.
     let lease = Duration::from_secs(60);
     let held = owner
@@ -377,10 +364,8 @@ async fn only_the_head_is_woken() {
 
     let before = server.command_calls("evalsha");
     held.release().await.unwrap();
-    let (first, guard) = tokio::time::timeout(Duration::from_secs(5), tasks.remove(0))
-        .await
-        .expect("the head is woken")
-        .unwrap();
+    let (first, guard) =
+        finishes(Duration::from_secs(5), "the head is woken", tasks.remove(0)).await;
     assert_eq!(first, 0);
     // Give woken non-heads time to show up: each would add one EVALSHA.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -395,10 +380,7 @@ async fn only_the_head_is_woken() {
     assert_eq!(owner.fair_lock("head").queued().await.unwrap(), WAITERS - 1);
     guard.release().await.unwrap();
     for task in tasks {
-        let (_, guard) = tokio::time::timeout(Duration::from_secs(5), task)
-            .await
-            .expect("each waiter gets its turn")
-            .unwrap();
+        let (_, guard) = finishes(Duration::from_secs(5), "each waiter gets its turn", task).await;
         guard.release().await.unwrap();
     }
 }
@@ -515,10 +497,7 @@ impl DeadInTheMiddle {
     /// Waits for both live waiters; returns when each got the lock, in turn order.
     async fn turns(self) -> Vec<(&'static str, Instant)> {
         for task in self.tasks {
-            tokio::time::timeout(Duration::from_secs(10), task)
-                .await
-                .expect("the waiters get their turns")
-                .unwrap();
+            finishes(Duration::from_secs(10), "the waiters get their turns", task).await;
         }
         assert_eq!(self.lock.queued().await.unwrap(), 0);
         let order = self.order.lock().unwrap().clone();

@@ -7,8 +7,11 @@
 //! The holder is this test binary itself, re-executed as a child process that runs only
 //! [`holder_child`] (see [`HOLDER_ENV`]); run normally, `holder_child` returns at once.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
+use common::{connect_with, finishes, hold_until_killed};
 use lockwarden_core::LockClient;
 use lockwarden_testkit::{run_child, RedisServer, TestProcess};
 
@@ -29,18 +32,13 @@ const LEASE: Duration = Duration::from_millis(1500);
 #[test]
 fn holder_child() {
     run_child(HOLDER_ENV, |url| async move {
-        let client = LockClient::builder()
-            .watchdog_timeout(LEASE)
-            .connect(&url)
-            .await
-            .unwrap();
+        let client = connect_with(&url, |b| b.watchdog_timeout(LEASE)).await;
         let guard = client
             .try_acquire(LOCK, Duration::from_secs(10))
             .await
             .unwrap();
-        println!("HELD {} {}", guard.fencing_token(), guard.holder().id());
-        tokio::time::sleep(Duration::from_secs(120)).await;
-        drop(guard);
+        let line = format!("HELD {} {}", guard.fencing_token(), guard.holder().id());
+        hold_until_killed(line, guard).await;
     });
 }
 
@@ -99,10 +97,7 @@ async fn lock_of_a_killed_holder_process_is_taken_over_after_its_last_lease() {
     );
     let ttl = Duration::from_millis(ttl as u64);
 
-    let (acquired_at, guard) = tokio::time::timeout(Duration::from_secs(15), task)
-        .await
-        .expect("the waiter finishes")
-        .unwrap();
+    let (acquired_at, guard) = finishes(Duration::from_secs(15), "the waiter finishes", task).await;
     let guard = guard.expect("the waiter acquires the dead holder's lock");
     let takeover = acquired_at.saturating_duration_since(killed_at);
     println!(

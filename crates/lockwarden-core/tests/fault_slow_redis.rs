@@ -8,9 +8,12 @@
 //! renewal attempt, "reported lost" is allowed to trail "gone from Redis" by the command
 //! timeout plus 250 ms of scheduling slack ([`grace`]), and no more.
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::connect_with;
 use lockwarden_core::{LockClient, LockError, LockGuard};
 use lockwarden_testkit::RedisServer;
 
@@ -26,12 +29,10 @@ fn debug_server() -> RedisServer {
 
 /// A client with this watchdog lease and command timeout.
 async fn client(server: &RedisServer, lease: Duration, command_timeout: Duration) -> LockClient {
-    LockClient::builder()
-        .watchdog_timeout(lease)
-        .command_timeout(command_timeout)
-        .connect(&server.url())
-        .await
-        .unwrap()
+    connect_with(&server.url(), |b| {
+        b.watchdog_timeout(lease).command_timeout(command_timeout)
+    })
+    .await
 }
 
 /// Blocks the whole server for `delay` with `DEBUG SLEEP` from a plain thread (the reply

@@ -13,7 +13,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::kinds::{Kind, Opts};
-use common::Env;
+use common::{take_and_release, Env};
 use lockwarden_core::{LockClient, LockError};
 use lockwarden_testkit::eventually;
 
@@ -54,11 +54,8 @@ fn assert_refused<T: std::fmt::Debug>(
 /// Asserts that one attempt of `kind` by a fresh holder of `client` gets the lock at
 /// once, and gives it back.
 async fn assert_free_for(kind: Kind, client: &LockClient, name: &str, what: &str) {
-    let held = kind
-        .try_acquire(client, name, &Opts::default(), Duration::ZERO)
-        .await
-        .unwrap_or_else(|e| panic!("{what}: {e}"));
-    held.release().await.unwrap();
+    let fresh = Opts::default();
+    take_and_release(what, kind.try_acquire(client, name, &fresh, Duration::ZERO)).await;
 }
 
 /// What `eventually` reports when readers are still refused: the last refusal seen.

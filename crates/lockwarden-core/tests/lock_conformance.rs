@@ -1,5 +1,6 @@
-//! The lock engine's promises, checked against both stores: the in-process one and a
-//! real `redis-server` (see `common::Env`).
+//! The plain lock's promises, checked against both stores: the in-process one and a
+//! real `redis-server` (see `common::Env`). The promises every kind of lock makes are
+//! also checked for the plain lock in `kind_conformance.rs` (the wait budget only there).
 
 mod common;
 
@@ -7,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::Env;
+use common::{finishes, Env};
 use lockwarden_core::{Holder, KeyError, LockError};
 use lockwarden_testkit::eventually;
 
@@ -17,7 +18,6 @@ conformance!(
     fixed_lease_expires,
     watchdog_keeps_lock_past_three_leases_and_stops_after_release,
     lost_signal_fires_when_lock_is_force_unlocked,
-    wait_budget_is_honoured,
     zero_budget_is_one_attempt,
     waiter_is_woken_by_release_not_by_lease,
     dropped_guard_releases_and_wakes_waiter,
@@ -155,25 +155,6 @@ async fn lost_signal_fires_when_lock_is_force_unlocked(env: Env) {
         .unwrap());
     thief.release().await.unwrap();
     assert!(!admin.lock("forced").force_unlock().await.unwrap());
-}
-
-async fn wait_budget_is_honoured(env: Env) {
-    let client = env.client().await;
-    let _held = client.acquire("budget").await.unwrap();
-    let budget = Duration::from_millis(300);
-    let started = Instant::now();
-    let result = client.try_acquire("budget", budget).await;
-    let waited = started.elapsed();
-    assert!(
-        matches!(result, Err(LockError::Timeout { .. })),
-        "{result:?}"
-    );
-    assert!(waited >= budget, "gave up early: {waited:?}");
-    assert!(
-        waited < budget + Duration::from_millis(250),
-        "overran: {waited:?}"
-    );
-    assert_eq!(client.stats().waited_channels, 0);
 }
 
 async fn zero_budget_is_one_attempt(env: Env) {
@@ -451,10 +432,7 @@ async fn counter_stress_has_no_lost_update(env: Env) {
         }));
     }
     for task in tasks {
-        tokio::time::timeout(Duration::from_secs(120), task)
-            .await
-            .expect("stress finished in time")
-            .unwrap();
+        finishes(Duration::from_secs(120), "stress finished in time", task).await;
     }
     let total = match &env.server {
         Some(server) => server.query::<u64>(&["GET", "counter"]).unwrap(),

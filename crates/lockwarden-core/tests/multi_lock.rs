@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::Env;
+use common::{finishes, Env};
 use lockwarden_core::LockError;
 
 conformance!(
@@ -70,10 +70,7 @@ async fn opposite_orders_do_not_deadlock(env: Env) {
         }));
     }
     for task in tasks {
-        tokio::time::timeout(Duration::from_secs(60), task)
-            .await
-            .expect("no deadlock")
-            .unwrap();
+        finishes(Duration::from_secs(60), "no deadlock", task).await;
     }
 }
 
@@ -118,10 +115,12 @@ async fn nothing_is_held_while_waiting_and_the_set_follows_the_release(env: Env)
     }
     let released = std::time::Instant::now();
     busy.release().await.unwrap();
-    let (got, set) = tokio::time::timeout(Duration::from_secs(5), waiter)
-        .await
-        .expect("the set follows the release")
-        .unwrap();
+    let (got, set) = finishes(
+        Duration::from_secs(5),
+        "the set follows the release",
+        waiter,
+    )
+    .await;
     assert!(
         got.duration_since(released) < Duration::from_millis(500),
         "took {:?} after the release: the waiter was not notified",

@@ -1,8 +1,11 @@
 //! Promises that only the Redis store can break: connection sharing, wake-one
 //! notification, and behaviour under real server faults (pause, restart, killed pub/sub).
 
+mod common;
+
 use std::time::{Duration, Instant};
 
+use common::{connect_with, finishes};
 use lockwarden_core::{LockClient, LockError};
 use lockwarden_testkit::{eventually, RedisServer};
 
@@ -77,10 +80,8 @@ async fn a_release_wakes_one_local_waiter_not_all() {
     // One release plus the woken waiter's acquire; a thundering herd would be ~51.
     assert!(calls <= 4, "{calls} scripts ran for one handoff");
     for task in tasks {
-        tokio::time::timeout(Duration::from_secs(40), task)
+        finishes(Duration::from_secs(40), "the task finishes", task)
             .await
-            .unwrap()
-            .unwrap()
             .unwrap();
     }
 }
@@ -123,12 +124,11 @@ async fn waiters_recover_when_the_pubsub_connection_is_killed() {
 async fn renewal_failures_are_retried_then_reported_lost() {
     let server = RedisServer::start().unwrap();
     let lease = Duration::from_millis(600);
-    let client = LockClient::builder()
-        .watchdog_timeout(lease)
-        .command_timeout(Duration::from_millis(100))
-        .connect(&server.url())
-        .await
-        .unwrap();
+    let client = connect_with(&server.url(), |b| {
+        b.watchdog_timeout(lease)
+            .command_timeout(Duration::from_millis(100))
+    })
+    .await;
     let guard = client.acquire("paused").await.unwrap();
     server.pause();
     let paused_at = Instant::now();
@@ -159,11 +159,7 @@ async fn renewal_failures_are_retried_then_reported_lost() {
 async fn try_acquire_on_a_paused_server_ends_within_budget_plus_command_timeout() {
     let server = RedisServer::start().unwrap();
     let timeout = Duration::from_millis(200);
-    let client = LockClient::builder()
-        .command_timeout(timeout)
-        .connect(&server.url())
-        .await
-        .unwrap();
+    let client = connect_with(&server.url(), |b| b.command_timeout(timeout)).await;
     let held = client.acquire("held").await.unwrap();
     server.pause();
     let budget = Duration::from_millis(300);
@@ -203,11 +199,7 @@ async fn try_acquire_on_a_paused_server_ends_within_budget_plus_command_timeout(
 async fn restart_reports_loss_and_keeps_tokens_increasing() {
     let mut server = RedisServer::start().unwrap();
     let lease = Duration::from_millis(600);
-    let client = LockClient::builder()
-        .watchdog_timeout(lease)
-        .connect(&server.url())
-        .await
-        .unwrap();
+    let client = connect_with(&server.url(), |b| b.watchdog_timeout(lease)).await;
     let guard = client.acquire("restart").await.unwrap();
     let token_before = guard.fencing_token();
 
@@ -239,11 +231,7 @@ async fn restart_reports_loss_and_keeps_tokens_increasing() {
 async fn watchdog_never_recreates_a_deleted_lock() {
     let server = RedisServer::start().unwrap();
     let lease = Duration::from_millis(300);
-    let client = LockClient::builder()
-        .watchdog_timeout(lease)
-        .connect(&server.url())
-        .await
-        .unwrap();
+    let client = connect_with(&server.url(), |b| b.watchdog_timeout(lease)).await;
     let guard = client.acquire("deleted").await.unwrap();
     let _: i64 = server.query(&["DEL", "lockwarden:{deleted}"]).unwrap();
     tokio::time::timeout(lease, guard.lost())

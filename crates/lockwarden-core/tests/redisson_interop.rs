@@ -6,8 +6,11 @@
 //! `PEXPIRE` lease; unlock deletes at zero and publishes `0` on
 //! `redisson_lock__channel:{<name>}`), restated here as small scripts.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
+use common::{connect_with, finishes};
 use futures_util::StreamExt;
 use lockwarden_core::{KeyLayout, LockClient, LockError};
 use lockwarden_testkit::RedisServer;
@@ -62,11 +65,7 @@ fn jvm_unlock(server: &RedisServer, name: &str) -> Option<i64> {
 }
 
 async fn interop_client(server: &RedisServer) -> LockClient {
-    LockClient::builder()
-        .layout(KeyLayout::Redisson)
-        .connect(&server.url())
-        .await
-        .unwrap()
+    connect_with(&server.url(), |b| b.layout(KeyLayout::Redisson)).await
 }
 
 /// Promise: a lockwarden lock in the Redisson layout is what RLock writes: a hash named
@@ -118,10 +117,7 @@ async fn a_redisson_unlock_wakes_a_lockwarden_waiter() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let unlocked = Instant::now();
     assert_eq!(jvm_unlock(&server, "invoice:7"), Some(1));
-    let (acquired, guard) = tokio::time::timeout(Duration::from_secs(10), waiter)
-        .await
-        .unwrap()
-        .unwrap();
+    let (acquired, guard) = finishes(Duration::from_secs(10), "the task finishes", waiter).await;
     assert!(
         acquired.duration_since(unlocked) < Duration::from_secs(2),
         "woken {:?} after the unlock",

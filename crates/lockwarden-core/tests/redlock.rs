@@ -1,10 +1,13 @@
 //! Redlock against 3 (and 5) real, independent `redis-server`s: majority rules, node
 //! faults (kill, SIGSTOP), validity accounting, capped extensions, lost signal, release.
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::{finishes, take_and_release};
 use lockwarden_core::{LockClient, LockError, Redlock, RedlockBuilder, RedlockError};
 use lockwarden_testkit::{eventually, RedisServer};
 use tokio::time::Instant;
@@ -120,10 +123,8 @@ async fn two_redlocks_exclude_each_other() {
         }
     }
     for task in tasks {
-        tokio::time::timeout(Duration::from_secs(60), task)
+        finishes(Duration::from_secs(60), "contenders finish", task)
             .await
-            .expect("contenders finish")
-            .unwrap()
             .unwrap();
     }
     assert_eq!(done.load(Ordering::SeqCst), 30);
@@ -393,10 +394,8 @@ async fn a_waiter_gets_the_lock_soon_after_release() {
     .await;
     let released_at = Instant::now();
     held.release().await.unwrap();
-    let got_at = tokio::time::timeout(Duration::from_secs(10), waiter)
+    let got_at = finishes(Duration::from_secs(10), "the waiter finishes", waiter)
         .await
-        .expect("the waiter finishes")
-        .unwrap()
         .unwrap();
     let handoff = got_at - released_at;
     assert!(handoff < Duration::from_secs(1), "handoff took {handoff:?}");
@@ -477,14 +476,7 @@ async fn node_sets_and_settings_that_cannot_work_are_refused() {
     // One node is allowed for development.
     let single = Redlock::connect(&[node[0].url()]).await.unwrap();
     assert_eq!(single.quorum(), 1);
-    single
-        .lock("dev")
-        .try_acquire(Duration::ZERO)
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    take_and_release("one node", single.lock("dev").try_acquire(Duration::ZERO)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -521,12 +513,6 @@ async fn an_abandoned_acquire_leaves_no_hold_behind() {
     )
     .await;
     // And the lock is free for the next caller.
-    redlock
-        .lock("abandoned")
-        .try_acquire(Duration::ZERO)
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    let next = redlock.lock("abandoned");
+    take_and_release("free for the next caller", next.try_acquire(Duration::ZERO)).await;
 }

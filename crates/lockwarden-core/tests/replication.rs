@@ -2,8 +2,11 @@
 //! proved against a real primary and replica, with the replica paused (SIGSTOP) to make
 //! acknowledgement impossible.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
+use common::{connect_with, take_and_release};
 use lockwarden_core::{BackendError, LockClient, LockError};
 use lockwarden_testkit::{eventually, RedisServer};
 
@@ -24,11 +27,7 @@ async fn primary_and_replica() -> (RedisServer, RedisServer) {
 
 /// A client whose acquisitions wait (up to [`WAIT`]) for one replica's acknowledgement.
 async fn waiting_client(primary: &RedisServer) -> LockClient {
-    LockClient::builder()
-        .wait_for_replicas(1, WAIT)
-        .connect(&primary.url())
-        .await
-        .unwrap()
+    connect_with(&primary.url(), |b| b.wait_for_replicas(1, WAIT)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -89,18 +88,18 @@ async fn an_unacknowledged_acquisition_is_released_and_reported() {
         !primary.exists("lockwarden:{unreplicated}"),
         "the unacknowledged lock was left on the primary"
     );
-    let guard = plain
-        .try_acquire("unreplicated", Duration::ZERO)
-        .await
-        .unwrap();
-    guard.release().await.unwrap();
+    take_and_release(
+        "a client without the option",
+        plain.try_acquire("unreplicated", Duration::ZERO),
+    )
+    .await;
 
     replica.resume();
-    let guard = waiting
-        .try_acquire("after-resume", Duration::from_secs(2))
-        .await
-        .unwrap();
-    guard.release().await.unwrap();
+    take_and_release(
+        "acknowledged again",
+        waiting.try_acquire("after-resume", Duration::from_secs(2)),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -152,22 +151,8 @@ async fn fair_and_read_write_acquisitions_wait_for_the_replica_too() {
     }
     assert!(!plain.fair_lock("fair").is_locked().await.unwrap());
     assert_eq!(plain.fair_lock("fair").queued().await.unwrap(), 0);
-    plain
-        .rw_lock("rw")
-        .write()
-        .try_acquire(Duration::ZERO)
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
-    plain
-        .rw_lock("rw-w")
-        .read()
-        .try_acquire(Duration::ZERO)
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    let rw = plain.rw_lock("rw");
+    take_and_release("nothing left held", rw.write().try_acquire(Duration::ZERO)).await;
+    let rw = plain.rw_lock("rw-w");
+    take_and_release("nothing left held", rw.read().try_acquire(Duration::ZERO)).await;
 }

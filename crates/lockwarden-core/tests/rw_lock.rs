@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::Env;
-use lockwarden_core::{LockClient, LockError, LockGuard};
+use common::{connect_with, hold_until_killed, Env};
+use lockwarden_core::{LockClient, LockError, LockGuard, RwMode};
 use lockwarden_testkit::{eventually, run_child, TestProcess};
 
 conformance!(
@@ -31,6 +31,17 @@ fn assert_timeout(result: Result<LockGuard, LockError>, what: &str) {
         Err(LockError::Timeout { .. }) => {}
         other => panic!("{what}: expected Timeout, got {other:?}"),
     }
+}
+
+/// Asserts that one attempt by a fresh holder of `client` at `side` of `name` is
+/// refused with a timeout.
+async fn assert_refused(client: &LockClient, name: &str, side: RwMode, what: &str) {
+    let rw = client.rw_lock(name);
+    let handle = match side {
+        RwMode::Read => rw.read(),
+        RwMode::Write => rw.write(),
+    };
+    assert_timeout(handle.try_acquire(Duration::ZERO).await, what);
 }
 
 async fn many_readers_hold_at_once(env: Env) {
@@ -76,14 +87,8 @@ async fn writer_excludes_readers_and_writers(env: Env) {
             .unwrap(),
         1
     );
-    assert_timeout(
-        b.rw_lock("excl").read().try_acquire(Duration::ZERO).await,
-        "a reader while a writer holds",
-    );
-    assert_timeout(
-        b.rw_lock("excl").write().try_acquire(Duration::ZERO).await,
-        "a second writer",
-    );
+    assert_refused(&b, "excl", RwMode::Read, "a reader while a writer holds").await;
+    assert_refused(&b, "excl", RwMode::Write, "a second writer").await;
     // A waiter is woken by the release, well before the writer's 30 s lease.
     let started = Instant::now();
     let waiter = {
@@ -134,14 +139,13 @@ async fn read_and_write_reenter_per_holder(env: Env) {
     let [r1, r2, r3] = reads;
     r3.release().await.unwrap();
     r2.release().await.unwrap();
-    assert_timeout(
-        other
-            .rw_lock("reenter")
-            .write()
-            .try_acquire(Duration::ZERO)
-            .await,
+    assert_refused(
+        &other,
+        "reenter",
+        RwMode::Write,
         "a writer while one read entry is left",
-    );
+    )
+    .await;
     r1.release().await.unwrap();
     assert!(!rw.is_locked().await.unwrap());
 
@@ -155,14 +159,13 @@ async fn read_and_write_reenter_per_holder(env: Env) {
     assert_eq!(rw.write().hold_count(&me).await.unwrap(), 2);
     assert_eq!(w1.fencing_token(), w2.fencing_token());
     w2.release().await.unwrap();
-    assert_timeout(
-        other
-            .rw_lock("reenter")
-            .read()
-            .try_acquire(Duration::ZERO)
-            .await,
+    assert_refused(
+        &other,
+        "reenter",
+        RwMode::Read,
         "a reader while one write entry is left",
-    );
+    )
+    .await;
     w1.release().await.unwrap();
     assert!(!rw.is_locked().await.unwrap());
 }
@@ -181,14 +184,13 @@ async fn writer_downgrades_to_read(env: Env) {
         .expect("the writer takes the read side without waiting");
     assert_eq!(read.fencing_token(), write.fencing_token());
     // Still in write mode: others are kept out.
-    assert_timeout(
-        other
-            .rw_lock("downgrade")
-            .read()
-            .try_acquire(Duration::ZERO)
-            .await,
+    assert_refused(
+        &other,
+        "downgrade",
+        RwMode::Read,
         "another reader before the downgrade",
-    );
+    )
+    .await;
 
     write.release().await.unwrap();
     assert_eq!(rw.write().hold_count(&me).await.unwrap(), 0);
@@ -203,14 +205,13 @@ async fn writer_downgrades_to_read(env: Env) {
         .try_acquire(Duration::ZERO)
         .await
         .expect("read mode after the downgrade: readers join");
-    assert_timeout(
-        other
-            .rw_lock("downgrade")
-            .write()
-            .try_acquire(Duration::ZERO)
-            .await,
+    assert_refused(
+        &other,
+        "downgrade",
+        RwMode::Write,
         "a writer while the downgraded holder reads",
-    );
+    )
+    .await;
     read.release().await.unwrap();
     joined.release().await.unwrap();
     assert!(!rw.is_locked().await.unwrap());
@@ -502,28 +503,26 @@ async fn watchdog_keeps_read_and_write_holds_past_their_lease(env: Env) {
     tokio::time::sleep(3 * lease).await;
     assert!(!write.is_lost() && !read.is_lost());
     assert_eq!(rw.write().hold_count(&me).await.unwrap(), 1);
-    assert_timeout(
-        other
-            .rw_lock("watched")
-            .read()
-            .try_acquire(Duration::ZERO)
-            .await,
+    assert_refused(
+        &other,
+        "watched",
+        RwMode::Read,
         "a reader while the renewed writer holds",
-    );
+    )
+    .await;
 
     write.release().await.unwrap();
     assert_eq!(client.stats().watched_locks, 1);
     tokio::time::sleep(3 * lease).await;
     assert!(!read.is_lost());
     assert_eq!(rw.read().hold_count(&me).await.unwrap(), 1);
-    assert_timeout(
-        other
-            .rw_lock("watched")
-            .write()
-            .try_acquire(Duration::ZERO)
-            .await,
+    assert_refused(
+        &other,
+        "watched",
+        RwMode::Write,
         "a writer while the renewed reader holds",
-    );
+    )
+    .await;
     read.release().await.unwrap();
     assert_eq!(client.stats().watched_locks, 0);
     assert!(!rw.is_locked().await.unwrap());
@@ -674,22 +673,8 @@ async fn redis_plain_lock_under_the_same_name_refuses_both_sides() {
     let env = Env::redis();
     let client = env.client().await;
     let plain = client.acquire("both").await.unwrap();
-    assert_timeout(
-        client
-            .rw_lock("both")
-            .read()
-            .try_acquire(Duration::ZERO)
-            .await,
-        "read over a plain lock",
-    );
-    assert_timeout(
-        client
-            .rw_lock("both")
-            .write()
-            .try_acquire(Duration::ZERO)
-            .await,
-        "write over a plain lock",
-    );
+    assert_refused(&client, "both", RwMode::Read, "read over a plain lock").await;
+    assert_refused(&client, "both", RwMode::Write, "write over a plain lock").await;
     assert!(client
         .lock("both")
         .is_held_by(plain.holder())
@@ -722,20 +707,14 @@ const CHILD_LEASE: Duration = Duration::from_millis(1500);
 #[test]
 fn rw_reader_child() {
     run_child(READER_ENV, |url| async move {
-        let client = LockClient::builder()
-            .watchdog_timeout(CHILD_LEASE)
-            .connect(&url)
-            .await
-            .unwrap();
+        let client = connect_with(&url, |b| b.watchdog_timeout(CHILD_LEASE)).await;
         let guard = client
             .rw_lock("killed-reader")
             .read()
             .acquire()
             .await
             .unwrap();
-        println!("HELD {}", guard.holder().id());
-        tokio::time::sleep(Duration::from_secs(120)).await;
-        drop(guard);
+        hold_until_killed(format!("HELD {}", guard.holder().id()), guard).await;
     });
 }
 

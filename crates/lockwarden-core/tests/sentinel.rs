@@ -2,8 +2,11 @@
 //! a real failover (the primary SIGKILLed, the replica promoted by the sentinel), keeps
 //! the locks the new primary received, and reports the ones it did not as lost.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
+use common::take_and_release;
 use lockwarden_core::{BackendError, LockClient, LockClientBuilder, LockError};
 use lockwarden_testkit::RedisSentinel;
 
@@ -101,12 +104,7 @@ async fn a_replicated_lock_survives_a_failover_and_the_client_follows() {
     next.release().await.unwrap();
 
     guard.release().await.unwrap();
-    b.try_acquire("kept", Duration::ZERO)
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    take_and_release("released", b.try_acquire("kept", Duration::ZERO)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
