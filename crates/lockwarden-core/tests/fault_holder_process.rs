@@ -11,7 +11,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{connect_with, finishes, hold_until_killed};
+use common::{connect_with, finishes, hold_until_killed, spawn_timed};
 use lockwarden_core::LockClient;
 use lockwarden_testkit::{run_child, RedisServer, TestProcess};
 
@@ -77,10 +77,7 @@ async fn lock_of_a_killed_holder_process_is_taken_over_after_its_last_lease() {
     let waiter = LockClient::connect(&server.url()).await.unwrap();
     let task = {
         let waiter = waiter.clone();
-        tokio::spawn(async move {
-            let guard = waiter.try_acquire(LOCK, Duration::from_secs(10)).await;
-            (Instant::now(), guard)
-        })
+        spawn_timed(async move { waiter.try_acquire(LOCK, Duration::from_secs(10)).await })
     };
     // Off the renewal beat (renewals every 500 ms from HELD), so the kill usually lands
     // mid-interval and the dead holder's lease has less than a full lease left.
@@ -97,7 +94,7 @@ async fn lock_of_a_killed_holder_process_is_taken_over_after_its_last_lease() {
     );
     let ttl = Duration::from_millis(ttl as u64);
 
-    let (acquired_at, guard) = finishes(Duration::from_secs(15), "the waiter finishes", task).await;
+    let (guard, acquired_at) = finishes(Duration::from_secs(15), "the waiter finishes", task).await;
     let guard = guard.expect("the waiter acquires the dead holder's lock");
     let takeover = acquired_at.saturating_duration_since(killed_at);
     println!(

@@ -13,7 +13,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::kinds::{Kind, Opts};
-use common::{take_and_release, Env};
+use common::{spawn_timed, take_and_release, Env};
 use lockwarden_core::{LockClient, LockError};
 use lockwarden_testkit::eventually;
 
@@ -219,18 +219,17 @@ async fn dropped_guard_releases_and_wakes_a_waiter(env: Env, kind: Kind) {
         .acquire(&client, "dropped", &Opts::default())
         .await
         .unwrap();
-    let waiter = tokio::spawn(async move {
-        let got = kind
-            .rival()
-            .try_acquire(&other, "dropped", &Opts::default(), Duration::from_secs(5))
-            .await;
-        (Instant::now(), got)
+    let waiter = spawn_timed(async move {
+        let wait = Duration::from_secs(5);
+        kind.rival()
+            .try_acquire(&other, "dropped", &Opts::default(), wait)
+            .await
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(!waiter.is_finished(), "the waiter got a held lock");
     let dropped_at = Instant::now();
     drop(held);
-    let (acquired_at, got) = waiter.await.unwrap();
+    let (got, acquired_at) = waiter.await.unwrap();
     let got = got.expect("the waiter gets the dropped lock");
     let handoff = acquired_at.saturating_duration_since(dropped_at);
     assert!(handoff < Duration::from_secs(1), "handoff took {handoff:?}");

@@ -10,7 +10,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{connect_with, finishes};
+use common::{connect_with, finishes, spawn_timed};
 use futures_util::StreamExt;
 use lockwarden_core::{KeyLayout, LockClient, LockError};
 use lockwarden_testkit::RedisServer;
@@ -104,20 +104,19 @@ async fn a_redisson_unlock_wakes_a_lockwarden_waiter() {
         client.try_acquire("invoice:7", Duration::ZERO).await,
         Err(LockError::Timeout { .. })
     ));
-    let waiter = tokio::spawn({
+    let waiter = spawn_timed({
         let client = client.clone();
         async move {
-            let guard = client
+            client
                 .try_acquire("invoice:7", Duration::from_secs(20))
                 .await
-                .unwrap();
-            (Instant::now(), guard)
         }
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     let unlocked = Instant::now();
     assert_eq!(jvm_unlock(&server, "invoice:7"), Some(1));
-    let (acquired, guard) = finishes(Duration::from_secs(10), "the task finishes", waiter).await;
+    let (guard, acquired) = finishes(Duration::from_secs(10), "the waiter finishes", waiter).await;
+    let guard = guard.unwrap();
     assert!(
         acquired.duration_since(unlocked) < Duration::from_secs(2),
         "woken {:?} after the unlock",

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{connect_with, hold_until_killed, Env};
+use common::{connect_with, hold_until_killed, spawn_timed, Env};
 use lockwarden_core::{LockClient, LockError, LockGuard, RwMode};
 use lockwarden_testkit::{eventually, run_child, TestProcess};
 
@@ -447,13 +447,9 @@ async fn dead_reader_expires_on_its_own_lease_while_others_renew(env: Env) {
 
     let writer = {
         let writer_client = writer_client.clone();
-        tokio::spawn(async move {
-            let guard = writer_client
-                .rw_lock("dead-reader")
-                .write()
-                .try_acquire(Duration::from_secs(10))
-                .await;
-            (Instant::now(), guard)
+        spawn_timed(async move {
+            let rw = writer_client.rw_lock("dead-reader");
+            rw.write().try_acquire(Duration::from_secs(10)).await
         })
     };
 
@@ -479,7 +475,7 @@ async fn dead_reader_expires_on_its_own_lease_while_others_renew(env: Env) {
 
     let released = Instant::now();
     live.release().await.unwrap();
-    let (acquired, guard) = writer.await.unwrap();
+    let (guard, acquired) = writer.await.unwrap();
     let guard = guard.expect("the writer gets the lock once the live reader leaves");
     let after = acquired.saturating_duration_since(released);
     assert!(
@@ -735,13 +731,9 @@ async fn redis_killed_reader_process_stops_counting_after_its_lease() {
     let live = rw.read().acquire().await.unwrap();
     let writer = {
         let client = client.clone();
-        tokio::spawn(async move {
-            let guard = client
-                .rw_lock("killed-reader")
-                .write()
-                .try_acquire(Duration::from_secs(20))
-                .await;
-            (Instant::now(), guard)
+        spawn_timed(async move {
+            let rw = client.rw_lock("killed-reader");
+            rw.write().try_acquire(Duration::from_secs(20)).await
         })
     };
     // The child's hold outlives one lease only if its watchdog renews it.
@@ -779,7 +771,7 @@ async fn redis_killed_reader_process_stops_counting_after_its_lease() {
 
     let released = Instant::now();
     live.release().await.unwrap();
-    let (acquired, guard) = writer.await.unwrap();
+    let (guard, acquired) = writer.await.unwrap();
     let guard = guard.expect("the writer gets the lock once the live reader leaves");
     let after = acquired.saturating_duration_since(released);
     assert!(
