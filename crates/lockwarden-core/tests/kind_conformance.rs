@@ -1,6 +1,6 @@
 //! The promises every kind of lock makes, checked for each kind (plain, fair, the read
 //! and the write side of a read-write lock, a multi-lock of two) on both stores: the
-//! in-process one and a real `redis-server` (see `common::Env`, `common::Kind`).
+//! in-process one and a real `redis-server` (see `common::Env`, `common::kinds::Kind`).
 //!
 //! For the read side, "another holder is excluded" means a writer is; readers share. The
 //! kind-specific promises (queue order, writer preference, all-or-nothing, claims, ...)
@@ -33,7 +33,7 @@ const WATCHDOG_LEASE: Duration = Duration::from_secs(30);
 
 /// Asserts `attempt` was refused with a timeout naming one of `kind`'s locks, with the
 /// holder's remaining lease (here a fresh watchdog lease, so over 20 s) as the hint.
-fn assert_refused<T: std::fmt::Debug>(
+fn assert_refused<T: fmt::Debug>(
     kind: Kind,
     name: &str,
     attempt: Result<T, LockError>,
