@@ -3,14 +3,14 @@
 
 use std::time::{Duration, Instant};
 
-use axum::body::Body;
-use axum::http::{Request, StatusCode};
+mod common;
+
+use axum::http::StatusCode;
 use axum::routing::post;
 use axum::Router;
-use http_body_util::BodyExt;
+use common::web::{req, send, Answer};
 use lockwarden::{LockClient, LockLayer};
 use lockwarden_testkit::RedisServer;
-use tower::ServiceExt;
 
 const WAIT: Duration = Duration::from_millis(200);
 const COMMAND_TIMEOUT: Duration = Duration::from_millis(300);
@@ -29,21 +29,9 @@ fn app(layer: LockLayer<lockwarden::http::FromHeader>) -> Router {
         .layer(layer)
 }
 
-async fn send(app: &Router) -> (StatusCode, serde_json::Value, String) {
-    let request = Request::post("/")
-        .header("idempotency-key", "k")
-        .body(Body::empty())
-        .expect("request");
-    let response = app.clone().oneshot(request).await.expect("infallible");
-    let status = response.status();
-    let bytes = response
-        .into_body()
-        .collect()
-        .await
-        .expect("body")
-        .to_bytes();
-    let json = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
-    (status, json, String::from_utf8_lossy(&bytes).into_owned())
+/// One request with the key `k`.
+async fn call(app: &Router) -> Answer {
+    send(app, req("/", Some("k"))).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -52,14 +40,16 @@ async fn killed_redis_is_503_within_the_budget() {
     let app = app(LockLayer::by_header("Idempotency-Key")
         .client(client(&server).await)
         .wait(WAIT));
-    assert_eq!(send(&app).await.0, StatusCode::OK);
+    assert_eq!(call(&app).await.status, StatusCode::OK);
     server.kill();
     let started = Instant::now();
-    let (status, json, _) = send(&app).await;
+    let answer = call(&app).await;
     let took = started.elapsed();
-    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(json["type"], "urn:lockwarden:problem:lock-unavailable");
-    assert_eq!(json["status"], 503);
+    assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        answer.problem_type(),
+        "urn:lockwarden:problem:lock-unavailable"
+    );
     assert!(
         took <= WAIT + COMMAND_TIMEOUT + Duration::from_millis(300),
         "took {took:?}"
@@ -72,10 +62,10 @@ async fn paused_redis_is_503_within_the_budget() {
     let app = app(LockLayer::by_header("Idempotency-Key")
         .client(client(&server).await)
         .wait(WAIT));
-    assert_eq!(send(&app).await.0, StatusCode::OK);
+    assert_eq!(call(&app).await.status, StatusCode::OK);
     server.pause();
     let started = Instant::now();
-    let (status, _, _) = send(&app).await;
+    let status = call(&app).await.status;
     let took = started.elapsed();
     server.resume();
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
@@ -93,7 +83,7 @@ async fn fail_open_passes_through_unlocked() {
         .wait(WAIT)
         .fail_open());
     server.kill();
-    let (status, _, body) = send(&app).await;
-    assert_eq!(status, StatusCode::OK);
-    assert_eq!(body, "handled");
+    let answer = call(&app).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(answer.body, "handled");
 }

@@ -2,26 +2,20 @@
 //! `REDIS_URL`, 503 while that is unreachable, and a new connection attempt on a later
 //! request. One test in this binary, as the default client is process-wide.
 
+mod common;
+
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::http::{Request, StatusCode};
+use axum::http::StatusCode;
 use axum::routing::post;
 use axum::Router;
+use common::web::{req, send};
 use lockwarden::LockLayer;
 use lockwarden_testkit::RedisServer;
-use tower::ServiceExt;
 
+/// One request with the key `default`; its status.
 async fn status(app: &Router) -> StatusCode {
-    let request = Request::post("/")
-        .header("idempotency-key", "default")
-        .body(Body::empty())
-        .expect("request");
-    app.clone()
-        .oneshot(request)
-        .await
-        .expect("infallible")
-        .status()
+    send(app, req("/", Some("default"))).await.status
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -49,6 +43,6 @@ async fn default_client_connects_lazily_and_retries_after_a_failure() {
     let client = lockwarden::default_client().await.expect("connected");
     assert_eq!(client.backend_name(), "redis");
     // The lock was taken in that server.
-    let keys: Vec<String> = server.query(&["KEYS", "lockwarden:*"]).expect("KEYS");
+    let keys = server.keys_matching("lockwarden:*");
     assert!(keys.iter().any(|k| k.contains("http:default")), "{keys:?}");
 }

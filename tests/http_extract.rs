@@ -5,17 +5,15 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use axum::body::Body;
 use axum::extract::{FromRequestParts, Path};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, Request, StatusCode};
+use axum::http::StatusCode;
 use axum::routing::post;
 use axum::{Extension, Router};
+use common::web::{req, send, Answer};
 use common::Env;
-use http_body_util::BodyExt;
 use lockwarden::{LockClient, LockKey, LockLayer, Locked, StateLocked};
 use lockwarden_testkit::RedisServer;
-use tower::ServiceExt;
 
 conformance!(
     extractor_holds_the_lock_for_the_handler_and_answers_409,
@@ -80,22 +78,9 @@ fn app(client: &LockClient) -> Router {
         .layer(Extension(client.clone()))
 }
 
-struct Answer {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: String,
-}
-
-async fn send(app: &Router, path: &str) -> Answer {
-    let request = Request::post(path).body(Body::empty()).expect("request");
-    let response = app.clone().oneshot(request).await.expect("infallible");
-    let (parts, body) = response.into_parts();
-    let bytes = body.collect().await.expect("body").to_bytes();
-    Answer {
-        status: parts.status,
-        headers: parts.headers,
-        body: String::from_utf8_lossy(&bytes).into_owned(),
-    }
+/// Posts to `path` (no body, no key header).
+async fn call(app: &Router, path: &str) -> Answer {
+    send(app, req(path, None)).await
 }
 
 async fn wait_free(client: &LockClient, name: &str) {
@@ -109,48 +94,40 @@ async fn wait_free(client: &LockClient, name: &str) {
     }
 }
 
+/// Asserts a `lock-busy` problem with this status and a `Retry-After` of at least 1 s.
 fn assert_busy(answer: &Answer, status: u16) {
-    assert_eq!(answer.status.as_u16(), status, "{}", answer.body);
-    assert_eq!(answer.headers["content-type"], "application/problem+json");
-    let retry: u64 = answer.headers["retry-after"]
-        .to_str()
-        .expect("ascii")
-        .parse()
-        .expect("seconds");
-    assert!(retry >= 1);
-    let json: serde_json::Value = serde_json::from_str(&answer.body).expect("json");
-    assert_eq!(json["status"], status);
-    assert_eq!(json["type"], "urn:lockwarden:problem:lock-busy");
+    answer.assert_problem(status, "lock-busy");
+    assert!(answer.retry_after() >= 1);
 }
 
 async fn extractor_holds_the_lock_for_the_handler_and_answers_409(env: Env) {
     let client = env.client().await;
     let app = app(&client);
-    let (first, second) = tokio::join!(send(&app, "/orders/7/ship"), async {
+    let (first, second) = tokio::join!(call(&app, "/orders/7/ship"), async {
         tokio::time::sleep(Duration::from_millis(100)).await;
         // Mid-handler: the destructured `order` still holds the lock.
         assert!(client.lock("order:7").is_locked().await.expect("is_locked"));
-        send(&app, "/orders/7/ship").await
+        call(&app, "/orders/7/ship").await
     });
     assert_eq!(first.status, StatusCode::OK);
-    assert!(first.body.starts_with("shipped 7 with token "));
+    assert!(first.text().starts_with("shipped 7 with token "));
     assert_busy(&second, 409);
     // Released when the handler returned.
     wait_free(&client, "order:7").await;
     // Another order is another lock.
-    assert_eq!(send(&app, "/orders/8/ship").await.status, StatusCode::OK);
+    assert_eq!(call(&app, "/orders/8/ship").await.status, StatusCode::OK);
 }
 
 async fn extractor_passes_the_key_rejection_through(env: Env) {
     let client = env.client().await;
-    let answer = send(&app(&client), "/orders/not-a-number/ship").await;
+    let answer = call(&app(&client), "/orders/not-a-number/ship").await;
     assert_eq!(answer.status, StatusCode::BAD_REQUEST);
     assert_ne!(
         answer.headers.get("content-type").map(|v| v.as_bytes()),
         Some(&b"application/problem+json"[..]),
         "axum's own Path rejection, not ours"
     );
-    assert!(answer.body.contains("Cannot parse"), "{}", answer.body);
+    assert!(answer.text().contains("Cannot parse"), "{}", answer.text());
 }
 
 async fn extractor_reenters_inside_a_lock_layer_request(env: Env) {
@@ -164,13 +141,13 @@ async fn extractor_reenters_inside_a_lock_layer_request(env: Env) {
                 .client(client.clone())
                 .namespace("order:"),
         );
-    let answer = send(&app, "/orders/9/ship").await;
-    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    let answer = call(&app, "/orders/9/ship").await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
     // Both holds (layer and extractor) are given back; on Redis in the background.
     wait_free(&client, "order:9").await;
-    let (again, busy) = tokio::join!(send(&app, "/orders/9/ship"), async {
+    let (again, busy) = tokio::join!(call(&app, "/orders/9/ship"), async {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        send(&app, "/orders/9/ship").await
+        call(&app, "/orders/9/ship").await
     });
     assert_eq!(again.status, StatusCode::OK);
     // The second request is stopped by the layer already.
@@ -181,9 +158,9 @@ async fn extractor_waits_and_answers_423_as_configured(env: Env) {
     let client = env.client().await;
     let app = app(&client);
     // Queues behind a 300 ms handler within its 2 s budget.
-    let (first, second) = tokio::join!(send(&app, "/orders/5/patient"), async {
+    let (first, second) = tokio::join!(call(&app, "/orders/5/patient"), async {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        send(&app, "/orders/5/patient").await
+        call(&app, "/orders/5/patient").await
     });
     assert_eq!(
         (first.status, second.status),
@@ -197,7 +174,7 @@ async fn extractor_waits_and_answers_423_as_configured(env: Env) {
         .await
         .expect("acquire");
     let started = Instant::now();
-    let answer = send(&app, "/orders/5/patient").await;
+    let answer = call(&app, "/orders/5/patient").await;
     assert!(started.elapsed() >= Duration::from_secs(2));
     assert_busy(&answer, 423);
     held.release().await.expect("release");
@@ -209,9 +186,9 @@ async fn extractor_takes_the_client_from_the_state(env: Env) {
         .route("/orders/{id}/ship", post(ship))
         .with_state(client.clone());
     let held = client.acquire("order:11").await.expect("acquire");
-    assert_busy(&send(&app, "/orders/11/ship").await, 409);
+    assert_busy(&call(&app, "/orders/11/ship").await, 409);
     held.release().await.expect("release");
-    assert_eq!(send(&app, "/orders/11/ship").await.status, StatusCode::OK);
+    assert_eq!(call(&app, "/orders/11/ship").await.status, StatusCode::OK);
 }
 
 #[derive(Clone)]
@@ -239,9 +216,9 @@ async fn state_locked_takes_the_client_with_from_ref(env: Env) {
             locks: client.clone(),
         });
     let held = client.acquire("order:12").await.expect("acquire");
-    assert_busy(&send(&app, "/orders/12/ship").await, 409);
+    assert_busy(&call(&app, "/orders/12/ship").await, 409);
     held.release().await.expect("release");
-    let answer = send(&app, "/orders/12/ship").await;
+    let answer = call(&app, "/orders/12/ship").await;
     assert_eq!(answer.status, StatusCode::OK);
 }
 
@@ -256,10 +233,10 @@ async fn extractor_answers_503_when_redis_is_down() {
     let app = app(&client);
     server.kill();
     let started = Instant::now();
-    let answer = send(&app, "/orders/1/ship").await;
+    let answer = call(&app, "/orders/1/ship").await;
     assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
     assert!(answer
-        .body
+        .text()
         .contains("urn:lockwarden:problem:lock-unavailable"));
     assert!(started.elapsed() < Duration::from_secs(1));
 }

@@ -10,9 +10,10 @@ use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Extension, State};
-use axum::http::{HeaderMap, Request, StatusCode};
+use axum::http::{Request, StatusCode};
 use axum::routing::post;
 use axum::Router;
+use common::web::{req, send};
 use common::Env;
 use futures_util::FutureExt;
 use http_body_util::BodyExt;
@@ -130,56 +131,6 @@ macro_rules! app {
             .layer($layer)
             .with_state($probe.clone())
     };
-}
-
-fn req(path: &str, key: Option<&str>) -> Request<Body> {
-    let mut builder = Request::post(path);
-    if let Some(key) = key {
-        builder = builder.header("idempotency-key", key);
-    }
-    builder.body(Body::empty()).expect("request")
-}
-
-struct Answer {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: Bytes,
-}
-
-impl Answer {
-    fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body).expect("problem+json body")
-    }
-
-    /// Asserts an RFC 9457 problem document with this status and `type` slug.
-    fn assert_problem(&self, status: u16, slug: &str) {
-        assert_eq!(self.status.as_u16(), status, "{:?}", self.body);
-        assert_eq!(self.headers["content-type"], "application/problem+json");
-        let json = self.json();
-        assert_eq!(json["status"], status);
-        assert_eq!(json["type"], format!("urn:lockwarden:problem:{slug}"));
-        assert!(json["title"].as_str().is_some_and(|t| !t.is_empty()));
-        assert!(json["detail"].as_str().is_some_and(|d| !d.is_empty()));
-    }
-
-    fn retry_after(&self) -> u64 {
-        self.headers["retry-after"]
-            .to_str()
-            .expect("ascii")
-            .parse()
-            .expect("whole seconds")
-    }
-}
-
-async fn send(app: &Router, request: Request<Body>) -> Answer {
-    let response = app.clone().oneshot(request).await.expect("infallible");
-    let (parts, body) = response.into_parts();
-    let body = body.collect().await.expect("body").to_bytes();
-    Answer {
-        status: parts.status,
-        headers: parts.headers,
-        body,
-    }
 }
 
 /// Whether `name` becomes free within `within`.

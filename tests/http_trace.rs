@@ -1,18 +1,18 @@
 //! The request span of the lock layer: one `lock_request` span per request with the key
 //! (or its hash when redacted), the wait time, the outcome and the hold time.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::http::{Request, StatusCode};
+use axum::http::StatusCode;
 use axum::routing::post;
 use axum::Router;
-use http_body_util::BodyExt;
+use common::web::{req, send};
 use lockwarden::{LockClient, LockLayer};
 use lockwarden_testkit::RedisServer;
-use tower::ServiceExt;
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing_subscriber::layer::{Context, SubscriberExt};
@@ -91,19 +91,9 @@ fn app(layer: LockLayer<lockwarden::http::FromHeader>) -> Router {
         .layer(layer)
 }
 
-async fn send(app: &Router, key: Option<&str>) -> StatusCode {
-    let mut request = Request::post("/");
-    if let Some(key) = key {
-        request = request.header("idempotency-key", key);
-    }
-    let response = app
-        .clone()
-        .oneshot(request.body(Body::empty()).unwrap())
-        .await
-        .unwrap();
-    let status = response.status();
-    response.into_body().collect().await.unwrap();
-    status
+/// One request (with `Idempotency-Key: <key>` if given); its status.
+async fn status(app: &Router, key: Option<&str>) -> StatusCode {
+    send(app, req("/", key)).await.status
 }
 
 /// Promise: each request gets one span with key, wait_ms, outcome and (when it held the
@@ -116,16 +106,16 @@ async fn one_span_per_request_with_key_wait_outcome_and_hold() {
     let client = LockClient::in_memory();
 
     let plain = app(LockLayer::by_header("Idempotency-Key").client(client.clone()));
-    assert_eq!(send(&plain, Some("order-1")).await, StatusCode::OK);
+    assert_eq!(status(&plain, Some("order-1")).await, StatusCode::OK);
     let held = client.acquire("http:order-2").await.unwrap();
-    assert_eq!(send(&plain, Some("order-2")).await, StatusCode::CONFLICT);
+    assert_eq!(status(&plain, Some("order-2")).await, StatusCode::CONFLICT);
     held.release().await.unwrap();
-    assert_eq!(send(&plain, None).await, StatusCode::BAD_REQUEST);
+    assert_eq!(status(&plain, None).await, StatusCode::BAD_REQUEST);
     let redacted = app(LockLayer::by_header("Idempotency-Key")
         .client(client.clone())
         .redact_keys());
     assert_eq!(
-        send(&redacted, Some("secret-customer-key")).await,
+        status(&redacted, Some("secret-customer-key")).await,
         StatusCode::OK
     );
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -167,7 +157,10 @@ async fn backend_errors_are_the_outcome_when_redis_is_down() {
     let app = app(LockLayer::by_header("Idempotency-Key")
         .client(client)
         .wait(Duration::from_millis(200)));
-    assert_eq!(send(&app, Some("k")).await, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        status(&app, Some("k")).await,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
     let spans = spans.take();
     assert_eq!(spans.len(), 1, "{spans:#?}");
     assert_eq!(spans[0]["outcome"], "backend error");

@@ -1,85 +1,15 @@
-//! Shared set-up for integration tests: a lock store that is either in-process or a
-//! real throw-away `redis-server`.
+//! Shared set-up for the root package's (HTTP) integration tests.
+//!
+//! The lock stores (`Env`), the `conformance!` macro and the key layout oracle are the
+//! engine's, shared from `crates/lockwarden-core/tests/common` rather than copied; they
+//! name `lockwarden_core`, which is `lockwarden`'s re-exported core.
 #![allow(dead_code)]
 
-use std::sync::OnceLock;
+#[path = "../../crates/lockwarden-core/tests/common/mod.rs"]
+mod engine;
 
-use lockwarden::{LockClient, LockClientBuilder};
-use lockwarden_testkit::RedisServer;
+// Not every test binary uses the engine's helpers.
+#[allow(unused_imports)]
+pub use engine::*;
 
-/// Where the locks live for one test.
-pub struct Env {
-    pub server: Option<RedisServer>,
-    /// The in-process store is per client; every `client()` of a memory env shares it.
-    memory: OnceLock<LockClient>,
-}
-
-impl Env {
-    pub fn memory() -> Self {
-        Self {
-            server: None,
-            memory: OnceLock::new(),
-        }
-    }
-
-    pub fn redis() -> Self {
-        Self {
-            server: Some(RedisServer::start().expect("start redis-server")),
-            memory: OnceLock::new(),
-        }
-    }
-
-    pub fn is_redis(&self) -> bool {
-        self.server.is_some()
-    }
-
-    pub fn server(&self) -> &RedisServer {
-        self.server.as_ref().expect("a redis env")
-    }
-
-    /// A client with default settings: a new connection on Redis, the shared store in-process.
-    pub async fn client(&self) -> LockClient {
-        self.client_with(|b| b).await
-    }
-
-    /// A client with settings; in-process, the first call's settings apply to all.
-    pub async fn client_with(
-        &self,
-        configure: impl FnOnce(LockClientBuilder) -> LockClientBuilder,
-    ) -> LockClient {
-        match &self.server {
-            Some(server) => configure(LockClient::builder())
-                .connect(&server.url())
-                .await
-                .expect("connect to redis-server"),
-            None => self
-                .memory
-                .get_or_init(|| configure(LockClient::builder()).in_memory())
-                .clone(),
-        }
-    }
-}
-
-/// Runs each listed async test body against both stores:
-/// `conformance!(name, ...)` makes `memory::name` and `redis::name`.
-#[macro_export]
-macro_rules! conformance {
-    ($($name:ident),* $(,)?) => {
-        mod memory {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name($crate::common::Env::memory()).await;
-                }
-            )*
-        }
-        mod redis {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name($crate::common::Env::redis()).await;
-                }
-            )*
-        }
-    };
-}
+pub mod web;

@@ -22,6 +22,21 @@
 //! The binary is `$REDIS_SERVER` if that is set, otherwise `redis-server` on
 //! `PATH`; [`redis_server_available`] reports whether one can be found.
 //!
+//! For assertions:
+//!
+//! * probes on [`RedisServer`] that ask the server what happened:
+//!   [`pttl`](RedisServer::pttl), [`exists`](RedisServer::exists),
+//!   [`command_calls`](RedisServer::command_calls) (`INFO commandstats`),
+//!   [`subscribers`](RedisServer::subscribers) (`PUBSUB NUMSUB`),
+//!   [`channels`](RedisServer::channels) (`PUBSUB CHANNELS`),
+//!   [`clients`](RedisServer::clients) (`CLIENT LIST`) and
+//!   [`keys_matching`](RedisServer::keys_matching) (`SCAN`); on
+//!   [`RedisCluster`], [`pttl`](RedisCluster::pttl) and
+//!   [`exists_on`](RedisCluster::exists_on);
+//! * [`eventually`], which polls a condition within a bound;
+//! * [`TestProcess`] and [`run_child`], for tests that re-execute their own
+//!   binary to get a second process (to SIGKILL, or many at once).
+//!
 //! ```no_run
 //! use lockwarden_testkit::RedisServer;
 //!
@@ -36,11 +51,17 @@
 
 #![warn(missing_docs)]
 
+mod child;
 mod cluster;
+mod eventually;
+mod probe;
 mod sentinel;
 mod server;
 
+pub use child::{run_child, TestProcess};
 pub use cluster::RedisCluster;
+pub use eventually::{eventually, POLL_INTERVAL};
+pub use probe::ClientInfo;
 pub use sentinel::RedisSentinel;
 pub use server::{redis_server_available, RedisServer};
 

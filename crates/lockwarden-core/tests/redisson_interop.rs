@@ -6,10 +6,13 @@
 //! `PEXPIRE` lease; unlock deletes at zero and publishes `0` on
 //! `redisson_lock__channel:{<name>}`), restated here as small scripts.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
+use common::{connect_with, finishes, spawn_timed};
 use futures_util::StreamExt;
-use lockwarden::{KeyLayout, LockClient, LockError};
+use lockwarden_core::{KeyLayout, LockClient, LockError};
 use lockwarden_testkit::RedisServer;
 
 /// RLock.tryLockInnerAsync, restated: nil when taken or re-entered, else the PTTL.
@@ -62,11 +65,7 @@ fn jvm_unlock(server: &RedisServer, name: &str) -> Option<i64> {
 }
 
 async fn interop_client(server: &RedisServer) -> LockClient {
-    LockClient::builder()
-        .layout(KeyLayout::Redisson)
-        .connect(&server.url())
-        .await
-        .unwrap()
+    connect_with(&server.url(), |b| b.layout(KeyLayout::Redisson)).await
 }
 
 /// Promise: a lockwarden lock in the Redisson layout is what RLock writes: a hash named
@@ -105,23 +104,19 @@ async fn a_redisson_unlock_wakes_a_lockwarden_waiter() {
         client.try_acquire("invoice:7", Duration::ZERO).await,
         Err(LockError::Timeout { .. })
     ));
-    let waiter = tokio::spawn({
+    let waiter = spawn_timed({
         let client = client.clone();
         async move {
-            let guard = client
+            client
                 .try_acquire("invoice:7", Duration::from_secs(20))
                 .await
-                .unwrap();
-            (Instant::now(), guard)
         }
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     let unlocked = Instant::now();
     assert_eq!(jvm_unlock(&server, "invoice:7"), Some(1));
-    let (acquired, guard) = tokio::time::timeout(Duration::from_secs(10), waiter)
-        .await
-        .unwrap()
-        .unwrap();
+    let (guard, acquired) = finishes(Duration::from_secs(10), "the waiter finishes", waiter).await;
+    let guard = guard.unwrap();
     assert!(
         acquired.duration_since(unlocked) < Duration::from_secs(2),
         "woken {:?} after the unlock",
@@ -174,6 +169,8 @@ async fn braces_are_refused_in_the_redisson_layout() {
         .in_memory();
     assert!(matches!(
         client.acquire("a{b}").await,
-        Err(LockError::InvalidKey(lockwarden::KeyError::Brace { at: 1 }))
+        Err(LockError::InvalidKey(lockwarden_core::KeyError::Brace {
+            at: 1
+        }))
     ));
 }

@@ -7,13 +7,13 @@
 //! The holder is this test binary itself, re-executed as a child process that runs only
 //! [`holder_child`] (see [`HOLDER_ENV`]); run normally, `holder_child` returns at once.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+mod common;
+
 use std::time::{Duration, Instant};
 
-use lockwarden::LockClient;
-use lockwarden_testkit::RedisServer;
+use common::{connect_with, finishes, hold_until_killed, spawn_timed};
+use lockwarden_core::LockClient;
+use lockwarden_testkit::{run_child, RedisServer, TestProcess};
 
 /// Set (to a Redis URL) only in the re-executed child: it makes [`holder_child`] act as
 /// the holder process.
@@ -31,42 +31,15 @@ const LEASE: Duration = Duration::from_millis(1500);
 /// while its watchdog keeps renewing, until the parent SIGKILLs it.
 #[test]
 fn holder_child() {
-    let Ok(url) = std::env::var(HOLDER_ENV) else {
-        return;
-    };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async move {
-        let client = LockClient::builder()
-            .watchdog_timeout(LEASE)
-            .connect(&url)
-            .await
-            .unwrap();
+    run_child(HOLDER_ENV, |url| async move {
+        let client = connect_with(&url, |b| b.watchdog_timeout(LEASE)).await;
         let guard = client
             .try_acquire(LOCK, Duration::from_secs(10))
             .await
             .unwrap();
-        println!("HELD {} {}", guard.fencing_token(), guard.holder().id());
-        tokio::time::sleep(Duration::from_secs(120)).await;
-        drop(guard);
+        let line = format!("HELD {} {}", guard.fencing_token(), guard.holder().id());
+        hold_until_killed(line, guard).await;
     });
-}
-
-/// Kills (SIGKILL) and reaps the child when dropped, so a failing test leaves no process.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn pttl(server: &RedisServer, key: &str) -> i64 {
-    server.query(&["PTTL", key]).unwrap()
 }
 
 /// Promise: when the process holding a watchdog lock is SIGKILLed, a waiter in another
@@ -83,46 +56,16 @@ fn pttl(server: &RedisServer, key: &str) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_of_a_killed_holder_process_is_taken_over_after_its_last_lease() {
     let server = RedisServer::start().unwrap();
-    let exe = std::env::current_exe().unwrap();
-    let mut child = Reaped(
-        Command::new(exe)
-            .args(["--exact", CHILD_TEST, "--nocapture", "--test-threads=1"])
-            .env(HOLDER_ENV, server.url())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap(),
-    );
-
-    // Read the child's stdout on a thread, so waiting for `HELD` is bounded.
-    let stdout = child.0.stdout.take().unwrap();
-    let (lines_tx, lines_rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if lines_tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let (child_token, child_holder) = loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let line = lines_rx
-            .recv_timeout(left)
-            .expect("the holder process prints HELD within 30 s");
-        // libtest may have written `test holder_child ... ` on the same line.
-        if let Some((_, rest)) = line.split_once("HELD ") {
-            let (token, holder) = rest.split_once(' ').unwrap();
-            break (token.parse::<u64>().unwrap(), holder.to_owned());
-        }
-    };
+    let mut child = TestProcess::spawn(CHILD_TEST, &[(HOLDER_ENV, &server.url())]).unwrap();
+    let held = child.wait_for_line("HELD ", Duration::from_secs(30));
+    let (token, child_holder) = held.split_once(' ').unwrap();
+    let child_token: u64 = token.parse().unwrap();
     let held_at = Instant::now();
 
     // Outlive one whole lease: the lock can only still be there if the child's watchdog
     // renewed it.
     tokio::time::sleep(LEASE + Duration::from_millis(300)).await;
-    let count: Option<String> = server.query(&["HGET", LOCK_KEY, &child_holder]).unwrap();
+    let count: Option<String> = server.query(&["HGET", LOCK_KEY, child_holder]).unwrap();
     assert_eq!(
         count.as_deref(),
         Some("1"),
@@ -134,10 +77,7 @@ async fn lock_of_a_killed_holder_process_is_taken_over_after_its_last_lease() {
     let waiter = LockClient::connect(&server.url()).await.unwrap();
     let task = {
         let waiter = waiter.clone();
-        tokio::spawn(async move {
-            let guard = waiter.try_acquire(LOCK, Duration::from_secs(10)).await;
-            (Instant::now(), guard)
-        })
+        spawn_timed(async move { waiter.try_acquire(LOCK, Duration::from_secs(10)).await })
     };
     // Off the renewal beat (renewals every 500 ms from HELD), so the kill usually lands
     // mid-interval and the dead holder's lease has less than a full lease left.
@@ -145,20 +85,16 @@ async fn lock_of_a_killed_holder_process_is_taken_over_after_its_last_lease() {
     assert!(!task.is_finished(), "the waiter got a lock that is held");
 
     let asked_at = Instant::now();
-    let ttl = pttl(&server, LOCK_KEY);
-    child.0.kill().unwrap();
+    let ttl = server.pttl(LOCK_KEY);
+    child.kill();
     let killed_at = Instant::now();
-    child.0.wait().unwrap();
     assert!(
         ttl > 0 && ttl <= LEASE.as_millis() as i64,
         "PTTL before the kill: {ttl}"
     );
     let ttl = Duration::from_millis(ttl as u64);
 
-    let (acquired_at, guard) = tokio::time::timeout(Duration::from_secs(15), task)
-        .await
-        .expect("the waiter finishes")
-        .unwrap();
+    let (guard, acquired_at) = finishes(Duration::from_secs(15), "the waiter finishes", task).await;
     let guard = guard.expect("the waiter acquires the dead holder's lock");
     let takeover = acquired_at.saturating_duration_since(killed_at);
     println!(

@@ -7,15 +7,14 @@
 mod common;
 
 use std::future::Future;
-use std::io::{BufRead, BufReader};
 use std::pin::pin;
-use std::process::{Child, Command, Stdio};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::Env;
-use lockwarden::{Claim, FairLock, LockClient, LockError, LockGuard};
-use lockwarden_testkit::RedisServer;
+use common::{finishes, take_and_release, Env};
+use lockwarden_core::{Claim, FairLock, LockClient, LockError, LockGuard};
+use lockwarden_testkit::{eventually, run_child, RedisServer, TestProcess};
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 conformance!(
@@ -33,18 +32,12 @@ const PATIENT: Duration = Duration::from_secs(30);
 
 /// Waits (bounded) until `lock` has `n` waiters queued.
 async fn queued(lock: &FairLock, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let now = lock.queued().await.unwrap();
-        if now == n {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the queue stayed at {now} waiters, never {n}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    eventually(
+        Duration::from_secs(10),
+        format_args!("{n} waiters queued"),
+        || async { lock.queued().await.unwrap() == n },
+    )
+    .await;
 }
 
 /// Promise: under contention the lock goes to the waiters in the order they arrived,
@@ -75,10 +68,7 @@ async fn acquisition_order_is_arrival_order(env: Env) {
     assert!(order.lock().unwrap().is_empty(), "a waiter got a held lock");
     held.release().await.unwrap();
     for task in tasks {
-        tokio::time::timeout(Duration::from_secs(20), task)
-            .await
-            .expect("every waiter gets its turn")
-            .unwrap();
+        finishes(Duration::from_secs(20), "every waiter gets its turn", task).await;
     }
     let order = order.lock().unwrap().clone();
     let arrivals: Vec<usize> = order.iter().map(|(i, _)| *i).collect();
@@ -188,11 +178,13 @@ async fn waiters_that_give_up_leave_the_queue(env: Env) {
 
     let released = Instant::now();
     held.release().await.unwrap();
-    let guard = tokio::time::timeout(Duration::from_secs(5), behind)
-        .await
-        .expect("the waiter behind the ones that gave up is not stalled")
-        .unwrap()
-        .unwrap();
+    let guard = finishes(
+        Duration::from_secs(5),
+        "the waiter behind the ones that gave up is not stalled",
+        behind,
+    )
+    .await
+    .unwrap();
     assert!(
         released.elapsed() < Duration::from_secs(2),
         "took {:?}",
@@ -220,22 +212,13 @@ async fn cancelled_acquires_leave_no_queue_and_no_lock(env: Env) {
     }
     // Background leaves and releases finish soon; a queued leftover would stay 30 s.
     let lock = client.fair_lock("cut");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while lock.queued().await.unwrap() > 0 || lock.is_locked().await.unwrap() {
-        assert!(
-            Instant::now() < deadline,
-            "left behind: {} queued, locked: {}",
-            lock.queued().await.unwrap(),
-            lock.is_locked().await.unwrap()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    lock.try_acquire(Duration::ZERO)
-        .await
-        .expect("free and nobody queued")
-        .release()
-        .await
-        .unwrap();
+    eventually(
+        Duration::from_secs(5),
+        "no waiter queued and no lock held",
+        || async { lock.queued().await.unwrap() == 0 && !lock.is_locked().await.unwrap() },
+    )
+    .await;
+    take_and_release("free and nobody queued", lock.try_acquire(Duration::ZERO)).await;
 }
 
 /// Promise: held, a fair lock is an ordinary lock: re-entrant per holder with one
@@ -274,24 +257,32 @@ async fn reentry_fencing_and_watchdog(env: Env) {
     next.release().await.unwrap();
 }
 
-/// Promise: a guard dropped without `release().await` frees the lock and wakes the head
-/// (on Redis through the batched release of dropped guards).
-async fn dropped_guard_hands_over_to_the_head(env: Env) {
-    let client = env.client().await;
-    let other = env.client().await;
-    let held = client.fair_lock("drop").acquire().await.unwrap();
-    let lock = other.fair_lock("drop").queue_timeout(PATIENT);
+/// `name` held by `client`, and a waiter of another client queued for it (keeping its
+/// place for 30 s), whose acquire the returned task runs.
+async fn held_with_a_queued_head(
+    env: &Env,
+    client: &LockClient,
+    name: &str,
+) -> (LockGuard, JoinHandle<Result<LockGuard, LockError>>) {
+    let held = client.fair_lock(name).acquire().await.unwrap();
+    let lock = env.client().await.fair_lock(name).queue_timeout(PATIENT);
     let waiter = tokio::spawn({
         let lock = lock.clone();
         async move { lock.acquire().await }
     });
     queued(&lock, 1).await;
+    (held, waiter)
+}
+
+/// Promise: a guard dropped without `release().await` frees the lock and wakes the head
+/// (on Redis through the batched release of dropped guards).
+async fn dropped_guard_hands_over_to_the_head(env: Env) {
+    let client = env.client().await;
+    let (held, waiter) = held_with_a_queued_head(&env, &client, "drop").await;
     let dropped = Instant::now();
     drop(held);
-    let guard = tokio::time::timeout(Duration::from_secs(5), waiter)
+    let guard = finishes(Duration::from_secs(5), "the head is woken", waiter)
         .await
-        .expect("the head is woken")
-        .unwrap()
         .unwrap();
     assert!(
         dropped.elapsed() < Duration::from_secs(2),
@@ -305,21 +296,12 @@ async fn dropped_guard_hands_over_to_the_head(env: Env) {
 /// the outcome), and still hands the lock to the head of the queue.
 async fn completing_a_fair_hold_stores_the_outcome_and_hands_over(env: Env) {
     let client = env.client().await;
-    let other = env.client().await;
-    let held = client.fair_lock("done").acquire().await.unwrap();
-    let lock = other.fair_lock("done").queue_timeout(PATIENT);
-    let waiter = tokio::spawn({
-        let lock = lock.clone();
-        async move { lock.acquire().await }
-    });
-    queued(&lock, 1).await;
+    let (held, waiter) = held_with_a_queued_head(&env, &client, "done").await;
     held.complete(b"42 rows".to_vec(), Duration::from_secs(60))
         .await
         .unwrap();
-    let guard = tokio::time::timeout(Duration::from_secs(5), waiter)
+    let guard = finishes(Duration::from_secs(5), "the head is woken", waiter)
         .await
-        .expect("the head is woken")
-        .unwrap()
         .unwrap();
     guard.release().await.unwrap();
     match client.lock("done").try_claim(Duration::ZERO).await.unwrap() {
@@ -329,14 +311,6 @@ async fn completing_a_fair_hold_stores_the_outcome_and_hands_over(env: Env) {
 }
 
 // --- Redis only ---------------------------------------------------------------------
-
-fn evalsha_calls(server: &RedisServer) -> u64 {
-    let info: String = server.query(&["INFO", "commandstats"]).unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().unwrap())
-}
 
 /// Promise: a release wakes the head of the queue only: the waiters behind it make no
 /// attempt (counted by Redis itself: EVALSHA calls), where a broadcast would make each
@@ -348,14 +322,7 @@ async fn only_the_head_is_woken() {
     let server = env.server();
     let owner = env.client().await;
     // Loads the fair scripts, so the counted calls are single EVALSHAs.
-    owner
-        .fair_lock("warm-up")
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    take_and_release("warm-up", owner.fair_lock("warm-up").acquire()).await;
     // Fixed leases: no watchdog renewals in the count.
     let lease = Duration::from_secs(60);
     let held = owner
@@ -383,32 +350,26 @@ async fn only_the_head_is_woken() {
         queued(&lock, i + 1).await;
     }
     // Every waiter subscribed to its own channel, and no attempt in flight any more.
-    let settled = Instant::now() + Duration::from_secs(10);
-    loop {
-        let mut args = vec!["PUBSUB", "NUMSUB"];
-        args.extend(channels.iter().map(String::as_str));
-        let counts: Vec<(String, u64)> = server.query(&args).unwrap();
-        let before = evalsha_calls(server);
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        if counts.iter().all(|(_, n)| *n == 1) && evalsha_calls(server) == before {
-            break;
-        }
-        assert!(
-            Instant::now() < settled,
-            "waiters never settled: {counts:?}"
-        );
-    }
+    eventually(
+        Duration::from_secs(10),
+        "every waiter subscribed, no attempt in flight",
+        || async {
+            let before = server.command_calls("evalsha");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            channels.iter().all(|c| server.subscribers(c) == 1)
+                && server.command_calls("evalsha") == before
+        },
+    )
+    .await;
 
-    let before = evalsha_calls(server);
+    let before = server.command_calls("evalsha");
     held.release().await.unwrap();
-    let (first, guard) = tokio::time::timeout(Duration::from_secs(5), tasks.remove(0))
-        .await
-        .expect("the head is woken")
-        .unwrap();
+    let (first, guard) =
+        finishes(Duration::from_secs(5), "the head is woken", tasks.remove(0)).await;
     assert_eq!(first, 0);
     // Give woken non-heads time to show up: each would add one EVALSHA.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let calls = evalsha_calls(server) - before;
+    let calls = server.command_calls("evalsha") - before;
     assert_eq!(
         calls,
         2,
@@ -419,10 +380,7 @@ async fn only_the_head_is_woken() {
     assert_eq!(owner.fair_lock("head").queued().await.unwrap(), WAITERS - 1);
     guard.release().await.unwrap();
     for task in tasks {
-        let (_, guard) = tokio::time::timeout(Duration::from_secs(5), task)
-            .await
-            .expect("each waiter gets its turn")
-            .unwrap();
+        let (_, guard) = finishes(Duration::from_secs(5), "each waiter gets its turn", task).await;
         guard.release().await.unwrap();
     }
 }
@@ -443,15 +401,7 @@ const CHILD_QUEUE_TIMEOUT: Duration = Duration::from_millis(1500);
 /// the parent SIGKILLs it (at most 120 s, in case the parent died).
 #[test]
 fn waiter_child() {
-    let Ok(url) = std::env::var(WAITER_ENV) else {
-        return;
-    };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async move {
+    run_child(WAITER_ENV, |url| async move {
         let client = LockClient::connect(&url).await.unwrap();
         let me = client.holder();
         println!("WAITING {}", me.id());
@@ -462,16 +412,6 @@ fn waiter_child() {
         let got = lock.try_acquire(Duration::from_secs(120)).await;
         println!("UNEXPECTED {got:?}");
     });
-}
-
-/// Kills (SIGKILL) and reaps the child when dropped, so a failing test leaves no process.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// Server clock in ms, the clock of the queue deadlines.
@@ -485,7 +425,7 @@ fn server_ms(server: &RedisServer) -> u64 {
 /// live waiters keep their place for 30 s and record when they get the lock.
 struct DeadInTheMiddle {
     env: Env,
-    _child: Reaped,
+    _child: TestProcess,
     lock: FairLock,
     child_id: String,
     /// When the dead waiter's place runs out (from its deadline by the server clock).
@@ -516,37 +456,8 @@ async fn dead_in_the_middle() -> (DeadInTheMiddle, LockGuard) {
     queued(&lock, 1).await;
 
     let server = env.server();
-    let exe = std::env::current_exe().unwrap();
-    let mut child = Reaped(
-        Command::new(exe)
-            .args(["--exact", CHILD_TEST, "--nocapture", "--test-threads=1"])
-            .env(WAITER_ENV, server.url())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap(),
-    );
-    let stdout = child.0.stdout.take().unwrap();
-    let (lines_tx, lines_rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if lines_tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let child_id = loop {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        let line = lines_rx
-            .recv_timeout(left)
-            .expect("the waiter process prints WAITING within 30 s");
-        // libtest may have written `test waiter_child ... ` on the same line.
-        if let Some((_, id)) = line.split_once("WAITING ") {
-            break id.trim().to_owned();
-        }
-    };
+    let mut child = TestProcess::spawn(CHILD_TEST, &[(WAITER_ENV, &server.url())]).unwrap();
+    let child_id = child.wait_for_line("WAITING ", Duration::from_secs(30));
     queued(&lock, 2).await;
     let second: Option<String> = server.query(&["LINDEX", DEAD_QUEUE, "1"]).unwrap();
     assert_eq!(second.as_deref(), Some(child_id.as_str()));
@@ -562,8 +473,7 @@ async fn dead_in_the_middle() -> (DeadInTheMiddle, LockGuard) {
         "the live child lost its place: {queue:?}"
     );
 
-    child.0.kill().unwrap();
-    child.0.wait().unwrap();
+    child.kill();
     let asked_at = Instant::now();
     let score: f64 = server
         .query(&["ZSCORE", DEAD_DEADLINES, &child_id])
@@ -587,10 +497,7 @@ impl DeadInTheMiddle {
     /// Waits for both live waiters; returns when each got the lock, in turn order.
     async fn turns(self) -> Vec<(&'static str, Instant)> {
         for task in self.tasks {
-            tokio::time::timeout(Duration::from_secs(10), task)
-                .await
-                .expect("the waiters get their turns")
-                .unwrap();
+            finishes(Duration::from_secs(10), "the waiters get their turns", task).await;
         }
         assert_eq!(self.lock.queued().await.unwrap(), 0);
         let order = self.order.lock().unwrap().clone();

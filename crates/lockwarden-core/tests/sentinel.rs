@@ -2,9 +2,12 @@
 //! a real failover (the primary SIGKILLed, the replica promoted by the sentinel), keeps
 //! the locks the new primary received, and reports the ones it did not as lost.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
-use lockwarden::{BackendError, LockClient, LockClientBuilder, LockError};
+use common::take_and_release;
+use lockwarden_core::{BackendError, LockClient, LockClientBuilder, LockError};
 use lockwarden_testkit::RedisSentinel;
 
 /// The longest a failover may take here: the sentinel notices after 400 ms, then elects
@@ -23,7 +26,7 @@ async fn client_with(
 
 /// Retries `name` until the client's commands reach a primary again (they fail while
 /// the old one is gone and no new one is named).
-async fn acquire_after_failover(client: &LockClient, name: &str) -> lockwarden::LockGuard {
+async fn acquire_after_failover(client: &LockClient, name: &str) -> lockwarden_core::LockGuard {
     let deadline = Instant::now() + FAILOVER;
     loop {
         match client.try_acquire(name, Duration::ZERO).await {
@@ -101,12 +104,7 @@ async fn a_replicated_lock_survives_a_failover_and_the_client_follows() {
     next.release().await.unwrap();
 
     guard.release().await.unwrap();
-    b.try_acquire("kept", Duration::ZERO)
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    take_and_release("released", b.try_acquire("kept", Duration::ZERO)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

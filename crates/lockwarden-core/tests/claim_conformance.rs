@@ -5,8 +5,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::Env;
-use lockwarden::{Claim, LockError};
+use common::{finishes, Env};
+use lockwarden_core::{Claim, LockError};
 
 conformance!(
     a_completed_claim_answers_later_claims_with_its_outcome,
@@ -16,7 +16,7 @@ conformance!(
     a_plain_release_stores_nothing,
 );
 
-fn acquired(claim: Claim) -> lockwarden::LockGuard {
+fn acquired(claim: Claim) -> lockwarden_core::LockGuard {
     match claim {
         Claim::Acquired(guard) => guard,
         Claim::Completed(outcome) => panic!("expected the lock, got outcome {outcome:?}"),
@@ -80,10 +80,7 @@ async fn completion_wakes_every_waiting_claim_at_once(env: Env) {
         .await
         .unwrap();
     for waiter in waiters {
-        let (outcome, at) = tokio::time::timeout(Duration::from_secs(10), waiter)
-            .await
-            .expect("waiter finished")
-            .unwrap();
+        let (outcome, at) = finishes(Duration::from_secs(10), "waiter finished", waiter).await;
         assert_eq!(outcome, b"receipt-7");
         // The watchdog lease is 30 s and the budget 20 s: only the notice explains this.
         assert!(

@@ -7,8 +7,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::Env;
-use lockwarden::{LockError, LockGuard};
+use common::{connect_with, hold_until_killed, spawn_timed, Env};
+use lockwarden_core::{LockClient, LockError, LockGuard, RwMode};
+use lockwarden_testkit::{eventually, run_child, TestProcess};
 
 conformance!(
     many_readers_hold_at_once,
@@ -32,17 +33,15 @@ fn assert_timeout(result: Result<LockGuard, LockError>, what: &str) {
     }
 }
 
-/// Polls `check` every 10 ms until it holds; panics after `within`.
-async fn eventually<F, Fut>(within: Duration, what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + within;
-    while !check().await {
-        assert!(Instant::now() < deadline, "not within {within:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+/// Asserts that one attempt by a fresh holder of `client` at `side` of `name` is
+/// refused with a timeout.
+async fn assert_refused(client: &LockClient, name: &str, side: RwMode, what: &str) {
+    let rw = client.rw_lock(name);
+    let handle = match side {
+        RwMode::Read => rw.read(),
+        RwMode::Write => rw.write(),
+    };
+    assert_timeout(handle.try_acquire(Duration::ZERO).await, what);
 }
 
 async fn many_readers_hold_at_once(env: Env) {
@@ -88,14 +87,8 @@ async fn writer_excludes_readers_and_writers(env: Env) {
             .unwrap(),
         1
     );
-    assert_timeout(
-        b.rw_lock("excl").read().try_acquire(Duration::ZERO).await,
-        "a reader while a writer holds",
-    );
-    assert_timeout(
-        b.rw_lock("excl").write().try_acquire(Duration::ZERO).await,
-        "a second writer",
-    );
+    assert_refused(&b, "excl", RwMode::Read, "a reader while a writer holds").await;
+    assert_refused(&b, "excl", RwMode::Write, "a second writer").await;
     // A waiter is woken by the release, well before the writer's 30 s lease.
     let started = Instant::now();
     let waiter = {
@@ -146,14 +139,13 @@ async fn read_and_write_reenter_per_holder(env: Env) {
     let [r1, r2, r3] = reads;
     r3.release().await.unwrap();
     r2.release().await.unwrap();
-    assert_timeout(
-        other
-            .rw_lock("reenter")
-            .write()
-            .try_acquire(Duration::ZERO)
-            .await,
+    assert_refused(
+        &other,
+        "reenter",
+        RwMode::Write,
         "a writer while one read entry is left",
-    );
+    )
+    .await;
     r1.release().await.unwrap();
     assert!(!rw.is_locked().await.unwrap());
 
@@ -167,14 +159,13 @@ async fn read_and_write_reenter_per_holder(env: Env) {
     assert_eq!(rw.write().hold_count(&me).await.unwrap(), 2);
     assert_eq!(w1.fencing_token(), w2.fencing_token());
     w2.release().await.unwrap();
-    assert_timeout(
-        other
-            .rw_lock("reenter")
-            .read()
-            .try_acquire(Duration::ZERO)
-            .await,
+    assert_refused(
+        &other,
+        "reenter",
+        RwMode::Read,
         "a reader while one write entry is left",
-    );
+    )
+    .await;
     w1.release().await.unwrap();
     assert!(!rw.is_locked().await.unwrap());
 }
@@ -193,14 +184,13 @@ async fn writer_downgrades_to_read(env: Env) {
         .expect("the writer takes the read side without waiting");
     assert_eq!(read.fencing_token(), write.fencing_token());
     // Still in write mode: others are kept out.
-    assert_timeout(
-        other
-            .rw_lock("downgrade")
-            .read()
-            .try_acquire(Duration::ZERO)
-            .await,
+    assert_refused(
+        &other,
+        "downgrade",
+        RwMode::Read,
         "another reader before the downgrade",
-    );
+    )
+    .await;
 
     write.release().await.unwrap();
     assert_eq!(rw.write().hold_count(&me).await.unwrap(), 0);
@@ -215,14 +205,13 @@ async fn writer_downgrades_to_read(env: Env) {
         .try_acquire(Duration::ZERO)
         .await
         .expect("read mode after the downgrade: readers join");
-    assert_timeout(
-        other
-            .rw_lock("downgrade")
-            .write()
-            .try_acquire(Duration::ZERO)
-            .await,
+    assert_refused(
+        &other,
+        "downgrade",
+        RwMode::Write,
         "a writer while the downgraded holder reads",
-    );
+    )
+    .await;
     read.release().await.unwrap();
     joined.release().await.unwrap();
     assert!(!rw.is_locked().await.unwrap());
@@ -408,14 +397,10 @@ async fn write_release_wakes_all_waiting_readers_at_once(env: Env) {
     )
     .await;
     if let Some(server) = &env.server {
-        let channel = "lockwarden:{wake}:readable";
         eventually(
             Duration::from_secs(5),
             "both clients subscribed",
-            || async {
-                let subs: (String, i64) = server.query(&["PUBSUB", "NUMSUB", channel]).unwrap();
-                subs.1 == 2
-            },
+            || async { server.subscribers("lockwarden:{wake}:readable") == 2 },
         )
         .await;
     }
@@ -462,13 +447,9 @@ async fn dead_reader_expires_on_its_own_lease_while_others_renew(env: Env) {
 
     let writer = {
         let writer_client = writer_client.clone();
-        tokio::spawn(async move {
-            let guard = writer_client
-                .rw_lock("dead-reader")
-                .write()
-                .try_acquire(Duration::from_secs(10))
-                .await;
-            (Instant::now(), guard)
+        spawn_timed(async move {
+            let rw = writer_client.rw_lock("dead-reader");
+            rw.write().try_acquire(Duration::from_secs(10)).await
         })
     };
 
@@ -494,7 +475,7 @@ async fn dead_reader_expires_on_its_own_lease_while_others_renew(env: Env) {
 
     let released = Instant::now();
     live.release().await.unwrap();
-    let (acquired, guard) = writer.await.unwrap();
+    let (guard, acquired) = writer.await.unwrap();
     let guard = guard.expect("the writer gets the lock once the live reader leaves");
     let after = acquired.saturating_duration_since(released);
     assert!(
@@ -518,28 +499,26 @@ async fn watchdog_keeps_read_and_write_holds_past_their_lease(env: Env) {
     tokio::time::sleep(3 * lease).await;
     assert!(!write.is_lost() && !read.is_lost());
     assert_eq!(rw.write().hold_count(&me).await.unwrap(), 1);
-    assert_timeout(
-        other
-            .rw_lock("watched")
-            .read()
-            .try_acquire(Duration::ZERO)
-            .await,
+    assert_refused(
+        &other,
+        "watched",
+        RwMode::Read,
         "a reader while the renewed writer holds",
-    );
+    )
+    .await;
 
     write.release().await.unwrap();
     assert_eq!(client.stats().watched_locks, 1);
     tokio::time::sleep(3 * lease).await;
     assert!(!read.is_lost());
     assert_eq!(rw.read().hold_count(&me).await.unwrap(), 1);
-    assert_timeout(
-        other
-            .rw_lock("watched")
-            .write()
-            .try_acquire(Duration::ZERO)
-            .await,
+    assert_refused(
+        &other,
+        "watched",
+        RwMode::Write,
         "a writer while the renewed reader holds",
-    );
+    )
+    .await;
     read.release().await.unwrap();
     assert_eq!(client.stats().watched_locks, 0);
     assert!(!rw.is_locked().await.unwrap());
@@ -690,22 +669,8 @@ async fn redis_plain_lock_under_the_same_name_refuses_both_sides() {
     let env = Env::redis();
     let client = env.client().await;
     let plain = client.acquire("both").await.unwrap();
-    assert_timeout(
-        client
-            .rw_lock("both")
-            .read()
-            .try_acquire(Duration::ZERO)
-            .await,
-        "read over a plain lock",
-    );
-    assert_timeout(
-        client
-            .rw_lock("both")
-            .write()
-            .try_acquire(Duration::ZERO)
-            .await,
-        "write over a plain lock",
-    );
+    assert_refused(&client, "both", RwMode::Read, "read over a plain lock").await;
+    assert_refused(&client, "both", RwMode::Write, "write over a plain lock").await;
     assert!(client
         .lock("both")
         .is_held_by(plain.holder())
@@ -737,40 +702,16 @@ const CHILD_LEASE: Duration = Duration::from_millis(1500);
 /// `HELD <holder id>` and sleeps (at most 120 s) until it is SIGKILLed.
 #[test]
 fn rw_reader_child() {
-    let Ok(url) = std::env::var(READER_ENV) else {
-        return;
-    };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async move {
-        let client = lockwarden::LockClient::builder()
-            .watchdog_timeout(CHILD_LEASE)
-            .connect(&url)
-            .await
-            .unwrap();
+    run_child(READER_ENV, |url| async move {
+        let client = connect_with(&url, |b| b.watchdog_timeout(CHILD_LEASE)).await;
         let guard = client
             .rw_lock("killed-reader")
             .read()
             .acquire()
             .await
             .unwrap();
-        println!("HELD {}", guard.holder().id());
-        tokio::time::sleep(Duration::from_secs(120)).await;
-        drop(guard);
+        hold_until_killed(format!("HELD {}", guard.holder().id()), guard).await;
     });
-}
-
-/// Kills (SIGKILL) and reaps the child when dropped, so a failing test leaves no process.
-struct Reaped(std::process::Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// Promise: when a reader's *process* is SIGKILLed, its read hold stops counting within
@@ -779,44 +720,10 @@ impl Drop for Reaped {
 /// leaves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_reader_process_stops_counting_after_its_lease() {
-    use std::io::{BufRead, BufReader};
-    use std::process::{Command, Stdio};
-
     let env = Env::redis();
     let server = env.server();
-    let mut child = Reaped(
-        Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "rw_reader_child",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(READER_ENV, server.url())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap(),
-    );
-    let stdout = child.0.stdout.take().unwrap();
-    let (lines_tx, lines_rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if lines_tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let child_holder = loop {
-        let line = lines_rx
-            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-            .expect("the reader process prints HELD within 30 s");
-        if let Some((_, holder)) = line.split_once("HELD ") {
-            break holder.trim().to_owned();
-        }
-    };
+    let mut child = TestProcess::spawn("rw_reader_child", &[(READER_ENV, &server.url())]).unwrap();
+    let child_holder = child.wait_for_line("HELD ", Duration::from_secs(30));
     let field = format!("{child_holder}:r");
 
     let client = env.client_with(|b| b.watchdog_timeout(CHILD_LEASE)).await;
@@ -824,13 +731,9 @@ async fn redis_killed_reader_process_stops_counting_after_its_lease() {
     let live = rw.read().acquire().await.unwrap();
     let writer = {
         let client = client.clone();
-        tokio::spawn(async move {
-            let guard = client
-                .rw_lock("killed-reader")
-                .write()
-                .try_acquire(Duration::from_secs(20))
-                .await;
-            (Instant::now(), guard)
+        spawn_timed(async move {
+            let rw = client.rw_lock("killed-reader");
+            rw.write().try_acquire(Duration::from_secs(20)).await
         })
     };
     // The child's hold outlives one lease only if its watchdog renews it.
@@ -840,24 +743,21 @@ async fn redis_killed_reader_process_stops_counting_after_its_lease() {
         .unwrap();
     assert_eq!(count, Some(1), "the reader process did not renew its hold");
 
-    child.0.kill().unwrap();
+    child.kill();
     let killed = Instant::now();
-    child.0.wait().unwrap();
 
     // Counted out by the next script that runs (here, the live reader's renewals).
-    let gone = loop {
-        let score: Option<String> = server
-            .query(&["ZSCORE", "lockwarden:{killed-reader}:leases", &field])
-            .unwrap();
-        if score.is_none() {
-            break Instant::now();
-        }
-        assert!(
-            killed.elapsed() < Duration::from_secs(10),
-            "the killed reader's hold is still counted"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let gone = eventually(
+        Duration::from_secs(10),
+        "the killed reader's hold is no longer counted",
+        || async {
+            let score: Option<String> = server
+                .query(&["ZSCORE", "lockwarden:{killed-reader}:leases", &field])
+                .unwrap();
+            score.is_none()
+        },
+    )
+    .await;
     let after = gone - killed;
     assert!(
         after <= CHILD_LEASE + Duration::from_millis(500),
@@ -871,7 +771,7 @@ async fn redis_killed_reader_process_stops_counting_after_its_lease() {
 
     let released = Instant::now();
     live.release().await.unwrap();
-    let (acquired, guard) = writer.await.unwrap();
+    let (guard, acquired) = writer.await.unwrap();
     let guard = guard.expect("the writer gets the lock once the live reader leaves");
     let after = acquired.saturating_duration_since(released);
     assert!(

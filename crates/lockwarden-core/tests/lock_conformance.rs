@@ -1,5 +1,6 @@
-//! The lock engine's promises, checked against both stores: the in-process one and a
-//! real `redis-server` (see `common::Env`).
+//! The plain lock's promises, checked against both stores: the in-process one and a
+//! real `redis-server` (see `common::Env`). The promises every kind of lock makes are
+//! also checked for the plain lock in `kind_conformance.rs` (the wait budget only there).
 
 mod common;
 
@@ -7,8 +8,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::Env;
-use lockwarden::{Holder, KeyError, LockError};
+use common::{finishes, Env};
+use lockwarden_core::{Holder, KeyError, LockError};
+use lockwarden_testkit::eventually;
 
 conformance!(
     excludes_other_holders,
@@ -16,7 +18,6 @@ conformance!(
     fixed_lease_expires,
     watchdog_keeps_lock_past_three_leases_and_stops_after_release,
     lost_signal_fires_when_lock_is_force_unlocked,
-    wait_budget_is_honoured,
     zero_budget_is_one_attempt,
     waiter_is_woken_by_release_not_by_lease,
     dropped_guard_releases_and_wakes_waiter,
@@ -156,25 +157,6 @@ async fn lost_signal_fires_when_lock_is_force_unlocked(env: Env) {
     assert!(!admin.lock("forced").force_unlock().await.unwrap());
 }
 
-async fn wait_budget_is_honoured(env: Env) {
-    let client = env.client().await;
-    let _held = client.acquire("budget").await.unwrap();
-    let budget = Duration::from_millis(300);
-    let started = Instant::now();
-    let result = client.try_acquire("budget", budget).await;
-    let waited = started.elapsed();
-    assert!(
-        matches!(result, Err(LockError::Timeout { .. })),
-        "{result:?}"
-    );
-    assert!(waited >= budget, "gave up early: {waited:?}");
-    assert!(
-        waited < budget + Duration::from_millis(250),
-        "overran: {waited:?}"
-    );
-    assert_eq!(client.stats().waited_channels, 0);
-}
-
 async fn zero_budget_is_one_attempt(env: Env) {
     let client = env.client().await;
     let _held = client.acquire("zero").await.unwrap();
@@ -238,42 +220,27 @@ async fn cancelled_acquires_leave_nothing_behind(env: Env) {
         }
     }
     // Abandoned acquires are finished and undone in the background.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let mut held = Vec::new();
+    eventually(Duration::from_secs(5), "no lock left held", || async {
+        let mut held = false;
         for k in 0..5 {
-            if client
+            held |= client
                 .lock(format!("cancel:{k}"))
                 .is_locked()
                 .await
-                .unwrap()
-            {
-                held.push(k);
-            }
+                .unwrap();
         }
-        if held.is_empty() {
-            break;
-        }
-        assert!(Instant::now() < deadline, "locks left held: {held:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        !held
+    })
+    .await;
     assert!(!client.lock("cancel:busy").is_locked().await.unwrap());
     let stats = client.stats();
     assert_eq!(stats.watched_locks, 0);
     assert_eq!(stats.waited_channels, 0);
     if env.is_redis() {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            let channels: Vec<String> = env.server().query(&["PUBSUB", "CHANNELS"]).unwrap();
-            if channels.is_empty() {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "subscriptions left: {channels:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        eventually(Duration::from_secs(5), "no subscription left", || async {
+            env.server().channels().is_empty()
+        })
+        .await;
     }
 }
 
@@ -334,7 +301,7 @@ async fn invalid_keys_are_rejected(env: Env) {
         }
     }
     if env.is_redis() {
-        let keys: Vec<String> = env.server().query(&["KEYS", "*"]).unwrap();
+        let keys = env.server().keys_matching("*");
         assert!(keys.is_empty(), "rejected keys touched Redis: {keys:?}");
     }
 }
@@ -465,10 +432,7 @@ async fn counter_stress_has_no_lost_update(env: Env) {
         }));
     }
     for task in tasks {
-        tokio::time::timeout(Duration::from_secs(120), task)
-            .await
-            .expect("stress finished in time")
-            .unwrap();
+        finishes(Duration::from_secs(120), "stress finished in time", task).await;
     }
     let total = match &env.server {
         Some(server) => server.query::<u64>(&["GET", "counter"]).unwrap(),

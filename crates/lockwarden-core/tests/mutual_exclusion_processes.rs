@@ -9,13 +9,10 @@
 //! Duration: 20 s (`LOCKWARDEN_MX_SECS=<n>` for another bound). Each task also stops after
 //! [`MAX_PER_TASK`] increments.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use lockwarden::{LockClient, LockError};
-use lockwarden_testkit::RedisServer;
+use lockwarden_core::{LockClient, LockError};
+use lockwarden_testkit::{run_child, RedisServer, TestProcess};
 
 /// Set (to a Redis URL) only in re-executed children.
 const CHILD_ENV: &str = "LOCKWARDEN_MX_URL";
@@ -65,8 +62,8 @@ impl Report {
         )
     }
 
-    fn parse(line: &str) -> Option<Report> {
-        let rest = &line[line.find("DONE ")? + 5..];
+    /// Parses what follows `DONE ` on a [`Report::line`].
+    fn parse(rest: &str) -> Option<Report> {
         let mut r = Report::default();
         for field in rest.split_whitespace() {
             let (name, value) = field.split_once('=')?;
@@ -167,16 +164,8 @@ async fn worker(
 /// then prints its `DONE …` line and exits.
 #[test]
 fn mx_child() {
-    let Ok(url) = std::env::var(CHILD_ENV) else {
-        return;
-    };
-    let run = Duration::from_millis(std::env::var(RUN_MS_ENV).unwrap().parse().unwrap());
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let report = runtime.block_on(async move {
+    run_child(CHILD_ENV, |url| async move {
+        let run = Duration::from_millis(std::env::var(RUN_MS_ENV).unwrap().parse().unwrap());
         let client = LockClient::connect(&url).await.unwrap();
         let redis_client = redis::Client::open(url.as_str()).unwrap();
         let config =
@@ -201,21 +190,8 @@ fn mx_child() {
                 .unwrap();
             total.add(&r);
         }
-        total
+        println!("{}", total.line());
     });
-    println!("{}", report.line());
-}
-
-/// Kills (SIGKILL) and reaps leftover children when dropped (on failure).
-struct Children(Vec<Child>);
-
-impl Drop for Children {
-    fn drop(&mut self) {
-        for child in &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
 }
 
 /// Promise: across processes, the lock serializes its holders. 8 processes × 16 tasks
@@ -232,58 +208,31 @@ fn processes_never_hold_the_lock_together() {
         .unwrap_or(20);
     let run = Duration::from_secs(secs);
     let server = RedisServer::start().unwrap();
-    let exe = std::env::current_exe().unwrap();
     let started = Instant::now();
-    let mut children = Children(Vec::new());
-    let (lines_tx, lines_rx) = mpsc::channel::<(usize, String)>();
-    for p in 0..PROCESSES {
-        let mut child = Command::new(&exe)
-            .args(["--exact", CHILD_TEST, "--nocapture", "--test-threads=1"])
-            .env(CHILD_ENV, server.url())
-            .env(RUN_MS_ENV, run.as_millis().to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let tx = lines_tx.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send((p, line)).is_err() {
-                    break;
-                }
-            }
-        });
-        children.0.push(child);
-    }
-    drop(lines_tx);
+    let run_ms = run.as_millis().to_string();
+    let mut children: Vec<TestProcess> = (0..PROCESSES)
+        .map(|_| {
+            TestProcess::spawn(
+                CHILD_TEST,
+                &[(CHILD_ENV, &server.url()), (RUN_MS_ENV, &run_ms)],
+            )
+            .unwrap()
+        })
+        .collect();
 
     // Children stop by themselves at their deadline; give them 60 s more (start-up, a
     // loaded machine) before declaring them stuck.
     let deadline = Instant::now() + run + Duration::from_secs(60);
-    let mut reports: Vec<Option<Report>> = vec![None; PROCESSES];
-    while reports.iter().any(Option::is_none) {
+    let mut reports = Vec::new();
+    for child in &mut children {
         let left = deadline.saturating_duration_since(Instant::now());
-        match lines_rx.recv_timeout(left) {
-            Ok((p, line)) => {
-                if let Some(r) = Report::parse(&line) {
-                    reports[p] = Some(r);
-                }
-            }
-            Err(e) => panic!(
-                "children did not all report within {:?} ({e}); reports: {reports:?}",
-                run + Duration::from_secs(60)
-            ),
-        }
-    }
-    for child in &mut children.0 {
-        let status = child.wait().unwrap();
+        let line = child.wait_for_line("DONE ", left);
+        reports.push(Report::parse(&line).unwrap_or_else(|| panic!("bad report {line:?}")));
+        let status = child.wait_within(Duration::from_secs(30));
         assert!(status.success(), "a child failed: {status}");
     }
     let took = started.elapsed();
 
-    let reports: Vec<Report> = reports.into_iter().map(Option::unwrap).collect();
     let mut total = Report::default();
     for r in &reports {
         total.add(r);

@@ -8,10 +8,13 @@
 //! renewal attempt, "reported lost" is allowed to trail "gone from Redis" by the command
 //! timeout plus 250 ms of scheduling slack ([`grace`]), and no more.
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lockwarden::{LockClient, LockError, LockGuard};
+use common::connect_with;
+use lockwarden_core::{LockClient, LockError, LockGuard};
 use lockwarden_testkit::RedisServer;
 
 const LOCKS: usize = 16;
@@ -22,6 +25,14 @@ fn debug_server() -> RedisServer {
     RedisServer::start_with(&["--enable-debug-command", "yes"])
         .or_else(|_| RedisServer::start())
         .expect("start redis-server")
+}
+
+/// A client with this watchdog lease and command timeout.
+async fn client(server: &RedisServer, lease: Duration, command_timeout: Duration) -> LockClient {
+    connect_with(&server.url(), |b| {
+        b.watchdog_timeout(lease).command_timeout(command_timeout)
+    })
+    .await
 }
 
 /// Blocks the whole server for `delay` with `DEBUG SLEEP` from a plain thread (the reply
@@ -168,12 +179,7 @@ async fn a_stall_shorter_than_the_lease_loses_no_lock() {
     let server = debug_server();
     let lease = Duration::from_secs(3);
     let command_timeout = Duration::from_millis(250);
-    let client = LockClient::builder()
-        .watchdog_timeout(lease)
-        .command_timeout(command_timeout)
-        .connect(&server.url())
-        .await
-        .unwrap();
+    let client = client(&server, lease, command_timeout).await;
     let held = hold(&client, "short-stall").await;
     let mut redis = observer(&server).await;
 
@@ -217,11 +223,7 @@ async fn a_stall_shorter_than_the_lease_loses_no_lock() {
     for obs in &seen {
         assert!(obs.held.iter().all(|&x| x), "a lock was gone: {obs:?}");
     }
-    let mut min_ttl = i64::MAX;
-    for h in &held {
-        let ttl: i64 = server.query(&["PTTL", &h.key]).unwrap();
-        min_ttl = min_ttl.min(ttl);
-    }
+    let min_ttl = held.iter().map(|h| server.pttl(&h.key)).min().unwrap();
     println!("smallest PTTL after the stalls: {min_ttl} ms (lease {lease:?})");
     assert!(
         min_ttl > 1500,
@@ -232,9 +234,7 @@ async fn a_stall_shorter_than_the_lease_loses_no_lock() {
     for h in held {
         h.guard.release().await.unwrap();
     }
-    let left: Vec<String> = server
-        .query(&["KEYS", "lockwarden:{short-stall:*}"])
-        .unwrap();
+    let left = server.keys_matching("lockwarden:{short-stall:*}");
     assert!(left.is_empty(), "{left:?}");
 }
 
@@ -250,12 +250,7 @@ async fn a_stall_longer_than_the_lease_is_reported_lost_not_hidden() {
     let server = debug_server();
     let lease = Duration::from_millis(1000);
     let command_timeout = Duration::from_millis(200);
-    let client = LockClient::builder()
-        .watchdog_timeout(lease)
-        .command_timeout(command_timeout)
-        .connect(&server.url())
-        .await
-        .unwrap();
+    let client = client(&server, lease, command_timeout).await;
     let held = hold(&client, "long-stall").await;
     let mut redis = observer(&server).await;
     // Renewals are running before the stall.
@@ -322,9 +317,7 @@ async fn a_stall_longer_than_the_lease_is_reported_lost_not_hidden() {
     assert!(last.held.iter().all(|&x| !x), "{last:?}");
     assert_eq!(client.stats().watched_locks, 0);
     tokio::time::sleep(lease).await;
-    let left: Vec<String> = server
-        .query(&["KEYS", "lockwarden:{long-stall:*}"])
-        .unwrap();
+    let left = server.keys_matching("lockwarden:{long-stall:*}");
     let locks: Vec<&String> = left.iter().filter(|k| !k.ends_with(":fence")).collect();
     assert!(locks.is_empty(), "lost locks reappeared: {locks:?}");
 

@@ -1,12 +1,15 @@
 //! Redlock against 3 (and 5) real, independent `redis-server`s: majority rules, node
 //! faults (kill, SIGSTOP), validity accounting, capped extensions, lost signal, release.
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockwarden::{LockClient, LockError, Redlock, RedlockBuilder, RedlockError};
-use lockwarden_testkit::RedisServer;
+use common::{finishes, take_and_release};
+use lockwarden_core::{LockClient, LockError, Redlock, RedlockBuilder, RedlockError};
+use lockwarden_testkit::{eventually, RedisServer};
 use tokio::time::Instant;
 
 const LEASE: Duration = Duration::from_secs(5);
@@ -31,19 +34,11 @@ async fn connect(servers: &[RedisServer], builder: RedlockBuilder) -> Redlock {
     builder.connect(&urls).await.expect("connect to every node")
 }
 
-fn exists(server: &RedisServer, key: &str) -> bool {
-    server.query::<i64>(&["EXISTS", key]).expect("EXISTS") == 1
-}
-
 fn holds(server: &RedisServer, key: &str, holder: &str) -> bool {
     server
         .query::<i64>(&["HEXISTS", key, holder])
         .expect("HEXISTS")
         == 1
-}
-
-fn pttl(server: &RedisServer, key: &str) -> i64 {
-    server.query(&["PTTL", key]).expect("PTTL")
 }
 
 /// The default clock drift allowance for `lease`: 1 % plus 2 ms.
@@ -53,14 +48,6 @@ fn drift(lease: Duration) -> Duration {
 
 fn fence_key(redlock: &Redlock, name: &str) -> String {
     format!("{}:fence", redlock.key(name).unwrap().redis_key())
-}
-
-async fn wait_until(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -136,10 +123,8 @@ async fn two_redlocks_exclude_each_other() {
         }
     }
     for task in tasks {
-        tokio::time::timeout(Duration::from_secs(60), task)
+        finishes(Duration::from_secs(60), "contenders finish", task)
             .await
-            .expect("contenders finish")
-            .unwrap()
             .unwrap();
     }
     assert_eq!(done.load(Ordering::SeqCst), 30);
@@ -159,7 +144,7 @@ async fn one_of_three_down_still_acquires() {
     assert!(holds(&nodes[0], &key, guard.holder().id()));
     assert!(holds(&nodes[2], &key, guard.holder().id()));
     guard.release().await.unwrap();
-    assert!(!exists(&nodes[0], &key) && !exists(&nodes[2], &key));
+    assert!(!nodes[0].exists(&key) && !nodes[2].exists(&key));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -188,9 +173,9 @@ async fn two_of_three_down_fails_and_leaves_no_key() {
     );
     // The survivor granted every round and each round was undone before the next.
     let key = redlock.key("two-down").unwrap();
-    assert!(!exists(&nodes[1], key.redis_key()));
+    assert!(!nodes[1].exists(key.redis_key()));
     assert!(
-        exists(&nodes[1], &fence_key(&redlock, "two-down")),
+        nodes[1].exists(&fence_key(&redlock, "two-down")),
         "it did grant"
     );
 }
@@ -222,10 +207,10 @@ async fn a_paused_node_costs_at_most_the_node_timeout_and_is_cleaned_up() {
     // The late attempt runs after SIGCONT (it sets the fence key) and is undone long
     // before its lease would end it.
     let fence = fence_key(&redlock, "paused");
-    wait_until(
-        "the late hold on the paused node is undone",
+    eventually(
         LEASE / 2,
-        || exists(&nodes[0], &fence) && !exists(&nodes[0], &key),
+        "the late hold on the paused node is undone",
+        || async { nodes[0].exists(&fence) && !nodes[0].exists(&key) },
     )
     .await;
     guard.release().await.unwrap();
@@ -299,7 +284,7 @@ async fn extension_renews_every_node_and_stops_at_the_cap() {
     tokio::time::sleep_until(acquired_at + lease + Duration::from_millis(200)).await;
     for node in &nodes {
         assert!(holds(node, &key, guard.holder().id()));
-        assert!(pttl(node, &key) > 0);
+        assert!(node.pttl(&key) > 0);
     }
     assert!(!guard.is_lost());
 
@@ -359,22 +344,22 @@ async fn release_and_drop_remove_the_key_on_every_node() {
         .await
         .unwrap();
     let key = guard.key().redis_key().to_owned();
-    assert!(nodes.iter().all(|n| exists(n, &key)));
+    assert!(nodes.iter().all(|n| n.exists(&key)));
     guard.release().await.unwrap();
-    assert!(nodes.iter().all(|n| !exists(n, &key)));
+    assert!(nodes.iter().all(|n| !n.exists(&key)));
 
     let dropped = redlock
         .lock("rel")
         .try_acquire(Duration::ZERO)
         .await
         .unwrap();
-    assert!(nodes.iter().all(|n| exists(n, &key)));
+    assert!(nodes.iter().all(|n| n.exists(&key)));
     drop(dropped);
     // Far sooner than the 5 s lease: the drop released it.
-    wait_until(
-        "the dropped guard's key is gone",
+    eventually(
         Duration::from_secs(2),
-        || nodes.iter().all(|n| !exists(n, &key)),
+        "the dropped guard's key is gone",
+        || async { nodes.iter().all(|n| !n.exists(&key)) },
     )
     .await;
 }
@@ -401,24 +386,16 @@ async fn a_waiter_gets_the_lock_soon_after_release() {
         Ok::<_, LockError>(got_at)
     });
     let channel = a.key("handoff").unwrap().channel().to_owned();
-    wait_until(
-        "the waiter subscribed on every node",
+    eventually(
         Duration::from_secs(5),
-        || {
-            nodes.iter().all(|n| {
-                let (_, subscribers): (String, i64) =
-                    n.query(&["PUBSUB", "NUMSUB", &channel]).unwrap();
-                subscribers == 1
-            })
-        },
+        "the waiter subscribed on every node",
+        || async { nodes.iter().all(|n| n.subscribers(&channel) == 1) },
     )
     .await;
     let released_at = Instant::now();
     held.release().await.unwrap();
-    let got_at = tokio::time::timeout(Duration::from_secs(10), waiter)
+    let got_at = finishes(Duration::from_secs(10), "the waiter finishes", waiter)
         .await
-        .expect("the waiter finishes")
-        .unwrap()
         .unwrap();
     let handoff = got_at - released_at;
     assert!(handoff < Duration::from_secs(1), "handoff took {handoff:?}");
@@ -452,7 +429,7 @@ async fn five_nodes_tolerate_two_failures_not_three() {
         })) => {}
         other => panic!("expected no quorum, got {other:?}"),
     }
-    assert!(!exists(&nodes[1], &key) && !exists(&nodes[2], &key));
+    assert!(!nodes[1].exists(&key) && !nodes[2].exists(&key));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -499,14 +476,7 @@ async fn node_sets_and_settings_that_cannot_work_are_refused() {
     // One node is allowed for development.
     let single = Redlock::connect(&[node[0].url()]).await.unwrap();
     assert_eq!(single.quorum(), 1);
-    single
-        .lock("dev")
-        .try_acquire(Duration::ZERO)
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    take_and_release("one node", single.lock("dev").try_acquire(Duration::ZERO)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -525,28 +495,24 @@ async fn an_abandoned_acquire_leaves_no_hold_behind() {
     .await;
     assert!(abandoned.is_err(), "the caller went away mid-round");
     assert!(
-        exists(&nodes[1], &fence) && exists(&nodes[2], &fence),
+        nodes[1].exists(&fence) && nodes[2].exists(&fence),
         "they granted"
     );
     // The round finished on its own and released what it won, well before the lease.
-    wait_until(
-        "the live nodes are free again",
+    eventually(
         Duration::from_secs(2),
-        || !exists(&nodes[1], &key) && !exists(&nodes[2], &key),
+        "the live nodes are free again",
+        || async { !nodes[1].exists(&key) && !nodes[2].exists(&key) },
     )
     .await;
     nodes[0].resume();
-    wait_until("the stopped node's late hold is undone", LEASE / 2, || {
-        exists(&nodes[0], &fence) && !exists(&nodes[0], &key)
-    })
+    eventually(
+        LEASE / 2,
+        "the stopped node's late hold is undone",
+        || async { nodes[0].exists(&fence) && !nodes[0].exists(&key) },
+    )
     .await;
     // And the lock is free for the next caller.
-    redlock
-        .lock("abandoned")
-        .try_acquire(Duration::ZERO)
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    let next = redlock.lock("abandoned");
+    take_and_release("free for the next caller", next.try_acquire(Duration::ZERO)).await;
 }

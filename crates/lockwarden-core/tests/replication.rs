@@ -2,10 +2,13 @@
 //! proved against a real primary and replica, with the replica paused (SIGSTOP) to make
 //! acknowledgement impossible.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
-use lockwarden::{BackendError, LockClient, LockError};
-use lockwarden_testkit::RedisServer;
+use common::{connect_with, take_and_release};
+use lockwarden_core::{BackendError, LockClient, LockError};
+use lockwarden_testkit::{eventually, RedisServer};
 
 const WAIT: Duration = Duration::from_millis(300);
 
@@ -14,26 +17,23 @@ async fn primary_and_replica() -> (RedisServer, RedisServer) {
     let primary = RedisServer::start().unwrap();
     let port = primary.port().to_string();
     let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    eventually(Duration::from_secs(10), "the replica synced", || async {
         let info: String = replica.query(&["INFO", "replication"]).unwrap();
-        if info.contains("master_link_status:up") {
-            break;
-        }
-        assert!(Instant::now() < deadline, "replica never synced: {info}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        info.contains("master_link_status:up")
+    })
+    .await;
     (primary, replica)
+}
+
+/// A client whose acquisitions wait (up to [`WAIT`]) for one replica's acknowledgement.
+async fn waiting_client(primary: &RedisServer) -> LockClient {
+    connect_with(&primary.url(), |b| b.wait_for_replicas(1, WAIT)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquisition_is_on_the_replica_when_it_returns() {
     let (primary, replica) = primary_and_replica().await;
-    let client = LockClient::builder()
-        .wait_for_replicas(1, WAIT)
-        .connect(&primary.url())
-        .await
-        .unwrap();
+    let client = waiting_client(&primary).await;
     for i in 0..50 {
         let name = format!("replicated:{i}");
         let guard = client.acquire(&name).await.unwrap();
@@ -48,11 +48,7 @@ async fn an_acquisition_is_on_the_replica_when_it_returns() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unacknowledged_acquisition_is_released_and_reported() {
     let (primary, replica) = primary_and_replica().await;
-    let waiting = LockClient::builder()
-        .wait_for_replicas(1, WAIT)
-        .connect(&primary.url())
-        .await
-        .unwrap();
+    let waiting = waiting_client(&primary).await;
     let plain = LockClient::connect(&primary.url()).await.unwrap();
     let held = waiting.acquire("held").await.unwrap();
 
@@ -88,32 +84,28 @@ async fn an_unacknowledged_acquisition_is_released_and_reported() {
         "a release queued behind WAIT: {release_took:?}"
     );
     // Nothing left behind on the primary, and a client without the option is not affected.
-    let exists: i64 = primary
-        .query(&["EXISTS", "lockwarden:{unreplicated}"])
-        .unwrap();
-    assert_eq!(exists, 0, "the unacknowledged lock was left on the primary");
-    let guard = plain
-        .try_acquire("unreplicated", Duration::ZERO)
-        .await
-        .unwrap();
-    guard.release().await.unwrap();
+    assert!(
+        !primary.exists("lockwarden:{unreplicated}"),
+        "the unacknowledged lock was left on the primary"
+    );
+    take_and_release(
+        "a client without the option",
+        plain.try_acquire("unreplicated", Duration::ZERO),
+    )
+    .await;
 
     replica.resume();
-    let guard = waiting
-        .try_acquire("after-resume", Duration::from_secs(2))
-        .await
-        .unwrap();
-    guard.release().await.unwrap();
+    take_and_release(
+        "acknowledged again",
+        waiting.try_acquire("after-resume", Duration::from_secs(2)),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fair_and_read_write_acquisitions_wait_for_the_replica_too() {
     let (primary, replica) = primary_and_replica().await;
-    let waiting = LockClient::builder()
-        .wait_for_replicas(1, WAIT)
-        .connect(&primary.url())
-        .await
-        .unwrap();
+    let waiting = waiting_client(&primary).await;
     let plain = LockClient::connect(&primary.url()).await.unwrap();
 
     // Acknowledged: on the replica when acquire returns.
@@ -121,8 +113,7 @@ async fn fair_and_read_write_acquisitions_wait_for_the_replica_too() {
     let write = waiting.rw_lock("rw").write().acquire().await.unwrap();
     for guard in [&fair, &write] {
         let key = guard.key().redis_key().to_owned();
-        let exists: i64 = replica.query(&["EXISTS", &key]).unwrap();
-        assert_eq!(exists, 1, "{key} missing on the replica");
+        assert!(replica.exists(&key), "{key} missing on the replica");
     }
     fair.release().await.unwrap();
     write.release().await.unwrap();
@@ -160,22 +151,8 @@ async fn fair_and_read_write_acquisitions_wait_for_the_replica_too() {
     }
     assert!(!plain.fair_lock("fair").is_locked().await.unwrap());
     assert_eq!(plain.fair_lock("fair").queued().await.unwrap(), 0);
-    plain
-        .rw_lock("rw")
-        .write()
-        .try_acquire(Duration::ZERO)
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
-    plain
-        .rw_lock("rw-w")
-        .read()
-        .try_acquire(Duration::ZERO)
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    let rw = plain.rw_lock("rw");
+    take_and_release("nothing left held", rw.write().try_acquire(Duration::ZERO)).await;
+    let rw = plain.rw_lock("rw-w");
+    take_and_release("nothing left held", rw.read().try_acquire(Duration::ZERO)).await;
 }

@@ -5,8 +5,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::Env;
-use lockwarden::LockError;
+use common::{finishes, Env};
+use lockwarden_core::LockError;
 
 conformance!(
     all_or_nothing,
@@ -70,10 +70,7 @@ async fn opposite_orders_do_not_deadlock(env: Env) {
         }));
     }
     for task in tasks {
-        tokio::time::timeout(Duration::from_secs(60), task)
-            .await
-            .expect("no deadlock")
-            .unwrap();
+        finishes(Duration::from_secs(60), "no deadlock", task).await;
     }
 }
 
@@ -118,10 +115,12 @@ async fn nothing_is_held_while_waiting_and_the_set_follows_the_release(env: Env)
     }
     let released = std::time::Instant::now();
     busy.release().await.unwrap();
-    let (got, set) = tokio::time::timeout(Duration::from_secs(5), waiter)
-        .await
-        .expect("the set follows the release")
-        .unwrap();
+    let (got, set) = finishes(
+        Duration::from_secs(5),
+        "the set follows the release",
+        waiter,
+    )
+    .await;
     assert!(
         got.duration_since(released) < Duration::from_millis(500),
         "took {:?} after the release: the waiter was not notified",
@@ -159,14 +158,6 @@ async fn the_set_is_taken_in_one_script_call() {
     let env = Env::redis();
     let client = env.client().await;
     let names: Vec<String> = (0..8).map(|i| format!("one:{i}")).collect();
-    let calls = |server: &lockwarden_testkit::RedisServer| -> u64 {
-        let info: String = server.query(&["INFO", "commandstats"]).unwrap();
-        info.lines()
-            .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-            .and_then(|rest| rest.split(',').next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0)
-    };
     // Once first, so the script is loaded (a first EVALSHA is answered NOSCRIPT).
     let warm = client
         .multi_lock(["warm"])
@@ -174,13 +165,17 @@ async fn the_set_is_taken_in_one_script_call() {
         .await
         .unwrap();
     warm.release().await.unwrap();
-    let before = calls(env.server());
+    let before = env.server().command_calls("evalsha");
     let set = client
         .multi_lock(names.clone())
         .try_acquire(Duration::ZERO)
         .await
         .unwrap();
-    assert_eq!(calls(env.server()) - before, 1, "one EVALSHA for 8 locks");
+    assert_eq!(
+        env.server().command_calls("evalsha") - before,
+        1,
+        "one EVALSHA for 8 locks"
+    );
     for name in &names {
         assert!(client.lock(name).is_locked().await.unwrap());
     }

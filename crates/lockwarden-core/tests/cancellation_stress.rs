@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicIsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use lockwarden::{LockClient, LockGuard};
+use lockwarden_core::{LockClient, LockGuard};
 use lockwarden_testkit::RedisServer;
 
 /// Counts the bytes currently allocated by the whole process.
@@ -320,7 +320,7 @@ struct Leftovers {
     lock_keys: Vec<String>,
     fence_keys_without_ttl: Vec<String>,
     channels: Vec<String>,
-    subscribers: i64,
+    subscribers: u64,
     watched_locks: usize,
     waited_channels: usize,
     extra_tasks: isize,
@@ -339,35 +339,18 @@ impl Leftovers {
 }
 
 fn leftovers(server: &RedisServer, client: &LockClient, tasks_baseline: usize) -> Leftovers {
-    let mut keys: Vec<String> = Vec::new();
-    let mut cursor = "0".to_owned();
-    // SCAN is bounded: at most a few hundred keys exist.
-    for _ in 0..10_000 {
-        let (next, batch): (String, Vec<String>) = server
-            .query(&["SCAN", &cursor, "MATCH", "lockwarden:*", "COUNT", "1000"])
-            .unwrap();
-        keys.extend(batch);
-        cursor = next;
-        if cursor == "0" {
-            break;
-        }
-    }
-    let (fences, lock_keys): (Vec<String>, Vec<String>) =
-        keys.into_iter().partition(|k| k.ends_with(":fence"));
-    // Fencing keys outlive a release by up to the lease; they must expire by themselves.
-    let fence_keys_without_ttl = fences
+    let (fences, lock_keys): (Vec<String>, Vec<String>) = server
+        .keys_matching("lockwarden:*")
         .into_iter()
-        .filter(|k| server.query::<i64>(&["PTTL", k]).unwrap() < 0)
-        .collect();
-    let channels: Vec<String> = server.query(&["PUBSUB", "CHANNELS"]).unwrap();
-    let mut numsub = vec!["PUBSUB", "NUMSUB"];
-    let hot: Vec<String> = (0..HOT)
+        .partition(|k| k.ends_with(":fence"));
+    // Fencing keys outlive a release by up to the lease; they must expire by themselves.
+    let fence_keys_without_ttl = fences.into_iter().filter(|k| server.pttl(k) < 0).collect();
+    let channels = server.channels();
+    let subscribers = (0..HOT)
         .map(|h| format!("lockwarden:{{stress:hot:{h}}}:released"))
         .chain((0..KEYS).map(|k| format!("lockwarden:{{stress:{k}}}:released")))
-        .collect();
-    numsub.extend(hot.iter().map(String::as_str));
-    let counts: Vec<(String, i64)> = server.query(&numsub).unwrap();
-    let subscribers = counts.iter().map(|(_, n)| n).sum();
+        .map(|channel| server.subscribers(&channel))
+        .sum();
     let stats = client.stats();
     let tasks = tokio::runtime::Handle::current()
         .metrics()

@@ -9,8 +9,8 @@
 
 use std::time::{Duration, Instant};
 
-use lockwarden::{Claim, LockClient, LockClientBuilder, LockError};
-use lockwarden_testkit::RedisCluster;
+use lockwarden_core::{Claim, LockClient, LockClientBuilder, LockError};
+use lockwarden_testkit::{eventually, RedisCluster};
 
 /// Long enough that a waiter served before it was served by a release notice.
 const LEASE: Duration = Duration::from_secs(30);
@@ -31,6 +31,19 @@ async fn client_with(
         .expect("connect to the cluster")
 }
 
+/// Runs `fut` on a task of its own; its output comes with how long it took.
+fn timed<F>(fut: F) -> tokio::task::JoinHandle<(F::Output, Duration)>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    tokio::spawn(async move {
+        let started = Instant::now();
+        let out = fut.await;
+        (out, started.elapsed())
+    })
+}
+
 /// A lock name whose keys live on master `node`, distinct per `tag`.
 fn name_on(cluster: &RedisCluster, client: &LockClient, node: usize, tag: &str) -> String {
     (0..10_000)
@@ -42,16 +55,6 @@ fn name_on(cluster: &RedisCluster, client: &LockClient, node: usize, tag: &str) 
         .expect("some name hashes to every master")
 }
 
-/// Whether `key` exists on master `node` (asked directly, not through the cluster client;
-/// a node that does not own the key's slot answers MOVED).
-fn exists_on(cluster: &RedisCluster, node: usize, key: &str) -> bool {
-    match cluster.nodes()[node].query::<i64>(&["EXISTS", key]) {
-        Ok(n) => n == 1,
-        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::Moved) => false,
-        Err(e) => panic!("EXISTS {key} on master {node}: {e}"),
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_on_each_master_excludes_and_hands_over_by_notice() {
     let cluster = RedisCluster::start(3).unwrap();
@@ -60,10 +63,7 @@ async fn a_lock_on_each_master_excludes_and_hands_over_by_notice() {
         let name = name_on(&cluster, &a, node, "order");
         let guard = a.acquire(&name).await.unwrap();
         let key = guard.key().redis_key().to_owned();
-        assert!(
-            exists_on(&cluster, node, &key),
-            "{key} not on master {node}"
-        );
+        assert!(cluster.exists_on(node, &key), "{key} not on master {node}");
         assert!(matches!(
             b.try_acquire(&name, Duration::ZERO).await,
             Err(LockError::Timeout { .. })
@@ -71,11 +71,7 @@ async fn a_lock_on_each_master_excludes_and_hands_over_by_notice() {
 
         let waiter = {
             let (b, name) = (b.clone(), name.clone());
-            tokio::spawn(async move {
-                let started = Instant::now();
-                let guard = b.try_acquire(&name, Duration::from_secs(10)).await;
-                (guard, started.elapsed())
-            })
+            timed(async move { b.try_acquire(&name, Duration::from_secs(10)).await })
         };
         tokio::time::sleep(Duration::from_millis(200)).await;
         let token = guard.fencing_token();
@@ -88,7 +84,7 @@ async fn a_lock_on_each_master_excludes_and_hands_over_by_notice() {
         );
         assert!(next.fencing_token() > token);
         next.release().await.unwrap();
-        assert!(!exists_on(&cluster, node, &key));
+        assert!(!cluster.exists_on(node, &key));
     }
 }
 
@@ -100,16 +96,13 @@ async fn fair_read_write_and_claims_work_on_each_master() {
         // Fair: the queued waiter is woken when the holder releases.
         let name = name_on(&cluster, &a, node, "fair");
         let held = a.fair_lock(&name).acquire().await.unwrap();
-        assert!(exists_on(&cluster, node, held.key().redis_key()));
+        assert!(cluster.exists_on(node, held.key().redis_key()));
         let waiter = {
             let (b, name) = (b.clone(), name.clone());
-            tokio::spawn(async move {
-                let started = Instant::now();
-                let guard = b
-                    .fair_lock(&name)
+            timed(async move {
+                b.fair_lock(&name)
                     .try_acquire(Duration::from_secs(10))
-                    .await;
-                (guard, started.elapsed())
+                    .await
             })
         };
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -126,17 +119,14 @@ async fn fair_read_write_and_claims_work_on_each_master() {
         let name = name_on(&cluster, &a, node, "rw");
         let r1 = a.rw_lock(&name).read().acquire().await.unwrap();
         let r2 = b.rw_lock(&name).read().acquire().await.unwrap();
-        assert!(exists_on(&cluster, node, r1.key().redis_key()));
+        assert!(cluster.exists_on(node, r1.key().redis_key()));
         let writer = {
             let (b, name) = (b.clone(), name.clone());
-            tokio::spawn(async move {
-                let started = Instant::now();
-                let guard = b
-                    .rw_lock(&name)
+            timed(async move {
+                b.rw_lock(&name)
                     .write()
                     .try_acquire(Duration::from_secs(10))
-                    .await;
-                (guard, started.elapsed())
+                    .await
             })
         };
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -180,31 +170,28 @@ async fn a_multi_lock_spans_masters_and_holds_nothing_while_it_waits() {
         .unwrap();
     assert_eq!(all.guards().len(), 3);
     for (node, key) in &keys {
-        assert!(exists_on(&cluster, *node, key));
+        assert!(cluster.exists_on(*node, key));
     }
     all.release().await.unwrap();
     for (node, key) in &keys {
-        assert!(!exists_on(&cluster, *node, key));
+        assert!(!cluster.exists_on(*node, key));
     }
 
     // Master 2's lock is busy: a multi-lock over all three waits, holding none of them.
     let busy = b.acquire(&names[2]).await.unwrap();
     let waiter = {
         let (a, names) = (a.clone(), names.clone());
-        tokio::spawn(async move {
-            let started = Instant::now();
-            let all = a
-                .multi_lock(names.iter().cloned())
+        timed(async move {
+            a.multi_lock(names.iter().cloned())
                 .try_acquire(Duration::from_secs(10))
-                .await;
-            (all, started.elapsed())
+                .await
         })
     };
     for _ in 0..10 {
         tokio::time::sleep(Duration::from_millis(30)).await;
         for (node, key) in &keys[..2] {
             assert!(
-                !exists_on(&cluster, *node, key),
+                !cluster.exists_on(*node, key),
                 "{key} held while the set waits"
             );
         }
@@ -214,7 +201,7 @@ async fn a_multi_lock_spans_masters_and_holds_nothing_while_it_waits() {
     assert!(waited < SERVED, "multi-lock served after {waited:?}");
     let all = all.unwrap();
     for (node, key) in &keys {
-        assert!(exists_on(&cluster, *node, key));
+        assert!(cluster.exists_on(*node, key));
     }
     all.release().await.unwrap();
 }
@@ -238,10 +225,7 @@ async fn the_watchdog_and_dropped_guards_cover_every_slot() {
     tokio::time::sleep(lease * 3).await;
     for guard in &guards {
         assert!(!guard.is_lost(), "{} lost", guard.key());
-        let node = cluster.owner(guard.key().redis_key()).unwrap();
-        let ttl: i64 = cluster.nodes()[node]
-            .query(&["PTTL", guard.key().redis_key()])
-            .unwrap();
+        let ttl = cluster.pttl(guard.key().redis_key());
         assert!(ttl > 0, "{} not renewed: PTTL {ttl}", guard.key());
     }
 
@@ -249,18 +233,18 @@ async fn the_watchdog_and_dropped_guards_cover_every_slot() {
         .iter()
         .map(|g| g.key().redis_key().to_owned())
         .collect();
+    let owners: Vec<usize> = keys.iter().map(|k| cluster.owner(k).unwrap()).collect();
     drop(guards);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    for key in &keys {
-        let node = cluster.owner(key).unwrap();
-        while exists_on(&cluster, node, key) {
-            assert!(
-                Instant::now() < deadline,
-                "dropped guard's {key} still held"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
+    eventually(
+        Duration::from_secs(5),
+        "every dropped guard's lock is gone from its master",
+        || async {
+            keys.iter()
+                .zip(&owners)
+                .all(|(key, &node)| !cluster.exists_on(node, key))
+        },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -281,7 +265,7 @@ async fn a_held_lock_follows_its_slot_to_another_master() {
     let slot = cluster.slot(&key).unwrap();
     cluster.move_slot(slot, 1).unwrap();
     assert_eq!(cluster.owner(&key).unwrap(), 1);
-    assert!(exists_on(&cluster, 1, &key) && !exists_on(&cluster, 0, &key));
+    assert!(cluster.exists_on(1, &key) && !cluster.exists_on(0, &key));
 
     // Renewals find the lock on its new master...
     tokio::time::sleep(lease * 2).await;
@@ -296,7 +280,7 @@ async fn a_held_lock_follows_its_slot_to_another_master() {
         "waiter served {:?} after the release",
         released.elapsed()
     );
-    assert!(exists_on(&cluster, 1, &key));
+    assert!(cluster.exists_on(1, &key));
     next.release().await.unwrap();
-    assert!(!exists_on(&cluster, 1, &key));
+    assert!(!cluster.exists_on(1, &key));
 }

@@ -1,42 +1,21 @@
 //! Promises that only the Redis store can break: connection sharing, wake-one
 //! notification, and behaviour under real server faults (pause, restart, killed pub/sub).
 
+mod common;
+
 use std::time::{Duration, Instant};
 
-use lockwarden::{LockClient, LockError};
-use lockwarden_testkit::RedisServer;
+use common::{connect_with, finishes};
+use lockwarden_core::{LockClient, LockError};
+use lockwarden_testkit::{eventually, RedisServer};
 
-fn connections(server: &RedisServer) -> usize {
-    let list: String = server.query(&["CLIENT", "LIST"]).unwrap();
-    list.lines().count()
-}
-
-fn numsub(server: &RedisServer, channel: &str) -> i64 {
-    let reply: (String, i64) = server.query(&["PUBSUB", "NUMSUB", channel]).unwrap();
-    reply.1
-}
-
-fn evalsha_calls(server: &RedisServer) -> u64 {
-    let info: String = server.query(&["INFO", "commandstats"]).unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
-}
-
-async fn wait_until(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
+/// How long the waits for subscriptions to appear or go may take.
+const SUBSCRIBED: Duration = Duration::from_secs(5);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_waiters_share_one_pubsub_connection() {
     let server = RedisServer::start().unwrap();
-    let before = connections(&server);
+    let before = server.clients().len();
     let holder = LockClient::connect(&server.url()).await.unwrap();
     let waiter = LockClient::connect(&server.url()).await.unwrap();
     let mut guards = Vec::new();
@@ -52,21 +31,22 @@ async fn many_waiters_share_one_pubsub_connection() {
                 .map(drop)
         }));
     }
-    wait_until("every waiter subscribed", Duration::from_secs(5), || {
-        (0..20).all(|k| numsub(&server, &format!("lockwarden:{{shared:{k}}}:released")) == 1)
+    eventually(SUBSCRIBED, "every waiter subscribed", || async {
+        (0..20).all(|k| server.subscribers(&format!("lockwarden:{{shared:{k}}}:released")) == 1)
     })
     .await;
     // Two clients: one command and one pub/sub connection each, however many waiters.
-    assert_eq!(connections(&server), before + 4);
+    let clients = server.clients();
+    assert_eq!(clients.len(), before + 4, "{clients:?}");
+    assert_eq!(clients.iter().filter(|c| c.is_pubsub()).count(), 1);
     assert_eq!(waiter.stats().waited_channels, 20);
 
     drop(guards);
     for task in tasks {
         task.await.unwrap().expect("every waiter gets its lock");
     }
-    wait_until("subscriptions dropped", Duration::from_secs(5), || {
-        let channels: Vec<String> = server.query(&["PUBSUB", "CHANNELS"]).unwrap();
-        channels.is_empty()
+    eventually(SUBSCRIBED, "subscriptions dropped", || async {
+        server.channels().is_empty()
     })
     .await;
     assert_eq!(waiter.stats().waited_channels, 0);
@@ -88,22 +68,20 @@ async fn a_release_wakes_one_local_waiter_not_all() {
             g.release().await
         }));
     }
-    wait_until("waiters subscribed", Duration::from_secs(5), || {
-        numsub(&server, "lockwarden:{herd}:released") == 1
+    eventually(SUBSCRIBED, "waiters subscribed", || async {
+        server.subscribers("lockwarden:{herd}:released") == 1
     })
     .await;
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let before = evalsha_calls(&server);
+    let before = server.command_calls("evalsha");
     guard.release().await.unwrap();
     tokio::time::sleep(Duration::from_millis(150)).await;
-    let calls = evalsha_calls(&server) - before;
+    let calls = server.command_calls("evalsha") - before;
     // One release plus the woken waiter's acquire; a thundering herd would be ~51.
     assert!(calls <= 4, "{calls} scripts ran for one handoff");
     for task in tasks {
-        tokio::time::timeout(Duration::from_secs(40), task)
+        finishes(Duration::from_secs(40), "the task finishes", task)
             .await
-            .unwrap()
-            .unwrap()
             .unwrap();
     }
 }
@@ -119,14 +97,14 @@ async fn waiters_recover_when_the_pubsub_connection_is_killed() {
         w.try_acquire("killed-pubsub", Duration::from_secs(10))
             .await
     });
-    wait_until("waiter subscribed", Duration::from_secs(5), || {
-        numsub(&server, "lockwarden:{killed-pubsub}:released") == 1
+    eventually(SUBSCRIBED, "waiter subscribed", || async {
+        server.subscribers("lockwarden:{killed-pubsub}:released") == 1
     })
     .await;
     let killed: i64 = server.query(&["CLIENT", "KILL", "TYPE", "pubsub"]).unwrap();
     assert!(killed >= 1);
-    wait_until("resubscribed", Duration::from_secs(5), || {
-        numsub(&server, "lockwarden:{killed-pubsub}:released") == 1
+    eventually(SUBSCRIBED, "resubscribed", || async {
+        server.subscribers("lockwarden:{killed-pubsub}:released") == 1
     })
     .await;
     let released = Instant::now();
@@ -146,12 +124,11 @@ async fn waiters_recover_when_the_pubsub_connection_is_killed() {
 async fn renewal_failures_are_retried_then_reported_lost() {
     let server = RedisServer::start().unwrap();
     let lease = Duration::from_millis(600);
-    let client = LockClient::builder()
-        .watchdog_timeout(lease)
-        .command_timeout(Duration::from_millis(100))
-        .connect(&server.url())
-        .await
-        .unwrap();
+    let client = connect_with(&server.url(), |b| {
+        b.watchdog_timeout(lease)
+            .command_timeout(Duration::from_millis(100))
+    })
+    .await;
     let guard = client.acquire("paused").await.unwrap();
     server.pause();
     let paused_at = Instant::now();
@@ -182,11 +159,7 @@ async fn renewal_failures_are_retried_then_reported_lost() {
 async fn try_acquire_on_a_paused_server_ends_within_budget_plus_command_timeout() {
     let server = RedisServer::start().unwrap();
     let timeout = Duration::from_millis(200);
-    let client = LockClient::builder()
-        .command_timeout(timeout)
-        .connect(&server.url())
-        .await
-        .unwrap();
+    let client = connect_with(&server.url(), |b| b.command_timeout(timeout)).await;
     let held = client.acquire("held").await.unwrap();
     server.pause();
     let budget = Duration::from_millis(300);
@@ -226,11 +199,7 @@ async fn try_acquire_on_a_paused_server_ends_within_budget_plus_command_timeout(
 async fn restart_reports_loss_and_keeps_tokens_increasing() {
     let mut server = RedisServer::start().unwrap();
     let lease = Duration::from_millis(600);
-    let client = LockClient::builder()
-        .watchdog_timeout(lease)
-        .connect(&server.url())
-        .await
-        .unwrap();
+    let client = connect_with(&server.url(), |b| b.watchdog_timeout(lease)).await;
     let guard = client.acquire("restart").await.unwrap();
     let token_before = guard.fencing_token();
 
@@ -262,19 +231,14 @@ async fn restart_reports_loss_and_keeps_tokens_increasing() {
 async fn watchdog_never_recreates_a_deleted_lock() {
     let server = RedisServer::start().unwrap();
     let lease = Duration::from_millis(300);
-    let client = LockClient::builder()
-        .watchdog_timeout(lease)
-        .connect(&server.url())
-        .await
-        .unwrap();
+    let client = connect_with(&server.url(), |b| b.watchdog_timeout(lease)).await;
     let guard = client.acquire("deleted").await.unwrap();
     let _: i64 = server.query(&["DEL", "lockwarden:{deleted}"]).unwrap();
     tokio::time::timeout(lease, guard.lost())
         .await
         .expect("lost");
     tokio::time::sleep(lease).await;
-    let exists: i64 = server.query(&["EXISTS", "lockwarden:{deleted}"]).unwrap();
-    assert_eq!(exists, 0);
+    assert!(!server.exists("lockwarden:{deleted}"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -289,14 +253,13 @@ async fn data_layout_is_a_hash_of_holder_to_count() {
     let (uuid, number) = me.id().rsplit_once(':').unwrap();
     assert_eq!(uuid.len(), 36, "random v4 uuid");
     assert!(number.parse::<u64>().is_ok());
-    let ttl: i64 = server.query(&["PTTL", "lockwarden:{layout}"]).unwrap();
+    let ttl = server.pttl("lockwarden:{layout}");
     assert!(ttl > 25_000 && ttl <= 30_000, "watchdog lease: {ttl}");
     let token: u64 = server.query(&["GET", "lockwarden:{layout}:fence"]).unwrap();
     assert_eq!(token, a.fencing_token());
     b.release().await.unwrap();
     a.release().await.unwrap();
-    let exists: i64 = server.query(&["EXISTS", "lockwarden:{layout}"]).unwrap();
-    assert_eq!(exists, 0);
+    assert!(!server.exists("lockwarden:{layout}"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

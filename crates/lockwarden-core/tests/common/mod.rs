@@ -1,0 +1,219 @@
+//! Shared set-up for the engine's integration tests (and, through `#[path]`, the root
+//! package's): a lock store that is either in-process or a real throw-away
+//! `redis-server` ([`Env`]), the [`conformance!`] macro that runs a test body on both,
+//! the lock kinds behind one interface ([`kinds`]), the key layout oracle ([`keys`]), and
+//! small helpers for guards and tasks. Server probes and polling are the testkit's.
+#![allow(dead_code)]
+
+pub mod keys;
+pub mod kinds;
+
+use std::future::Future;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use lockwarden_core::{
+    LockClient, LockClientBuilder, LockError, LockGuard, MultiGuard, RedlockGuard,
+};
+use lockwarden_testkit::RedisServer;
+
+/// Where the locks live for one test.
+pub struct Env {
+    pub server: Option<RedisServer>,
+    /// The in-process store is per client; every `client()` of a memory env shares it.
+    memory: OnceLock<LockClient>,
+}
+
+impl Env {
+    pub fn memory() -> Self {
+        Self {
+            server: None,
+            memory: OnceLock::new(),
+        }
+    }
+
+    pub fn redis() -> Self {
+        Self {
+            server: Some(RedisServer::start().expect("start redis-server")),
+            memory: OnceLock::new(),
+        }
+    }
+
+    pub fn is_redis(&self) -> bool {
+        self.server.is_some()
+    }
+
+    pub fn server(&self) -> &RedisServer {
+        self.server.as_ref().expect("a redis env")
+    }
+
+    /// A client with default settings: a new connection on Redis, the shared store in-process.
+    pub async fn client(&self) -> LockClient {
+        self.client_with(|b| b).await
+    }
+
+    /// A client with settings; in-process, the first call's settings apply to all.
+    pub async fn client_with(
+        &self,
+        configure: impl FnOnce(LockClientBuilder) -> LockClientBuilder,
+    ) -> LockClient {
+        match &self.server {
+            Some(server) => connect_with(&server.url(), configure).await,
+            None => self
+                .memory
+                .get_or_init(|| configure(LockClient::builder()).in_memory())
+                .clone(),
+        }
+    }
+}
+
+/// A client of the Redis server at `url`, with settings.
+///
+/// # Panics
+/// If it cannot connect.
+pub async fn connect_with(
+    url: &str,
+    configure: impl FnOnce(LockClientBuilder) -> LockClientBuilder,
+) -> LockClient {
+    configure(LockClient::builder())
+        .connect(url)
+        .await
+        .unwrap_or_else(|e| panic!("connect to {url}: {e}"))
+}
+
+/// Awaits a spawned task for at most `within` and returns its output.
+///
+/// # Panics
+/// With `what` if it takes longer; if the task panicked.
+pub async fn finishes<T>(within: Duration, what: &str, task: tokio::task::JoinHandle<T>) -> T {
+    tokio::time::timeout(within, task)
+        .await
+        .unwrap_or_else(|_| panic!("not within {within:?}: {what}"))
+        .expect("the task panicked")
+}
+
+/// Spawns `fut`; the task's output comes with the instant it was ready.
+pub fn spawn_timed<F>(fut: F) -> tokio::task::JoinHandle<(F::Output, std::time::Instant)>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    tokio::spawn(async move {
+        let out = fut.await;
+        (out, std::time::Instant::now())
+    })
+}
+
+/// The body of a child process that holds a lock until it is killed: prints `line` (the
+/// parent waits for it), then keeps `guard` (and its watchdog) alive for at most 120 s,
+/// in case the parent died without killing it.
+pub async fn hold_until_killed<G>(line: String, guard: G) {
+    println!("{line}");
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    drop(guard);
+}
+
+/// A guard of any kind (plain, fair, read-write, multi, Redlock) that can be given back.
+pub trait GiveBack {
+    /// Releases the lock(s), as the guard's own `release`.
+    fn give_back(self) -> impl Future<Output = Result<(), LockError>>;
+}
+
+impl GiveBack for LockGuard {
+    fn give_back(self) -> impl Future<Output = Result<(), LockError>> {
+        self.release()
+    }
+}
+
+impl GiveBack for MultiGuard {
+    fn give_back(self) -> impl Future<Output = Result<(), LockError>> {
+        self.release()
+    }
+}
+
+impl GiveBack for RedlockGuard {
+    fn give_back(self) -> impl Future<Output = Result<(), LockError>> {
+        self.release()
+    }
+}
+
+impl GiveBack for kinds::Held {
+    fn give_back(self) -> impl Future<Output = Result<(), LockError>> {
+        self.release()
+    }
+}
+
+/// Asserts that `attempt` gets the lock (so it was free: `what` says why it must be),
+/// then releases it.
+pub async fn take_and_release<G: GiveBack>(
+    what: &str,
+    attempt: impl Future<Output = Result<G, LockError>>,
+) {
+    let guard = attempt
+        .await
+        .unwrap_or_else(|e| panic!("{what}: expected the lock, got {e}"));
+    guard
+        .give_back()
+        .await
+        .unwrap_or_else(|e| panic!("{what}: release failed: {e}"));
+}
+
+/// Runs async test bodies against both stores.
+///
+/// `conformance!(name, ...)` makes `memory::name` and `redis::name`, each calling
+/// `name(env)` with its store's [`Env`].
+///
+/// `conformance!(kinds: name, ...)` runs each body for every [`Kind`] of lock on both
+/// stores: it makes `<store>::<kind>::name` (stores `memory`, `redis`; kinds `plain`,
+/// `fair`, `read`, `write`, `multi`), each calling `name(env, kind)` with a
+/// [`kinds::Kind`].
+#[macro_export]
+macro_rules! conformance {
+    (kinds: $($name:ident),* $(,)?) => {
+        mod memory {
+            $crate::conformance!(@kinds memory; $($name),*);
+        }
+        mod redis {
+            $crate::conformance!(@kinds redis; $($name),*);
+        }
+    };
+    (@kinds $store:ident; $($name:ident),*) => {
+        $crate::conformance!(@kind $store, plain, Plain; $($name),*);
+        $crate::conformance!(@kind $store, fair, Fair; $($name),*);
+        $crate::conformance!(@kind $store, read, Read; $($name),*);
+        $crate::conformance!(@kind $store, write, Write; $($name),*);
+        $crate::conformance!(@kind $store, multi, Multi; $($name),*);
+    };
+    (@kind $store:ident, $kind:ident, $variant:ident; $($name:ident),*) => {
+        mod $kind {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::super::$name(
+                        $crate::common::Env::$store(),
+                        $crate::common::kinds::Kind::$variant,
+                    )
+                    .await;
+                }
+            )*
+        }
+    };
+    ($($name:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name($crate::common::Env::memory()).await;
+                }
+            )*
+        }
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name($crate::common::Env::redis()).await;
+                }
+            )*
+        }
+    };
+}
