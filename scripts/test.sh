@@ -14,4 +14,4 @@ fi
 redis-server --version
 
 # The tests start their own servers on free loopback ports; none is needed running.
-cargo test --workspace --all-features "$@"
+cargo test --workspace --all-features --no-fail-fast "$@"

@@ -14,6 +14,7 @@ conformance!(
     an_outcome_is_forgotten_after_its_keep_time,
     a_holder_that_lost_the_lock_stores_no_outcome,
     a_plain_release_stores_nothing,
+    completing_a_read_write_guard_is_refused_and_releases_it,
 );
 
 fn acquired(claim: Claim) -> lockwarden_core::LockGuard {
@@ -161,4 +162,26 @@ async fn a_plain_release_stores_nothing(env: Env) {
     tokio::time::sleep(Duration::from_millis(100)).await;
     let third = acquired(lock.try_claim(Duration::from_secs(2)).await.unwrap());
     third.release().await.unwrap();
+}
+
+/// Promise: a read-write lock keeps no claim outcome, so completing one of its guards is a
+/// typed error naming the lock; the hold is released all the same, and nothing is stored
+/// that a claim of the name could find.
+async fn completing_a_read_write_guard_is_refused_and_releases_it(env: Env) {
+    let client = env.client().await;
+    let write = client.rw_lock("report").write().acquire().await.unwrap();
+    match write
+        .complete(b"rows".to_vec(), Duration::from_secs(60))
+        .await
+    {
+        Err(LockError::NotClaimable { key }) => assert_eq!(key, "report"),
+        other => panic!("expected NotClaimable, got {other:?}"),
+    }
+    assert!(!client.rw_lock("report").is_locked().await.unwrap());
+    let claim = client
+        .lock("report")
+        .try_claim(Duration::ZERO)
+        .await
+        .unwrap();
+    acquired(claim).release().await.unwrap();
 }

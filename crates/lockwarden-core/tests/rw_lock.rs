@@ -24,6 +24,7 @@ conformance!(
     fencing_tokens_increase_with_each_write,
     abandoned_writer_does_not_hold_readers_back,
     dropped_guards_release_both_sides,
+    plain_and_read_write_locks_of_one_name_exclude_each_other,
 );
 
 fn assert_timeout(result: Result<LockGuard, LockError>, what: &str) {
@@ -662,13 +663,13 @@ async fn redis_layout_holds_one_field_and_one_lease_per_hold() {
     assert_eq!(exists, 0);
 }
 
-/// A plain lock and a read-write lock under one name exclude each other on Redis, and the
-/// read-write scripts never touch the plain lock's hash.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_plain_lock_under_the_same_name_refuses_both_sides() {
-    let env = Env::redis();
+/// A plain lock and a read-write lock under one name exclude each other, on both stores
+/// (one hash on Redis), each sees the other as locked, and the read-write side never
+/// touches the plain lock's hold.
+async fn plain_and_read_write_locks_of_one_name_exclude_each_other(env: Env) {
     let client = env.client().await;
     let plain = client.acquire("both").await.unwrap();
+    assert!(client.rw_lock("both").is_locked().await.unwrap());
     assert_refused(&client, "both", RwMode::Read, "read over a plain lock").await;
     assert_refused(&client, "both", RwMode::Write, "write over a plain lock").await;
     assert!(client
@@ -683,11 +684,13 @@ async fn redis_plain_lock_under_the_same_name_refuses_both_sides() {
         .try_acquire(Duration::ZERO)
         .await
         .unwrap();
+    assert!(client.lock("both").is_locked().await.unwrap());
     assert_timeout(
         client.try_acquire("both", Duration::ZERO).await,
         "plain over rw",
     );
     write.release().await.unwrap();
+    assert!(!client.lock("both").is_locked().await.unwrap());
 }
 
 /// Set (to a Redis URL) only in the re-executed child: it makes [`rw_reader_child`] act
