@@ -228,6 +228,103 @@ impl LockClientBuilder {
         self.connect_to(Deployment::Server(client)).await
     }
 
+    /// A client on the Redis server an existing [`redis::Client`] points at: its address,
+    /// credentials and TLS settings, configured once by the application. Commands go over
+    /// lockwarden's own auto-reconnecting connection made from it, release notices over
+    /// its own pub/sub connection.
+    ///
+    /// ```no_run
+    /// # use lockwarden_core::LockClient;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let redis = lockwarden_core::redis::Client::open("redis://127.0.0.1:6379/")?;
+    /// let client = LockClient::builder().connect_client(redis).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`LockError::Backend`] if Redis cannot be reached within the command timeout.
+    pub async fn connect_client(self, client: redis::Client) -> Result<LockClient, LockError> {
+        self.connect_to(Deployment::Server(client)).await
+    }
+
+    /// A client whose commands go through a deadpool-redis `pool` the application already
+    /// has (size, timeouts, credentials and TLS configured once). Release notices need a
+    /// connection of their own that subscribes, which a pooled connection cannot be: it
+    /// is opened from `notices`, a client for the same server.
+    ///
+    /// Every command checks a connection out of the pool, and deadpool checks each one
+    /// back in with a `PING`, so each lock operation costs the pool's round trip on top of
+    /// its own (see `BENCHMARKS.md`); the default [`connect`](Self::connect) multiplexes
+    /// one connection instead. Use the pool when the application must bound or account
+    /// for every connection it opens.
+    ///
+    /// ```no_run
+    /// # use lockwarden_core::LockClient;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let url = "redis://127.0.0.1:6379/";
+    /// let pool = deadpool_redis::Config::from_url(url).create_pool(Some(deadpool_redis::Runtime::Tokio1))?;
+    /// let notices = lockwarden_core::redis::Client::open(url)?;
+    /// let client = LockClient::builder().connect_pool(pool, notices).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`LockError::Backend`] if the pool gives no connection, or Redis cannot be reached,
+    /// within the command timeout.
+    #[cfg(feature = "deadpool")]
+    pub async fn connect_pool(
+        self,
+        pool: deadpool_redis::Pool,
+        notices: redis::Client,
+    ) -> Result<LockClient, LockError> {
+        self.connect_to(Deployment::Pool { pool, notices }).await
+    }
+
+    /// A client on the server a deadpool-redis `config` names: the pool is made from it
+    /// (on Tokio), and the pub/sub connection from its address (see
+    /// [`connect_pool`](Self::connect_pool)).
+    ///
+    /// ```no_run
+    /// # use lockwarden_core::LockClient;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden_core::LockError> {
+    /// let config = deadpool_redis::Config::from_url("redis://127.0.0.1:6379/");
+    /// let client = LockClient::builder().connect_deadpool(&config).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`LockError::Backend`] if the configuration is invalid (e.g. both a URL and
+    /// connection fields) or Redis cannot be reached within the command timeout.
+    #[cfg(feature = "deadpool")]
+    pub async fn connect_deadpool(
+        self,
+        config: &deadpool_redis::Config,
+    ) -> Result<LockClient, LockError> {
+        let invalid = |what: String| {
+            let kind = redis::ErrorKind::InvalidClientConfig;
+            BackendError::Redis(redis::RedisError::from((
+                kind,
+                "deadpool-redis config",
+                what,
+            )))
+        };
+        let notices = match (&config.url, &config.connection) {
+            (Some(url), None) => redis::Client::open(url.as_str()),
+            (None, Some(info)) => redis::Client::open(redis::ConnectionInfo::from(info.clone())),
+            (None, None) => redis::Client::open(redis::ConnectionInfo::from(
+                deadpool_redis::ConnectionInfo::default(),
+            )),
+            (Some(_), Some(_)) => {
+                return Err(invalid("both a URL and connection fields are set".into()).into())
+            }
+        }
+        .map_err(BackendError::from)?;
+        let pool = config
+            .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+            .map_err(|e| invalid(e.to_string()))?;
+        self.connect_pool(pool, notices).await
+    }
+
     /// A client on a Redis Cluster, found through any of `nodes` (one reachable node is
     /// enough; the client learns the others and follows slots as they move).
     ///

@@ -55,6 +55,10 @@ mod client;
 
 mod redlock;
 
+/// The Redis client crate lockwarden is built on, for [`LockClientBuilder::connect_client`]
+/// and the errors in [`BackendError::Redis`].
+pub use redis;
+
 pub use builder::LockClientBuilder;
 pub use client::{ClientStats, LockClient};
 pub use error::{BackendError, KeyError, LockError, RedlockError};

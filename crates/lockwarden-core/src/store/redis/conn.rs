@@ -28,6 +28,13 @@ pub(crate) enum Deployment {
         sentinels: Vec<String>,
         service: String,
     },
+    /// One server through an application's deadpool-redis pool; the pub/sub connection
+    /// comes from `notices` (a pooled connection cannot subscribe).
+    #[cfg(feature = "deadpool")]
+    Pool {
+        pool: deadpool_redis::Pool,
+        notices: redis::Client,
+    },
 }
 
 impl Deployment {
@@ -43,6 +50,8 @@ impl Deployment {
                 sentinel_client(sentinels, service.clone())?;
                 Ok(())
             }
+            #[cfg(feature = "deadpool")]
+            Deployment::Pool { .. } => Ok(()),
         }
     }
 
@@ -75,6 +84,16 @@ impl Deployment {
                 let config = manager_config(timeout, response);
                 let followed = Followed::connect(sentinel, config, timeout).await?;
                 Ok((Conn::Sentinel(followed.clone()), Source::Sentinel(followed)))
+            }
+            #[cfg(feature = "deadpool")]
+            Deployment::Pool { pool, notices } => {
+                // Check out (and give back) one connection: an unreachable server fails here.
+                bounded(timeout, async {
+                    pool.get().await.map(drop).map_err(pool_error)
+                })
+                .await?;
+                let source = Source::Server(Box::new(notices.clone()));
+                Ok((Conn::Pool(pool.clone()), source))
             }
         }
     }
@@ -119,6 +138,9 @@ pub(super) enum Conn {
     Cluster(ClusterConnection),
     /// A connection to the current primary, replaced when Sentinel names another.
     Sentinel(Followed),
+    /// A connection checked out of an application's pool for each command.
+    #[cfg(feature = "deadpool")]
+    Pool(deadpool_redis::Pool),
 }
 
 impl Conn {
@@ -134,6 +156,11 @@ impl ConnectionLike for Conn {
             Conn::Server(conn) => conn.req_packed_command(cmd),
             Conn::Cluster(conn) => conn.req_packed_command(cmd),
             Conn::Sentinel(followed) => followed.req_packed_command(cmd),
+            #[cfg(feature = "deadpool")]
+            Conn::Pool(pool) => Box::pin(async move {
+                let mut conn = pool.get().await.map_err(pool_error)?;
+                conn.req_packed_command(cmd).await
+            }),
         }
     }
 
@@ -147,6 +174,11 @@ impl ConnectionLike for Conn {
             Conn::Server(conn) => conn.req_packed_commands(pipeline, offset, count),
             Conn::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
             Conn::Sentinel(followed) => followed.req_packed_commands(pipeline, offset, count),
+            #[cfg(feature = "deadpool")]
+            Conn::Pool(pool) => Box::pin(async move {
+                let mut conn = pool.get().await.map_err(pool_error)?;
+                conn.req_packed_commands(pipeline, offset, count).await
+            }),
         }
     }
 
@@ -155,6 +187,22 @@ impl ConnectionLike for Conn {
             Conn::Server(conn) => conn.get_db(),
             Conn::Cluster(conn) => conn.get_db(),
             Conn::Sentinel(_) => 0,
+            #[cfg(feature = "deadpool")]
+            Conn::Pool(_) => 0,
         }
+    }
+}
+
+/// A pool that could not hand out a connection, as the connection error it stands for
+/// (so an acquire rides it out within its budget, as it would a reconnect).
+#[cfg(feature = "deadpool")]
+fn pool_error(error: deadpool_redis::PoolError) -> redis::RedisError {
+    match error {
+        deadpool_redis::PoolError::Backend(error) => error,
+        other => redis::RedisError::from((
+            redis::ErrorKind::Io,
+            "the connection pool gave no connection",
+            other.to_string(),
+        )),
     }
 }
