@@ -21,6 +21,8 @@ pub type BoxError = Box<dyn Error + Send + Sync>;
 const TTL: Duration = Duration::from_secs(10);
 /// Polling interval of the hand-rolled lock.
 const POLL: Duration = Duration::from_millis(1);
+/// Connections of the deadpool-redis pool in the bring-your-own-pool rows.
+const POOL_SIZE: usize = 16;
 
 static COMPARE_AND_DELETE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
@@ -40,6 +42,8 @@ pub enum Kind {
     Lockwarden,
     /// lockwarden with a fixed lease instead of the watchdog (diagnostic).
     LockwardenLease,
+    /// lockwarden whose commands go through a deadpool-redis pool (bring your own pool).
+    LockwardenPool,
     RslockDefault,
     RslockFast,
     SetNx,
@@ -54,10 +58,12 @@ impl Kind {
         Kind::SetNx,
     ];
     /// Without contention rslock's retry settings never come into play.
-    /// The fixed-lease lockwarden variant shows what the watchdog bookkeeping costs.
-    pub const UNCONTENDED: [Kind; 4] = [
+    /// The fixed-lease lockwarden variant shows what the watchdog bookkeeping costs, the
+    /// pooled one what a pool checkout costs per operation.
+    pub const UNCONTENDED: [Kind; 5] = [
         Kind::Lockwarden,
         Kind::LockwardenLease,
+        Kind::LockwardenPool,
         Kind::RslockDefault,
         Kind::SetNx,
     ];
@@ -66,6 +72,7 @@ impl Kind {
         match self {
             Kind::Lockwarden => "lockwarden",
             Kind::LockwardenLease => "lockwarden (10 s lease, no watchdog)",
+            Kind::LockwardenPool => "lockwarden, deadpool-redis pool (16)",
             Kind::RslockDefault => "rslock 0.10 (defaults)",
             Kind::RslockFast => "rslock 0.10 (retry 1 ms)",
             Kind::SetNx => "SET NX + 1 ms poll",
@@ -77,6 +84,7 @@ impl Kind {
         match self {
             Kind::Lockwarden => "lw",
             Kind::LockwardenLease => "lwl",
+            Kind::LockwardenPool => "lwp",
             Kind::RslockDefault => "rsd",
             Kind::RslockFast => "rsf",
             Kind::SetNx => "setnx",
@@ -116,6 +124,12 @@ impl Locker {
         Ok(match kind {
             Kind::Lockwarden => Self::Lockwarden(LockClient::connect(url).await?),
             Kind::LockwardenLease => Self::LockwardenLease(LockClient::connect(url).await?),
+            Kind::LockwardenPool => {
+                let mut config = deadpool_redis::Config::from_url(url);
+                config.pool = Some(deadpool_redis::PoolConfig::new(POOL_SIZE));
+                let client = LockClient::builder().connect_deadpool(&config).await?;
+                Self::Lockwarden(client)
+            }
             Kind::RslockDefault => Self::Rslock(LockManager::new(vec![url])),
             Kind::RslockFast => {
                 let mut manager = LockManager::new(vec![url]);
