@@ -1,8 +1,26 @@
--- Delete a lock whoever holds it (an admin action) and tell waiters.
--- KEYS[1] lock hash; ARGV[1] release channel
+-- Delete a lock whoever holds it, whatever its kind (an admin action), and wake its
+-- waiters as its own release would have.
+-- KEYS[1] lock hash, KEYS[2] a read-write lock's leases, KEYS[3] a fair lock's queue,
+-- KEYS[4] its waiters' deadlines
+-- ARGV[1] release channel, ARGV[2] readers' channel, ARGV[3] fair wake channel prefix
 -- Returns 1 if a lock was deleted, 0 if there was none.
-if redis.call('DEL', KEYS[1]) == 1 then
-  redis.call('PUBLISH', ARGV[1], '0')
-  return 1
+if redis.call('DEL', KEYS[1]) == 0 then
+  return 0
 end
-return 0
+redis.call('DEL', KEYS[2])
+-- A plain waiter or a waiting writer (and Redisson's waiters: '0' is its unlock message).
+redis.call('PUBLISH', ARGV[1], '0')
+-- Waiting readers (still held back by any writer that waits).
+redis.call('PUBLISH', ARGV[2], 'read')
+-- The fair queue's head, skipping waiters that died.
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)) do
+  redis.call('LREM', KEYS[3], 0, id)
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+local head = redis.call('LINDEX', KEYS[3], 0)
+if head then
+  redis.call('PUBLISH', ARGV[3] .. head, '0')
+end
+return 1

@@ -168,29 +168,6 @@ impl Lock {
         acquire::acquire(self.engine.waiters(), attempts, deadline).await
     }
 
-    /// Deletes the lock whoever holds it and wakes its waiters. An admin action: the
-    /// holder learns of it at its next renewal (its guard reports the lock lost).
-    /// Returns whether there was a lock to delete.
-    ///
-    /// ```
-    /// # use lockwarden_core::LockClient;
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden_core::LockError> {
-    /// let client = LockClient::in_memory();
-    /// let stuck = client.acquire("door").await?;
-    /// assert!(client.lock("door").force_unlock().await?);
-    /// assert!(!client.lock("door").is_locked().await?);
-    /// # drop(stuck); Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    /// [`LockError::InvalidKey`] or [`LockError::Backend`].
-    pub async fn force_unlock(&self) -> Result<bool, LockError> {
-        let key = self.key()?;
-        let deleted = self.engine.store().force_unlock(key).await?;
-        tracing::warn!(%key, deleted, "lock force-unlocked");
-        Ok(deleted)
-    }
-
     /// Releases one hold of `holder`, which has no guard for it (a Redlock node whose
     /// answer was lost).
     pub(crate) async fn release_as(&self, holder: &Holder) -> Result<(), LockError> {

@@ -99,7 +99,32 @@ impl MultiLock {
         self.acquire_until(Instant::now().checked_add(wait)).await
     }
 
-    async fn acquire_until(&self, deadline: Option<Instant>) -> Result<MultiGuard, LockError> {
+    /// Deletes every lock of the set whoever holds it, and wakes their waiters at once (see
+    /// [`Lock::force_unlock`](crate::Lock::force_unlock)). Returns whether there was any
+    /// lock to delete.
+    ///
+    /// ```
+    /// # use lockwarden_core::LockClient;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden_core::LockError> {
+    /// let client = LockClient::in_memory();
+    /// let stuck = client.multi_lock(["stock:7", "order:3"]).acquire().await?;
+    /// assert!(client.multi_lock(["stock:7", "order:3"]).force_unlock().await?);
+    /// assert!(!client.lock("order:3").is_locked().await?);
+    /// # drop(stuck); Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`LockError::InvalidKey`] (before anything is deleted) or [`LockError::Backend`].
+    pub async fn force_unlock(&self) -> Result<bool, LockError> {
+        let mut deleted = false;
+        for key in self.keys()? {
+            deleted |= crate::inspect::force_unlock(&self.engine, &key).await?;
+        }
+        Ok(deleted)
+    }
+
+    /// The validated keys, in the one order every caller takes them in.
+    fn keys(&self) -> Result<Vec<Key>, LockError> {
         let mut keys: Vec<Key> = self
             .names
             .iter()
@@ -109,6 +134,11 @@ impl MultiLock {
         // keys one by one (a cluster, slot by slot) needs it to avoid deadlocks.
         keys.sort_unstable_by(|a, b| a.redis_key().cmp(b.redis_key()));
         keys.dedup();
+        Ok(keys)
+    }
+
+    async fn acquire_until(&self, deadline: Option<Instant>) -> Result<MultiGuard, LockError> {
+        let keys = self.keys()?;
         let attempts = MultiAttempts {
             engine: &self.engine,
             keys,

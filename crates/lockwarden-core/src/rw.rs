@@ -102,6 +102,27 @@ pub struct RwLock {
 }
 
 impl RwLock {
+    /// Deletes the lock whoever holds either side, and wakes every waiting reader and a
+    /// waiting writer at once. An operator's action, which breaks mutual exclusion for the
+    /// current holders: they learn of it at their next renewal (their guards report the
+    /// lock lost). Returns whether there was a lock to delete.
+    ///
+    /// ```
+    /// # use lockwarden_core::LockClient;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden_core::LockError> {
+    /// let client = LockClient::in_memory();
+    /// let stuck = client.rw_lock("menu").write().acquire().await?;
+    /// assert!(client.rw_lock("menu").force_unlock().await?);
+    /// let reader = client.rw_lock("menu").read().try_acquire(std::time::Duration::ZERO).await?;
+    /// # drop((stuck, reader)); Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`LockError::InvalidKey`] or [`LockError::Backend`].
+    pub async fn force_unlock(&self) -> Result<bool, LockError> {
+        crate::inspect::force_unlock(&self.engine, self.key()?).await
+    }
+
     pub(crate) fn new(engine: Arc<Engine>, key: Result<Key, KeyError>) -> Self {
         Self { engine, key }
     }

@@ -26,6 +26,7 @@ conformance!(
     cancelled_acquires_leave_nothing_behind,
     fencing_tokens_strictly_increase,
     wait_budget_is_honoured,
+    force_unlock_wakes_waiters_at_once_and_the_holder_learns_it,
 );
 
 /// The default watchdog lease.
@@ -398,4 +399,86 @@ async fn wait_budget_is_honoured(env: Env, kind: Kind) {
     );
     assert_eq!(client.stats().waited_channels, 0);
     assert_eq!(kind.queued(&client, "budget").await, 0);
+}
+
+/// Promise: an operator's force-unlock of any kind frees the lock and wakes that kind's
+/// waiters at once (long before the holder's 30 s lease or their own retry, so only the
+/// notice explains it), and a holder kept by the watchdog learns of it through `lost()`
+/// within one renewal period.
+async fn force_unlock_wakes_waiters_at_once_and_the_holder_learns_it(env: Env, kind: Kind) {
+    let holder = env.client().await;
+    let other = env.client().await;
+    for waiting in [kind.rival(), kind.blocker()] {
+        let stuck = kind
+            .acquire(&holder, "stuck", &Opts::default())
+            .await
+            .unwrap();
+        let waiter = spawn_timed({
+            let other = other.clone();
+            async move {
+                let wait = Duration::from_secs(10);
+                waiting
+                    .try_acquire(&other, "stuck", &Opts::default(), wait)
+                    .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await; // the waiter subscribes
+        if waiter.is_finished() {
+            // A reader does not wait for a reader: nothing to wake.
+            assert!(
+                kind == Kind::Read && waiting == Kind::Read,
+                "{waiting:?} got a held lock"
+            );
+            drop(stuck);
+            continue;
+        }
+        let unlocked_at = Instant::now();
+        assert!(
+            kind.force_unlock(&holder, "stuck").await,
+            "there was a lock"
+        );
+        let (got, acquired_at) = waiter.await.unwrap();
+        let woken = acquired_at.saturating_duration_since(unlocked_at);
+        let got = got.unwrap_or_else(|e| panic!("{waiting:?} waiter after force-unlock: {e}"));
+        assert!(
+            woken < Duration::from_secs(1),
+            "{waiting:?} woken after {woken:?}"
+        );
+        drop(got);
+        drop(stuck);
+        eventually(Duration::from_secs(2), "all released", || async {
+            !kind.is_locked(&holder, "stuck").await
+        })
+        .await;
+    }
+
+    // The holder: a short watchdog lease, renewed every 200 ms (in-process, a store of
+    // its own: the env's shared one keeps its first client's settings).
+    let short =
+        |b: lockwarden_core::LockClientBuilder| b.watchdog_timeout(Duration::from_millis(600));
+    let watched = match env.is_redis() {
+        true => env.client_with(short).await,
+        false => short(LockClient::builder()).in_memory(),
+    };
+    let held = kind
+        .acquire(&watched, "forced", &Opts::default())
+        .await
+        .unwrap();
+    assert!(kind.force_unlock(&watched, "forced").await);
+    let forced_at = Instant::now();
+    eventually(
+        Duration::from_secs(2),
+        "the holder learns it lost the lock",
+        || async { held.guards().iter().all(|g| g.is_lost()) },
+    )
+    .await;
+    let learnt = forced_at.elapsed();
+    assert!(
+        learnt <= Duration::from_millis(1000),
+        "learnt after {learnt:?}"
+    );
+    assert!(
+        !kind.force_unlock(&watched, "forced").await,
+        "nothing left to unlock"
+    );
 }

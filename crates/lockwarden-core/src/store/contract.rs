@@ -65,7 +65,9 @@ pub(crate) trait LockStore {
         holder: &Holder,
     ) -> impl Future<Output = Result<()>> + Send;
 
-    /// Deletes a lock whoever holds it and wakes a waiter; whether there was one.
+    /// Deletes a lock whoever holds it, whatever its kind, and wakes its waiters as its
+    /// release would (a plain waiter or writer, every reader, the fair queue's head);
+    /// whether there was one.
     fn force_unlock(&self, key: &Key) -> impl Future<Output = Result<bool>> + Send;
 
     /// How many times the holder holds this hold (0: not at all).

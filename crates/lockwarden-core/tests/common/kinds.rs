@@ -198,6 +198,17 @@ impl Kind {
         }
     }
 
+    /// Force-unlocks the lock through its kind's own handle; whether there was one.
+    pub async fn force_unlock(self, client: &LockClient, name: &str) -> bool {
+        match self {
+            Kind::Plain => client.lock(name).force_unlock().await,
+            Kind::Fair => client.fair_lock(name).force_unlock().await,
+            Kind::Read | Kind::Write => client.rw_lock(name).force_unlock().await,
+            Kind::Multi => client.multi_lock(self.parts(name)).force_unlock().await,
+        }
+        .unwrap()
+    }
+
     /// How many waiters are queued (fair locks only; 0 for the other kinds).
     pub async fn queued(self, client: &LockClient, name: &str) -> usize {
         match self {

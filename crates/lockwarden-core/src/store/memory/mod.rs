@@ -274,11 +274,25 @@ impl LockStore for MemoryStore {
     }
 
     async fn force_unlock(&self, key: &Key) -> Result<bool> {
-        let existed = self.state().locks.remove(key, Instant::now());
-        if existed {
-            self.waiters.notify_one(key.channel());
+        let now = Instant::now();
+        let mut state = self.state();
+        let exclusive = state.locks.remove(key, now);
+        let read_write = state.rw.remove(key, now);
+        let next = (exclusive || read_write)
+            .then(|| state.queues.next(key, now))
+            .flatten();
+        drop(state);
+        if exclusive || read_write {
+            self.tell(
+                key,
+                Notices {
+                    writer: true,
+                    readers: true,
+                },
+            );
+            self.wake_turn(key, next);
         }
-        Ok(existed)
+        Ok(exclusive || read_write)
     }
 
     async fn hold_count(&self, hold: &Hold) -> Result<u64> {

@@ -245,6 +245,15 @@ impl RwLocks {
         count
     }
 
+    /// Drops every hold of `key` (waiting writers stay registered); whether any was live.
+    pub(super) fn remove(&mut self, key: &Key, now: Instant) -> bool {
+        let entry = self.entry(key, now);
+        let held = !entry.holds.is_empty();
+        entry.holds.clear();
+        self.tidy(key);
+        held
+    }
+
     /// How long the latest live hold has left, as the Redis keys live; `None`: nothing held.
     pub(super) fn remaining_ttl(&self, key: &Key, now: Instant) -> Option<Duration> {
         let entry = self.0.get(key)?;

@@ -247,9 +247,20 @@ pub(super) fn withdraw(waiter: Waiter, key: &Key, holder: &Holder) -> Call {
     }
 }
 
-/// Deletes the lock whoever holds it and wakes a waiter (`1` deleted, `0` none).
+/// Deletes the lock whoever holds it, whatever its kind, and wakes its waiters (`1`
+/// deleted, `0` none).
 pub(super) fn force_unlock(key: &Key) -> Call {
-    Call::script(&FORCE_RELEASE, &[key.redis_key()]).arg(key.channel())
+    let names = key.names();
+    let keys = [
+        key.redis_key(),
+        &names.leases,
+        &names.queue,
+        &names.deadlines,
+    ];
+    Call::script(&FORCE_RELEASE, &keys)
+        .arg(key.channel())
+        .arg(&*names.readers)
+        .arg(&*names.wake_prefix)
 }
 
 /// How many times the holder holds the hold (an integer, or nil for none).
