@@ -32,6 +32,7 @@ mod hold;
 mod holder;
 mod key;
 mod lost;
+mod metrics;
 mod waiters;
 
 mod store;
