@@ -43,6 +43,7 @@ mod watchdog;
 mod acquire;
 
 mod fair;
+mod fenced;
 mod guard;
 mod inspect;
 mod lock;
@@ -64,6 +65,7 @@ pub use builder::LockClientBuilder;
 pub use client::{ClientStats, LockClient};
 pub use error::{BackendError, KeyError, LockError, RedlockError};
 pub use fair::{FairLock, DEFAULT_QUEUE_TIMEOUT};
+pub use fenced::FencedValue;
 pub use guard::{LockGuard, LockInfo};
 pub use hold::RwMode;
 pub use holder::{Holder, Scoped};
