@@ -14,10 +14,15 @@ use lockwarden_testkit::{eventually, RedisServer};
 fn out_of_memory(server: &RedisServer) {
     let filler = "x".repeat(64 * 1024);
     for i in 0..64 {
-        server.cmd(&["SET", &format!("filler:{i}"), &filler]).unwrap();
+        server
+            .cmd(&["SET", &format!("filler:{i}"), &filler])
+            .unwrap();
     }
     server.cmd(&["CONFIG", "SET", "maxmemory", "1mb"]).unwrap();
-    assert!(server.cmd(&["SET", "probe", "1"]).is_err(), "the server is out of memory");
+    assert!(
+        server.cmd(&["SET", "probe", "1"]).is_err(),
+        "the server is out of memory"
+    );
 }
 
 /// Promise: under `noeviction`, an acquire that cannot write is a `Backend` error that
@@ -36,12 +41,18 @@ async fn out_of_memory_refuses_new_locks_cleanly_and_lets_held_ones_go() {
 
     match client.try_acquire("after", Duration::ZERO).await {
         Err(LockError::Backend(error)) => {
-            assert!(error.to_string().contains("OOM"), "the error says why: {error}");
+            assert!(
+                error.to_string().contains("OOM"),
+                "the error says why: {error}"
+            );
         }
         other => panic!("expected a backend error, got {other:?}"),
     }
     assert!(!server.exists("lockwarden:{after}"), "no lock left behind");
-    assert!(!server.exists("lockwarden:{after}:fence"), "no fencing key left behind");
+    assert!(
+        !server.exists("lockwarden:{after}:fence"),
+        "no fencing key left behind"
+    );
 
     tokio::time::sleep(Duration::from_millis(1000)).await; // > 1 lease: renewals ran
     assert!(!held.is_lost(), "renewals work out of memory");
@@ -67,15 +78,23 @@ async fn an_evicted_lock_is_reported_lost_within_one_renewal() {
     let started = Instant::now();
     let mut i = 0;
     while server.exists("lockwarden:{evictable}") {
-        assert!(i < 20_000 && started.elapsed() < Duration::from_secs(20), "never evicted");
+        assert!(
+            i < 20_000 && started.elapsed() < Duration::from_secs(20),
+            "never evicted"
+        );
         let _ = server.cmd(&["SET", &format!("filler:{i}"), &filler]);
         i += 1;
     }
     let evicted = Instant::now();
-    eventually(Duration::from_secs(2), "the guard reports the eviction", || async {
-        held.is_lost()
-    })
+    eventually(
+        Duration::from_secs(2),
+        "the guard reports the eviction",
+        || async { held.is_lost() },
+    )
     .await;
     let noticed = evicted.elapsed();
-    assert!(noticed <= Duration::from_millis(400), "noticed after {noticed:?}");
+    assert!(
+        noticed <= Duration::from_millis(400),
+        "noticed after {noticed:?}"
+    );
 }
