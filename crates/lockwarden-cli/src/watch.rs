@@ -310,8 +310,9 @@ fn render_frame(frame: &Frame<'_>, rates: &Rates, space: &Space, opts: &Options)
         duration_ms(i64::try_from(opts.interval.as_millis()).unwrap_or(i64::MAX)),
     );
     out.push_str(&format!(
-        "{} locks, {} held; acq/s from {}\n\n",
+        "{} lock{}, {} held; acq/s from {}\n\n",
         frame.locks_total,
+        if frame.locks_total == 1 { "" } else { "s" },
         frame.held_total,
         match rates {
             Rates::Events { .. } => "keyspace events (exact)".to_owned(),
@@ -338,8 +339,16 @@ fn render_frame(frame: &Frame<'_>, rates: &Rates, space: &Space, opts: &Options)
                         |ms| duration_ms(i64::try_from(ms).unwrap_or(i64::MAX)),
                     ),
                     v.lease_ms.map_or_else(|| "-".into(), duration_ms),
-                    r.acquisitions_per_sec
-                        .map_or_else(|| "-".into(), |x| format!("{lower}{x:.1}")),
+                    r.acquisitions_per_sec.map_or_else(
+                        || "-".into(),
+                        |x| {
+                            if x > 0.0 {
+                                format!("{lower}{x:.1}")
+                            } else {
+                                "0".into()
+                            }
+                        },
+                    ),
                 ]
             })
             .collect();
