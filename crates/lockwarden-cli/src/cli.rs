@@ -35,6 +35,7 @@ pub struct Common {
     #[arg(
         long,
         env = "REDIS_URL",
+        hide_env_values = true,
         default_value = "redis://127.0.0.1:6379/",
         value_delimiter = ',',
         global = true

@@ -367,3 +367,50 @@ fn unlock_without_yes_and_without_a_terminal_refuses() {
     assert_eq!(plain["holders"][0]["id"], f.plain_holder.as_str());
     assert_eq!(plain["holders"][0]["count"], 2);
 }
+
+/// With a terminal (a pty from util-linux's `script`), only `yes` confirms.
+#[test]
+fn unlock_on_a_terminal_asks_and_only_yes_confirms() {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    if Command::new("script").arg("--version").output().is_err() {
+        eprintln!("skipped: util-linux `script` (to get a terminal) is not installed");
+        return;
+    }
+    let mut f = Fixture::start("child");
+    let on_a_terminal = |answer: &str| {
+        let cmd = format!(
+            "{} --url {} unlock {PLAIN}",
+            env!("CARGO_BIN_EXE_lockwarden"),
+            f.url()
+        );
+        let mut script = Command::new("script")
+            .args(["-qec", &cmd, "/dev/null"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        script
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(answer.as_bytes())
+            .unwrap();
+        script.wait_with_output().unwrap()
+    };
+    let refused = on_a_terminal("no\n");
+    let text = String::from_utf8_lossy(&refused.stdout);
+    assert_eq!(refused.status.code(), Some(4), "{text}");
+    assert!(text.contains("Type 'yes' to confirm"), "{text}");
+    assert!(text.contains("not force-unlocking"), "{text}");
+    assert!(f.server.exists("lockwarden:{orders:42}"));
+    let plain = f.run(&["show", PLAIN, "--json"]).json();
+    assert_eq!(plain["holders"][0]["id"], f.plain_holder.as_str());
+
+    let confirmed = on_a_terminal("yes\n");
+    let text = String::from_utf8_lossy(&confirmed.stdout);
+    assert_eq!(confirmed.status.code(), Some(0), "{text}");
+    assert!(text.contains("unlocked \"orders:42\""), "{text}");
+    f.wait_got(PLAIN);
+}
