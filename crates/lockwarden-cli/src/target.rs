@@ -51,12 +51,24 @@ impl Endpoint {
             )));
         }
         for url in &self.urls {
-            url.as_str().into_connection_info().map_err(|e| {
-                CliError::Usage(format!("invalid Redis URL {:?}: {e}", redact(url)))
-            })?;
+            url.as_str()
+                .into_connection_info()
+                .map_err(|e| invalid_url(url, &e))?;
         }
         Ok(())
     }
+}
+
+/// The usage error for a URL that does not parse, or that needs what this build lacks.
+fn invalid_url(url: &str, e: &redis::RedisError) -> CliError {
+    if url.starts_with("rediss:") && e.to_string().contains("TLS") {
+        return CliError::Usage(format!(
+            "{:?}: this build of lockwarden has no TLS support (it connects as \
+             lockwarden-core does, and that was built without TLS)",
+            redact(url)
+        ));
+    }
+    CliError::Usage(format!("invalid Redis URL {:?}: {e}", redact(url)))
 }
 
 /// Hides the password of a `redis://user:password@host/` URL.
@@ -117,12 +129,7 @@ impl Target {
         let seed = endpoint.urls[0]
             .as_str()
             .into_connection_info()
-            .map_err(|e| {
-                CliError::Usage(format!(
-                    "invalid Redis URL {:?}: {e}",
-                    redact(&endpoint.urls[0])
-                ))
-            })?;
+            .map_err(|e| invalid_url(&endpoint.urls[0], &e))?;
         let db = seed.redis_settings().db();
         if !endpoint.cluster {
             let node = connect_node(seed, timeout)
@@ -151,7 +158,7 @@ impl Target {
             let info = url
                 .as_str()
                 .into_connection_info()
-                .map_err(|e| CliError::Usage(format!("invalid Redis URL: {e}")))?;
+                .map_err(|e| invalid_url(url, &e))?;
             let seed_node = match connect_node(info.clone(), timeout).await {
                 Ok(n) => n,
                 Err(e) => {

@@ -107,8 +107,7 @@ async fn start_rates(target: &Target, space: &Space) -> Rates {
         if !(flags.contains('E') && (flags.contains('$') || flags.contains('A'))) {
             return Rates::Tokens {
                 why: format!(
-                    "keyspace events off on {} (notify-keyspace-events={flags:?}; \
-                     `E$` gives exact counts)",
+                    "notify-keyspace-events is {flags:?} on {}; E$ gives exact counts",
                     node.addr
                 ),
             };
@@ -310,13 +309,13 @@ fn render_frame(frame: &Frame<'_>, rates: &Rates, space: &Space, opts: &Options)
         duration_ms(i64::try_from(opts.interval.as_millis()).unwrap_or(i64::MAX)),
     );
     out.push_str(&format!(
-        "{} lock{}, {} held; acq/s from {}\n\n",
+        "{} lock{}, {} held; acq/s {}\n\n",
         frame.locks_total,
         if frame.locks_total == 1 { "" } else { "s" },
         frame.held_total,
         match rates {
-            Rates::Events { .. } => "keyspace events (exact)".to_owned(),
-            Rates::Tokens { why } => format!("fencing-token changes (≥: lower bound; {why})"),
+            Rates::Events { .. } => "from keyspace events (exact)".to_owned(),
+            Rates::Tokens { why } => format!("≥ fencing-token changes ({why})"),
         }
     ));
     if frame.locks.is_empty() {

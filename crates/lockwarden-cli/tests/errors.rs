@@ -43,6 +43,13 @@ fn a_bad_url_is_a_usage_error() {
             fails(&lockwarden(&args), 2, "invalid Redis URL");
         }
     }
+    // TLS as far as the core has it: without, a clear refusal (2); with, nothing listens
+    // on that port (1).
+    let tls = lockwarden(&["--url", "rediss://127.0.0.1:1/", "list"]);
+    match tls.code {
+        Some(2) => assert!(tls.stderr.contains("no TLS support"), "{tls:#?}"),
+        _ => fails(&tls, 1, "cannot reach Redis at rediss://127.0.0.1:1/"),
+    }
     let two = lockwarden(&["--url", "redis://127.0.0.1:1/,redis://127.0.0.1:2/", "list"]);
     fails(&two, 2, "add --cluster");
 }
