@@ -38,6 +38,17 @@ fn hot_rate(frame: &Value) -> Option<f64> {
         .and_then(|l| l["acquisitions_per_sec"].as_f64())
 }
 
+/// The hot lock's best rate after the first refresh (which has no interval behind it).
+fn best_hot_rate(frames: &[Value]) -> f64 {
+    frames[1..]
+        .iter()
+        .filter_map(hot_rate)
+        .fold(None, |best: Option<f64>, r| {
+            Some(best.map_or(r, |b| b.max(r)))
+        })
+        .unwrap_or_else(|| panic!("the hot lock is listed with a rate: {frames:#?}"))
+}
+
 #[test]
 fn the_table_ranks_the_busiest_locks_first() {
     let f = Fixture::start("child");
@@ -100,8 +111,9 @@ fn fencing_tokens_give_a_lower_bound_of_the_rate() {
         assert_eq!(frame["rate_is_lower_bound"], true);
         assert_eq!(frame["scan"]["complete"], true);
     }
-    // Taken every 20 ms: its token changes between any two refreshes 300 ms apart.
-    let rate = hot_rate(&frames[2]).expect("the hot lock is listed with a rate");
+    // Taken every 20 ms: its token changes between two refreshes 300 ms apart, and
+    // counts once however often it changed (the best of two intervals, for a busy CI).
+    let rate = best_hot_rate(&frames);
     assert!(rate > 0.5 && rate < 10.0, "one change per interval: {rate}");
 }
 
@@ -130,7 +142,7 @@ fn keyspace_events_count_every_acquisition() {
     assert!(frames.iter().all(|f| f["rate_source"] == "keyspace-events"));
     assert!(frames.iter().all(|f| f["rate_is_lower_bound"] == false));
     // One acquisition per ~20 ms: far more than one per refresh.
-    let rate = hot_rate(&frames[2]).expect("the hot lock is listed with a rate");
+    let rate = best_hot_rate(&frames);
     assert!(rate > 5.0, "{rate}");
     // The server's configuration is left as it was.
     assert_eq!(config(), before);
