@@ -30,8 +30,12 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
 end
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
   redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+  -- A re-entry never shortens the hold: one with a short lease inside a longer (or
+  -- watchdog) hold would otherwise let the lock expire under its outer holder.
+  if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    redis.call('PEXPIRE', KEYS[2], ARGV[2])
+  end
   return {2, tonumber(redis.call('GET', KEYS[2])) or 0}
 end
 return {0, redis.call('PTTL', KEYS[1])}

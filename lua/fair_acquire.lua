@@ -15,8 +15,11 @@ local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 
 if redis.call('HEXISTS', KEYS[1], me) == 1 then
   redis.call('HINCRBY', KEYS[1], me, 1)
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+  -- A re-entry never shortens the hold (see acquire.lua).
+  if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    redis.call('PEXPIRE', KEYS[2], ARGV[2])
+  end
   return {2, tonumber(redis.call('GET', KEYS[2])) or 0}
 end
 

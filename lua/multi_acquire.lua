@@ -25,10 +25,14 @@ for i = 1, n do
       redis.call('SET', fence, string.format('%.0f', token), 'PX', ARGV[2])
     end
     out[i + 1] = token
+    redis.call('PEXPIRE', lock, ARGV[2])
   else
-    redis.call('PEXPIRE', fence, ARGV[2])
+    -- A re-entry never shortens the hold (see acquire.lua).
+    if redis.call('PTTL', lock) < tonumber(ARGV[2]) then
+      redis.call('PEXPIRE', lock, ARGV[2])
+      redis.call('PEXPIRE', fence, ARGV[2])
+    end
     out[i + 1] = tonumber(redis.call('GET', fence)) or 0
   end
-  redis.call('PEXPIRE', lock, ARGV[2])
 end
 return out

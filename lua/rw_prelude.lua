@@ -74,9 +74,16 @@ local function expire_with_latest()
   end
 end
 
--- Gives the hold `field` a lease of `ms` from now.
+-- Gives the hold `field` a lease of `ms` from now (a renewal: exactly that).
 local function lease(field, ms)
   redis.call('ZADD', KEYS[2], int(now + tonumber(ms)), field)
+  expire_with_latest()
+end
+
+-- Gives the hold `field` a lease of at least `ms` from now (an acquisition: a re-entry
+-- never shortens the hold it re-enters).
+local function lease_at_least(field, ms)
+  redis.call('ZADD', KEYS[2], 'GT', int(now + tonumber(ms)), field)
   expire_with_latest()
 end
 

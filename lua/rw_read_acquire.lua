@@ -17,7 +17,7 @@ if not mode then
   redis.call('HSET', KEYS[1], 'mode', 'read')
   local token = fresh_token()
   redis.call('HSET', KEYS[1], field, 1)
-  lease(field, ARGV[2])
+  lease_at_least(field, ARGV[2])
   return {1, token}
 end
 local token = tonumber(redis.call('HGET', KEYS[1], 'token')) or 0
@@ -26,7 +26,7 @@ local token = tonumber(redis.call('HGET', KEYS[1], 'token')) or 0
 if redis.call('HEXISTS', KEYS[1], field) == 1
     or redis.call('HEXISTS', KEYS[1], ARGV[1] .. ':w') == 1 then
   local count = redis.call('HINCRBY', KEYS[1], field, 1)
-  lease(field, ARGV[2])
+  lease_at_least(field, ARGV[2])
   if count == 1 then
     return {1, token}
   end
@@ -37,5 +37,5 @@ if mode == 'write' or writers_wait then
 end
 -- Joins the read phase and shares its token.
 redis.call('HSET', KEYS[1], field, 1)
-lease(field, ARGV[2])
+lease_at_least(field, ARGV[2])
 return {1, token}

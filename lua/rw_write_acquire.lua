@@ -13,12 +13,12 @@ if not mode then
   redis.call('ZREM', KEYS[4], ARGV[1])
   redis.call('HSET', KEYS[1], 'mode', 'write', field, 1)
   local token = fresh_token()
-  lease(field, ARGV[2])
+  lease_at_least(field, ARGV[2])
   return {1, token}
 end
 if redis.call('HEXISTS', KEYS[1], field) == 1 then
   redis.call('HINCRBY', KEYS[1], field, 1)
-  lease(field, ARGV[2])
+  lease_at_least(field, ARGV[2])
   return {2, tonumber(redis.call('HGET', KEYS[1], 'token')) or 0}
 end
 if redis.call('HEXISTS', KEYS[1], ARGV[1] .. ':r') == 1 then

@@ -136,7 +136,7 @@ async fn one_span_per_request_with_key_wait_outcome_and_hold() {
     assert_eq!(spans[2]["outcome"], "missing key");
     assert!(!spans[2].contains_key("key"));
 
-    assert!(spans[3]["key"].starts_with("fnv1a:"), "{:?}", spans[3]);
+    assert!(spans[3]["key"].starts_with("keyed:"), "{:?}", spans[3]);
     assert!(!spans[3]["key"].contains("secret"));
     assert_eq!(spans[3]["outcome"], "acquired");
 }

@@ -21,6 +21,7 @@ use super::client::{default_client, ready_default_client};
 use super::config::{Config, MissingKey};
 use super::held::Held;
 use super::key::Extracted;
+use super::metrics::{self, Answered, Route};
 use super::rejection::LockRejection;
 use super::remember::fingerprint::RequestFingerprint;
 use super::remember::recording::Recording;
@@ -56,6 +57,8 @@ pin_project! {
         // response with an empty body waiting for its lock's release (and storage) to finish.
         fingerprint: Option<RequestFingerprint>,
         finished: Option<S::Response>,
+        // For the metrics: the route, where the router names it.
+        route: Route,
     }
 }
 
@@ -89,6 +92,7 @@ where
         missing: Arc<LockRejection>,
         service: S,
         config: Arc<Config>,
+        route: Route,
     ) -> Self {
         Self {
             state: State::Extract { fut: extract },
@@ -101,6 +105,7 @@ where
             lost: None,
             fingerprint: None,
             finished: None,
+            route,
         }
     }
 }
@@ -144,7 +149,7 @@ where
                     Err(rejection) => Next::Reject(rejection),
                     Ok(extracted) => {
                         *this.fingerprint = extracted.fingerprint;
-                        route(extracted, this.config, this.missing, &span)
+                        route(extracted, this.config, this.missing, &span, this.route)
                     }
                 },
                 StateProj::Connect { fut, request, name } => {
@@ -152,7 +157,9 @@ where
                     let request = take_request(request);
                     match connected {
                         Ok(client) => Next::Acquire(request, client, std::mem::take(name)),
-                        Err(error) => backend_failed(&error, request, this.config, &span),
+                        Err(error) => {
+                            backend_failed(&error, request, this.config, &span, this.route)
+                        }
                     }
                 }
                 StateProj::Acquire {
@@ -175,6 +182,7 @@ where
                         }
                         Ok(Claim::Acquired(guard)) => {
                             span.record("outcome", "acquired");
+                            metrics::answered(this.route, Answered::Locked);
                             let extensions = request.extensions_mut();
                             extensions.insert(guard.info());
                             extensions.insert(client.clone());
@@ -194,7 +202,9 @@ where
                                 this.config.conflict_status,
                             ))
                         }
-                        Err(error) => backend_failed(&error, request, this.config, &span),
+                        Err(error) => {
+                            backend_failed(&error, request, this.config, &span, this.route)
+                        }
                     }
                 }
                 StateProj::Locked { fut } => {
@@ -237,6 +247,7 @@ where
                     this.lost.take();
                     this.held.take();
                     span.record("outcome", "lost");
+                    metrics::answered(this.route, Answered::Rejected(&LockRejection::Lost));
                     return Poll::Ready(Ok(LockRejection::Lost.to_response()));
                 }
                 StateProj::Unlocked { fut } => {
@@ -258,6 +269,7 @@ where
             match next {
                 Next::Reject(rejection) => {
                     span.record("outcome", rejection.outcome());
+                    metrics::answered(this.route, Answered::Rejected(&rejection));
                     tracing::debug!(
                         status = rejection.status().as_u16(),
                         "request answered by the lock layer"
@@ -266,6 +278,7 @@ where
                     return Poll::Ready(Ok(rejection.to_response()));
                 }
                 Next::Replay(stored) => {
+                    metrics::answered(this.route, Answered::Replayed);
                     this.state.set(State::Done);
                     return Poll::Ready(Ok(stored.into_response()));
                 }
@@ -336,11 +349,13 @@ fn route<RB>(
     config: &Config,
     missing: &LockRejection,
     span: &Span,
+    route: &Route,
 ) -> Next<RB> {
     let Extracted { request, key, .. } = extracted;
     let on_missing = |request| match config.missing_key {
         MissingKey::PassUnlocked => {
             span.record("outcome", "missing key, passed unlocked");
+            metrics::answered(route, Answered::PassedUnlocked);
             Next::Pass(request)
         }
         MissingKey::Reject => Next::Reject(missing.clone()),
@@ -377,10 +392,12 @@ fn backend_failed<RB>(
     request: Request<RB>,
     config: &Config,
     span: &Span,
+    route: &Route,
 ) -> Next<RB> {
     if config.fail_open {
         tracing::warn!(%error, "lock store unavailable; failing open: the request runs without its lock");
         span.record("outcome", "backend error, failed open");
+        metrics::answered(route, Answered::FailedOpen);
         Next::Pass(request)
     } else {
         tracing::error!(%error, "lock store unavailable; answering 503");

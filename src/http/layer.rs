@@ -320,7 +320,9 @@ impl<K> LockLayer<K> {
         self
     }
 
-    /// Logs a hash of each key instead of the key (for keys that are secrets or personal data).
+    /// Logs a hash of each key instead of the key (for keys that are secrets or personal
+    /// data): a SipHash under a random key drawn once per process, so log lines of one key
+    /// correlate within a process, and a key cannot be recovered by hashing guesses.
     ///
     /// ```
     /// use lockwarden::LockLayer;

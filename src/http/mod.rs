@@ -33,6 +33,7 @@
 //! | `buffer.rs` | reading a request body up to a limit |
 //! | `client.rs` | the process-wide [`default_client`] |
 //! | `trace.rs` | the request span |
+//! | `metrics.rs` | the requests counter, by route, outcome and status |
 //! | `extract.rs` | the [`Locked`] extractor (feature `axum`) |
 //!
 //! Imports point one way: the layer builds the service, the service the future; both read
@@ -52,6 +53,7 @@ mod future;
 mod held;
 mod key;
 mod layer;
+mod metrics;
 mod rejection;
 mod remember;
 mod service;

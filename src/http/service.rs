@@ -13,6 +13,7 @@ use super::body::LockedBody;
 use super::config::Config;
 use super::future::ResponseFuture;
 use super::key::KeySource;
+use super::metrics::Route;
 use super::rejection::LockRejection;
 
 /// Holds a lock around each call of the inner service; made by
@@ -138,11 +139,13 @@ where
             .missing
             .get_or_insert_with(|| Arc::new(self.source.missing()))
             .clone();
+        let route = Route::of(&request);
         ResponseFuture::new(
             self.source.extract(request),
             missing,
             inner,
             self.config.clone(),
+            route,
         )
     }
 }

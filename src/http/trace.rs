@@ -1,6 +1,8 @@
 //! The request span: key (or its hash), wait time, outcome and hold time.
 
 use std::fmt::Write as _;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use tracing::field::Empty;
@@ -34,28 +36,45 @@ pub(crate) fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// `fnv1a:<16 hex digits>`: stable across processes, so logs of one key correlate. Not a
-/// secret-proof digest: low-entropy keys can be guessed by hashing candidates.
+/// `keyed:<16 hex digits>`: a SipHash of the key under a random key drawn once per
+/// process. Stable within the process, so the log lines of one key correlate; keyed, so a
+/// low-entropy key (an order number, an email) cannot be recovered by hashing guesses. The
+/// price: the same key hashes differently in another process (or after a restart).
 pub(crate) fn redacted(name: &str) -> String {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in name.bytes() {
-        hash ^= u64::from(byte);
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
-    }
+    static KEY: OnceLock<RandomState> = OnceLock::new();
+    redacted_with(KEY.get_or_init(RandomState::new), name)
+}
+
+fn redacted_with(key: &RandomState, name: &str) -> String {
     let mut out = String::with_capacity(22);
-    out.push_str("fnv1a:");
-    let _ = write!(out, "{hash:016x}");
+    out.push_str("keyed:");
+    let _ = write!(out, "{:016x}", key.hash_one(name));
     out
 }
 
 #[cfg(test)]
 mod tests {
+    use std::hash::RandomState;
+
     #[test]
     fn redaction_is_stable_and_hides_the_key() {
         let a = super::redacted("secret-key");
         assert_eq!(a, super::redacted("secret-key"));
         assert!(!a.contains("secret"));
         assert_ne!(a, super::redacted("secret-kez"));
-        assert_eq!(a.len(), "fnv1a:".len() + 16);
+        assert_eq!(a.len(), "keyed:".len() + 16);
+    }
+
+    #[test]
+    fn redaction_is_keyed_so_guesses_do_not_match_it() {
+        // Two processes draw two keys: hashing a guess under any key but this process's
+        // does not give this process's hash.
+        let (ours, theirs) = (RandomState::new(), RandomState::new());
+        let guess = super::redacted_with(&theirs, "order-1");
+        assert_ne!(super::redacted_with(&ours, "order-1"), guess);
+        assert_eq!(
+            super::redacted_with(&ours, "order-1"),
+            super::redacted_with(&ours, "order-1")
+        );
     }
 }

@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use crate::error::{BackendError, LockError};
 use crate::finish::{BoxFuture, Finish};
 use crate::key::Key;
+use crate::metrics::{self, Acquired, Operation};
 use crate::waiters::{Waiters, Waiting};
 
 /// Used when the store reports a lock without expiry (not one of ours): re-check this often.
@@ -36,8 +37,8 @@ pub(crate) trait Attempts: Send {
         deadline: Option<Instant>,
     ) -> impl Future<Output = Answer<Self::Won>> + Send;
 
-    /// The kind's name in logs.
-    const KIND: &'static str;
+    /// The kind's name in logs and metrics: `plain`, `fair`, `read`, `write`, `multi`.
+    fn kind(&self) -> &'static str;
 
     /// The lock (of the kind's locks) named `lock` by a [`Busy`] answer.
     fn key(&self, lock: usize) -> &Key;
@@ -67,8 +68,8 @@ pub(crate) trait Attempts: Send {
 
 /// The answer of one attempt, as the loop needs it.
 pub(crate) enum Tried<W> {
-    /// Acquired (or, for a claim, found done).
-    Won(W),
+    /// Acquired (taken or re-entered), or, for a claim, found done.
+    Won(W, Acquired),
     /// Busy: retry on a notice or by `ttl` (the holder's remaining lease) at the latest.
     Busy(Busy),
     /// Refused for good (an upgrade from read to write).
@@ -79,7 +80,7 @@ impl<W> Tried<W> {
     /// The same answer, with what winning yields made into something else.
     pub(crate) fn map<V>(self, f: impl FnOnce(W) -> V) -> Tried<V> {
         match self {
-            Tried::Won(won) => Tried::Won(f(won)),
+            Tried::Won(won, how) => Tried::Won(f(won), how),
             Tried::Busy(busy) => Tried::Busy(busy),
             Tried::Refused(error) => Tried::Refused(error),
         }
@@ -108,40 +109,44 @@ pub(crate) async fn acquire<A: Attempts>(
     let mut left_behind: Option<Finish<BoxFuture>> = None;
     // The lock whose notice woke us, if the retry has not used it yet.
     let mut woken: Option<usize> = None;
-    let log = |attempts: &A, outcome: &'static str| {
+    let ended = |attempts: &A, outcome: Acquired| {
+        let waited = started.elapsed();
+        metrics::acquired(attempts.kind(), outcome, waited);
         tracing::debug!(
-            kind = A::KIND,
+            kind = attempts.kind(),
             key = attempts.name(),
-            waited_ms = started.elapsed().as_millis() as u64,
-            outcome,
+            waited_ms = waited.as_millis() as u64,
+            ?outcome,
             "lock acquire"
         );
     };
     loop {
         let busy = match attempts.attempt(deadline).await {
-            Ok(Tried::Won(won)) => {
+            Ok(Tried::Won(won, how)) => {
                 if let Some(left_behind) = left_behind {
                     left_behind.cancel();
                 }
-                log(&attempts, "acquired");
+                ended(&attempts, how);
                 return Ok(won);
             }
             Ok(Tried::Busy(busy)) => busy,
             Ok(Tried::Refused(error)) => {
                 give_up(left_behind).await;
-                log(&attempts, "refused");
+                ended(&attempts, Acquired::Refused);
                 return Err(error);
             }
             // Ride out a reconnect within the budget; the store being down is reported
             // once the budget is spent.
             Err(error) if error.is_transient() && wait.can_back_off() => {
+                metrics::backend_error(Operation::Acquire, &error);
                 tracing::debug!(key = attempts.name(), %error, "acquire failed; retrying");
                 wait.back_off().await;
                 continue;
             }
             Err(error) => {
+                metrics::backend_error(Operation::Acquire, &error);
                 give_up(left_behind).await;
-                log(&attempts, "backend error");
+                ended(&attempts, Acquired::Error);
                 return Err(error.into());
             }
         };
@@ -158,7 +163,16 @@ pub(crate) async fn acquire<A: Attempts>(
         let now = Instant::now();
         if wait.is_over(now) {
             give_up(left_behind).await;
-            log(&attempts, "timeout");
+            // A fail-fast call (no budget) was refused; a waiting one ran out of time.
+            let fail_fast = deadline.is_some_and(|d| d <= started);
+            ended(
+                &attempts,
+                if fail_fast {
+                    Acquired::Busy
+                } else {
+                    Acquired::Timeout
+                },
+            );
             return Err(LockError::Timeout {
                 key: attempts.key(busy.lock).name().to_owned(),
                 retry_after: ttl,

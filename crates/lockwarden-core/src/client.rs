@@ -9,6 +9,7 @@ use std::time::Duration;
 use crate::engine::Engine;
 use crate::error::LockError;
 use crate::fair::FairLock;
+use crate::fenced::FencedValue;
 use crate::guard::{LockGuard, LockInfo};
 use crate::holder::Holder;
 use crate::key::Key;
@@ -103,6 +104,22 @@ impl LockClient {
     /// ```
     pub fn fair_lock(&self, name: impl AsRef<str>) -> FairLock {
         FairLock::new(self.engine.clone(), self.engine.key(name.as_ref()))
+    }
+
+    /// A value that only the newest fencing token may write: the resource side of
+    /// fencing, for data kept in the lock store (see [`FencedValue`]). An invalid name
+    /// is reported by the operation that uses it.
+    ///
+    /// ```
+    /// # use lockwarden_core::LockClient;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden_core::LockError> {
+    /// let client = LockClient::in_memory();
+    /// let guard = client.acquire("ledger").await?;
+    /// client.fenced("ledger").write(guard.fencing_token(), b"balance=12").await?;
+    /// # guard.release().await }
+    /// ```
+    pub fn fenced(&self, name: impl AsRef<str>) -> FencedValue {
+        FencedValue::new(self.engine.clone(), self.engine.key(name.as_ref()))
     }
 
     /// Several locks to take as one (all or nothing, in a fixed order; see [`MultiLock`]).

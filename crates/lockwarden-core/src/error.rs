@@ -58,6 +58,18 @@ pub enum LockError {
         /// The lock's name.
         key: String,
     },
+    /// A fenced write carried a fencing token older than one that already wrote the value
+    /// (see [`FencedValue`](crate::FencedValue)): a newer holder has taken the lock since
+    /// this one's token was drawn. Nothing was written; the writer has lost the lock.
+    #[error("`{key}`: fencing token {token} is older than {newest}, which already wrote it; a newer holder has the lock")]
+    StaleToken {
+        /// The fenced value's name.
+        key: String,
+        /// The token the write carried.
+        token: u64,
+        /// The newer token that wrote the value.
+        newest: u64,
+    },
     /// The lock name was rejected.
     #[error("invalid lock key: {0}")]
     InvalidKey(#[from] KeyError),

@@ -217,7 +217,6 @@ struct FairAttempts<'a> {
 }
 
 impl Attempts for FairAttempts<'_> {
-    const KIND: &'static str = "fair";
     type Won = LockGuard;
 
     async fn attempt(&mut self, deadline: Option<Instant>) -> Answer<LockGuard> {
@@ -254,5 +253,9 @@ impl Attempts for FairAttempts<'_> {
 
     fn left_behind(&self) -> Option<BoxFuture> {
         self.queued.then(|| self.target.withdraw(Waiter::Queued))
+    }
+
+    fn kind(&self) -> &'static str {
+        "fair"
     }
 }

@@ -13,6 +13,7 @@ use crate::hold::{Hold, HoldKind};
 use crate::holder::Holder;
 use crate::key::Key;
 use crate::lost::LostSignal;
+use crate::metrics::{self, LostBecause, Operation};
 use crate::options::HoldOptions;
 use crate::store::contract::{LockStore, Outcome, Released, Renewal};
 
@@ -40,6 +41,8 @@ pub struct LockGuard {
     lost: LostSignal,
     /// The watchdog registration generation; `None` with a fixed lease.
     watched: Option<u64>,
+    /// When the acquire request was sent: the hold's start, in metrics.
+    since: Instant,
     released: bool,
 }
 
@@ -86,6 +89,7 @@ impl LockGuard {
             token,
             lost,
             watched,
+            since: sent,
             released: false,
         }
     }
@@ -235,8 +239,7 @@ impl LockGuard {
     }
 
     async fn finish(mut self, outcome: Option<(Vec<u8>, Duration)>) -> Result<(), LockError> {
-        self.released = true;
-        self.unwatch();
+        self.end();
         let (engine, hold) = (self.engine.clone(), self.hold.clone());
         let completes = outcome.is_some();
         // Finished in the background if the caller stops waiting (an aborted task, a lost
@@ -267,6 +270,9 @@ impl LockGuard {
             }
         };
         tracing::debug!(key = %self.hold.key, kind = self.hold.kind.name(), ?released, completes, "lock release");
+        if let Err(error) = &released {
+            metrics::backend_error(Operation::Release, error);
+        }
         match released? {
             Released::Freed | Released::Remaining(_) => Ok(()),
             Released::NotHeld if self.lost.is_lost() => Err(LockError::Lost {
@@ -278,9 +284,17 @@ impl LockGuard {
         }
     }
 
-    fn unwatch(&mut self) {
-        if let Some(generation) = self.watched.take() {
-            self.engine.watchdog().unregister(&self.hold, generation);
+    /// The hold ends here (released or dropped): the watchdog lets go of it, and the
+    /// metrics learn how long it was held and whether a fixed lease ran out first (the
+    /// watchdog reports the holds it loses itself).
+    fn end(&mut self) {
+        self.released = true;
+        let kind = self.hold.kind.name();
+        metrics::held(kind, self.since.elapsed());
+        match self.watched.take() {
+            Some(generation) => self.engine.watchdog().unregister(&self.hold, generation),
+            None if self.lost.is_lost() => metrics::lost(kind, LostBecause::LeaseEnded),
+            None => {}
         }
     }
 }
@@ -290,7 +304,7 @@ impl Drop for LockGuard {
         if self.released {
             return;
         }
-        self.unwatch();
+        self.end();
         self.engine.store().release_later(self.hold.clone());
     }
 }

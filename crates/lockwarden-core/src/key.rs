@@ -53,6 +53,7 @@ pub enum KeyLayout {
 /// | the channel on which a fair waiter hears its turn | `<release channel>:<holder id>` | the same |
 /// | a read-write lock's hold leases and waiting writers | `<lock key>:leases`, `<lock key>:writers` | `redisson_lock__leases:{..}`, `redisson_lock__writers:{..}` |
 /// | the channel on which waiting readers hear they may enter | `<lock key>:readable` | `redisson_lock__readable:{..}` |
+/// | a value only the newest fencing token writes ([`LockClient::fenced`](crate::LockClient::fenced)) | `<lock key>:fenced` | `redisson_lock__fenced:{..}` |
 ///
 /// Keys are made by [`LockClient::key`](crate::LockClient::key), which applies that client's
 /// namespace, layout and length limit; cloning one is cheap.
@@ -99,6 +100,8 @@ pub(crate) struct Names {
     pub(crate) writers: Box<str>,
     /// The channel on which a read-write lock's waiting readers are told they may enter.
     pub(crate) readers: Box<str>,
+    /// A value written only by the newest fencing token (see `LockClient::fenced`).
+    pub(crate) fenced: Box<str>,
 }
 
 /// How a client lays out lock names: its namespace, layout and length limit.
@@ -196,6 +199,7 @@ impl Key {
             leases: self.companion("leases"),
             writers: self.companion("writers"),
             readers: self.companion("readable"),
+            fenced: self.companion("fenced"),
         })
     }
 

@@ -32,6 +32,7 @@ mod hold;
 mod holder;
 mod key;
 mod lost;
+mod metrics;
 mod waiters;
 
 mod store;
@@ -42,6 +43,7 @@ mod watchdog;
 mod acquire;
 
 mod fair;
+mod fenced;
 mod guard;
 mod inspect;
 mod lock;
@@ -63,6 +65,7 @@ pub use builder::LockClientBuilder;
 pub use client::{ClientStats, LockClient};
 pub use error::{BackendError, KeyError, LockError, RedlockError};
 pub use fair::{FairLock, DEFAULT_QUEUE_TIMEOUT};
+pub use fenced::FencedValue;
 pub use guard::{LockGuard, LockInfo};
 pub use hold::RwMode;
 pub use holder::{Holder, Scoped};

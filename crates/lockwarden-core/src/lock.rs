@@ -14,6 +14,7 @@ use crate::hold::{Hold, HoldKind};
 use crate::holder::Holder;
 use crate::inspect::exclusive_inspection;
 use crate::key::Key;
+use crate::metrics::Acquired;
 use crate::options::{hold_options, HoldOptions};
 use crate::store::contract::{Attempt, How, LockStore};
 use crate::target::Target;
@@ -193,18 +194,21 @@ struct PlainAttempts<'a> {
 }
 
 impl Attempts for PlainAttempts<'_> {
-    const KIND: &'static str = "plain";
     type Won = Claim;
 
     async fn attempt(&mut self, _deadline: Option<Instant>) -> Result<Tried<Claim>, BackendError> {
         let answer = self.target.ask(self.how).await?;
         if let (Attempt::Completed { outcome }, How::Claim) = (answer.0.clone(), self.how) {
-            return Ok(Tried::Won(Claim::Completed(outcome)));
+            return Ok(Tried::Won(Claim::Completed(outcome), Acquired::Completed));
         }
         Ok(self.target.tried(answer, self.how)?.map(Claim::Acquired))
     }
 
     fn key(&self, _lock: usize) -> &Key {
         self.target.key
+    }
+
+    fn kind(&self) -> &'static str {
+        "plain"
     }
 }

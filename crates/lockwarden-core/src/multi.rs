@@ -18,6 +18,7 @@ use crate::guard::LockGuard;
 use crate::hold::{Hold, HoldKind};
 use crate::holder::Holder;
 use crate::key::Key;
+use crate::metrics::Acquired;
 use crate::options::{hold_options, HoldOptions};
 use crate::store::contract::{AcquireAll, LockStore, MultiAttempt};
 
@@ -161,7 +162,6 @@ struct MultiAttempts<'a> {
 }
 
 impl Attempts for MultiAttempts<'_> {
-    const KIND: &'static str = "multi";
     type Won = MultiGuard;
 
     async fn attempt(&mut self, _deadline: Option<Instant>) -> Answer<MultiGuard> {
@@ -186,7 +186,7 @@ impl Attempts for MultiAttempts<'_> {
                         LockGuard::new(self.engine.clone(), hold, token, self.options, sent)
                     })
                     .collect();
-                Ok(Tried::Won(MultiGuard { guards }))
+                Ok(Tried::Won(MultiGuard { guards }, Acquired::Taken))
             }
             MultiAttempt::Busy { index, ttl } => Ok(Tried::Busy(Busy { lock: index, ttl })),
         }
@@ -198,6 +198,10 @@ impl Attempts for MultiAttempts<'_> {
 
     fn name(&self) -> &str {
         self.keys.first().map_or("", Key::name)
+    }
+
+    fn kind(&self) -> &'static str {
+        "multi"
     }
 }
 

@@ -274,7 +274,6 @@ struct RwAttempts<'a> {
 }
 
 impl Attempts for RwAttempts<'_> {
-    const KIND: &'static str = "read-write";
     type Won = LockGuard;
 
     async fn attempt(&mut self, deadline: Option<Instant>) -> Answer<LockGuard> {
@@ -312,5 +311,9 @@ impl Attempts for RwAttempts<'_> {
     fn left_behind(&self) -> Option<BoxFuture> {
         self.registered
             .then(|| self.target.withdraw(Waiter::Writer))
+    }
+
+    fn kind(&self) -> &'static str {
+        HoldKind::ReadWrite(self.mode).name()
     }
 }

@@ -14,6 +14,7 @@ use crate::guard::LockGuard;
 use crate::hold::Hold;
 use crate::holder::Holder;
 use crate::key::Key;
+use crate::metrics::Acquired;
 use crate::options::HoldOptions;
 use crate::store::contract::{Acquire, Attempt, How, LockStore, Waiter};
 
@@ -55,13 +56,17 @@ impl<'a> Target<'a> {
     pub(crate) fn tried(&self, (attempt, sent): (Attempt, Instant), how: How) -> Answer<LockGuard> {
         match attempt {
             Attempt::Taken { token } | Attempt::Reentered { token } => {
+                let how_won = match attempt {
+                    Attempt::Reentered { .. } => Acquired::Reentered,
+                    _ => Acquired::Taken,
+                };
                 let hold = Hold {
                     kind: how.kind(),
                     key: self.key.clone(),
                     holder: self.holder.clone(),
                 };
                 let guard = LockGuard::new(self.engine.clone(), hold, token, self.options, sent);
-                Ok(Tried::Won(guard))
+                Ok(Tried::Won(guard, how_won))
             }
             Attempt::Busy { ttl } => Ok(Tried::Busy(Busy { lock: 0, ttl })),
             Attempt::Upgrade => Ok(Tried::Refused(LockError::UpgradeRefused {

@@ -13,6 +13,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::time::Instant;
 
+use crate::metrics;
+
 #[derive(Default)]
 pub(crate) struct Waiters {
     channels: Mutex<HashMap<Arc<str>, Entry>>,
@@ -87,6 +89,7 @@ impl Waiters {
                 (name, shared)
             }
         };
+        metrics::waiters(1.0);
         Waiting {
             registry: self.clone(),
             name,
@@ -188,6 +191,7 @@ impl Waiting {
 
 impl Drop for Waiting {
     fn drop(&mut self) {
+        metrics::waiters(-1.0);
         let mut channels = self.registry.channels();
         let Some(entry) = channels.get_mut(&self.name) else {
             return;

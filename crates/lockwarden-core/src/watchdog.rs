@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::hold::Hold;
+use crate::metrics::{self, LostBecause, Operation, RenewalOutcome};
 use crate::store::contract::{LockStore, Renewal};
 use crate::store::Store;
 
@@ -210,7 +211,7 @@ impl Holds {
                     due.push((e.expires, renewal, e.generation));
                 }
                 for hold in lost {
-                    mark_lost(&mut entries, &hold, "max_hold reached");
+                    mark_lost(&mut entries, &hold, LostBecause::MaxHold);
                 }
             }
             if due.is_empty() {
@@ -224,6 +225,7 @@ impl Holds {
             let sent = Instant::now();
             let outcome = store.renew_all(&batch).await;
             let after = Instant::now();
+            metrics::renewal_batch(after - sent, after - sent > interval);
             if after - sent > interval {
                 tracing::warn!(
                     locks = batch.len(),
@@ -235,6 +237,9 @@ impl Holds {
             let mut entries = self.entries();
             match outcome {
                 Ok(renewed) => {
+                    let gone = renewed.iter().filter(|ok| !**ok).count();
+                    metrics::renewals(RenewalOutcome::Extended, renewed.len() - gone);
+                    metrics::renewals(RenewalOutcome::Lost, gone);
                     for ((r, generation), ok) in batch.iter().zip(generations).zip(renewed) {
                         let Some(e) = entries
                             .get_mut(&r.hold)
@@ -247,15 +252,13 @@ impl Holds {
                             e.due = (sent + interval).min(e.expires);
                             tracing::trace!(key = %r.hold.key, "renewed");
                         } else {
-                            mark_lost(
-                                &mut entries,
-                                &r.hold,
-                                "it was gone or held by another holder at renewal",
-                            );
+                            mark_lost(&mut entries, &r.hold, LostBecause::Gone);
                         }
                     }
                 }
                 Err(error) => {
+                    metrics::backend_error(Operation::Renew, &error);
+                    metrics::renewals(RenewalOutcome::Failed, batch.len());
                     tracing::warn!(%error, locks = batch.len(), "lock renewal failed; retrying until the lease runs out");
                     for (r, generation) in batch.iter().zip(generations) {
                         let Some(e) = entries
@@ -265,11 +268,7 @@ impl Holds {
                             continue;
                         };
                         if after >= e.expires {
-                            mark_lost(
-                                &mut entries,
-                                &r.hold,
-                                "renewals failed until the lease ran out",
-                            );
+                            mark_lost(&mut entries, &r.hold, LostBecause::RenewalsFailed);
                         } else {
                             e.due = (after + retry).min(e.expires);
                         }
@@ -280,10 +279,11 @@ impl Holds {
     }
 }
 
-fn mark_lost(entries: &mut HashMap<Hold, Entry>, hold: &Hold, why: &'static str) {
+fn mark_lost(entries: &mut HashMap<Hold, Entry>, hold: &Hold, why: LostBecause) {
     if let Some(entry) = entries.remove(hold) {
         tracing::warn!(key = %hold.key, holder = %hold.holder, kind = hold.kind.name(),
-            reason = why, "lock lost while held");
+            reason = ?why, "lock lost while held");
+        metrics::lost(hold.kind.name(), why);
         entry.lost.cancel();
     }
 }

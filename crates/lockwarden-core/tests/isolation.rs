@@ -109,32 +109,47 @@ fn a_holder_cannot_be_forged_from_its_id() {
 }
 
 /// `force_unlock` (the one operation that frees a lock for any holder) is documented as
-/// an admin action, in its rustdoc and in the README.
+/// an operator's action that breaks mutual exclusion for the current holder, on every
+/// handle that has it (rustdoc) and in the README.
 #[test]
-fn force_unlock_is_documented_as_an_admin_action() {
-    let source = include_str!("../src/lock.rs");
-    let at = source
-        .find("pub async fn force_unlock")
-        .expect("Lock::force_unlock exists");
-    let doc: String = source[..at]
-        .lines()
-        .rev()
-        .skip(1) // the indentation before `pub async fn`
-        .take_while(|line| line.trim_start().starts_with("///"))
-        .collect::<Vec<_>>()
-        .join("\n");
-    assert!(
-        doc.to_lowercase().contains("admin"),
-        "force_unlock's rustdoc does not call it an admin action:\n{doc}"
-    );
-    assert!(
-        doc.contains("whoever holds it"),
-        "force_unlock's rustdoc does not say it ignores the holder:\n{doc}"
-    );
+fn force_unlock_is_documented_as_an_operators_action() {
+    let sources = [
+        (
+            "inspect.rs (Lock, FairLock)",
+            include_str!("../src/inspect.rs"),
+        ),
+        ("rw.rs (RwLock)", include_str!("../src/rw.rs")),
+        ("multi.rs (MultiLock)", include_str!("../src/multi.rs")),
+    ];
+    for (file, source) in sources {
+        let at = source
+            .find("pub async fn force_unlock")
+            .unwrap_or_else(|| panic!("{file}: force_unlock exists"));
+        let doc: String = source[..at]
+            .lines()
+            .rev()
+            .skip(1) // the indentation before `pub async fn`
+            .take_while(|line| {
+                let line = line.trim_start();
+                line.starts_with("///") || line.starts_with("#[doc")
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        let whole = match file {
+            // The multi-lock's doc points to the plain one's.
+            "multi.rs (MultiLock)" => format!("{doc}\n{}", sources[0].1),
+            _ => doc.clone(),
+        };
+        assert!(
+            whole.contains("operator's action") && whole.contains("whoever hold"),
+            "{file}: force_unlock's rustdoc does not call it an operator's action that \
+             ignores the holder:\n{doc}"
+        );
+    }
     let readme = include_str!("../../../README.md");
     assert!(
-        readme.contains("force_unlock()` (an admin action)"),
-        "README does not call force_unlock an admin action"
+        readme.contains("**breaks\nmutual exclusion for the current holder**"),
+        "README does not warn that force-unlock breaks mutual exclusion"
     );
 }
 

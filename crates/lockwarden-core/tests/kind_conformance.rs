@@ -27,6 +27,7 @@ conformance!(
     fencing_tokens_strictly_increase,
     wait_budget_is_honoured,
     force_unlock_wakes_waiters_at_once_and_the_holder_learns_it,
+    a_short_reentry_never_cuts_a_longer_hold,
 );
 
 /// The default watchdog lease.
@@ -481,4 +482,42 @@ async fn force_unlock_wakes_waiters_at_once_and_the_holder_learns_it(env: Env, k
         !kind.force_unlock(&watched, "forced").await,
         "nothing left to unlock"
     );
+}
+
+/// Promise: a re-entry never shortens the hold it re-enters. The scenario: a
+/// holder takes the lock with the watchdog (30 s lease), re-enters it with a 300 ms lease
+/// and releases the inner hold; 1.5 s later the lock must still be its alone (before the
+/// fix, the re-entry set the expiry to 300 ms and another client took the lock while the
+/// outer guard still reported it held).
+async fn a_short_reentry_never_cuts_a_longer_hold(env: Env, kind: Kind) {
+    let client = env.client().await;
+    let other = env.client().await;
+    let me = client.holder();
+    let outer = kind
+        .acquire(&client, "kept", &Opts::holder(&me))
+        .await
+        .unwrap();
+    let short = Opts {
+        holder: Some(me.clone()),
+        lease: Some(Duration::from_millis(300)),
+    };
+    let inner = kind.acquire(&client, "kept", &short).await.unwrap();
+    inner.release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let fresh = Opts::default();
+    let rival = kind
+        .rival()
+        .try_acquire(&other, "kept", &fresh, Duration::ZERO)
+        .await;
+    assert!(
+        matches!(rival, Err(LockError::Timeout { .. })),
+        "another holder got the lock under the outer hold: {rival:?}"
+    );
+    assert!(
+        outer.guards().iter().all(|g| !g.is_lost()),
+        "the outer hold is intact"
+    );
+    assert_eq!(kind.hold_count(&client, "kept", &me).await, 1);
+    outer.release().await.unwrap();
+    assert!(!kind.is_locked(&client, "kept").await);
 }

@@ -122,6 +122,28 @@ impl TestProcess {
         self.child.as_ref().map(Child::id)
     }
 
+    /// Stops the child with `SIGSTOP`, as a long GC pause or a stalled machine would:
+    /// it runs no code (no renewal, no write) until [resumed](TestProcess::resume).
+    /// Does nothing once it was killed or waited for.
+    pub fn pause(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    /// Continues a [paused](TestProcess::pause) child with `SIGCONT`.
+    pub fn resume(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    fn signal(&self, signal: libc::c_int) {
+        if let Some(pid) = self.pid().and_then(|pid| libc::pid_t::try_from(pid).ok()) {
+            // SAFETY: `kill` only sends a signal to a process id; the child is ours and
+            // not yet reaped, so the id is not reused.
+            unsafe {
+                libc::kill(pid, signal);
+            }
+        }
+    }
+
     /// Kills the child with SIGKILL and reaps it; returns once it is gone.
     /// Does nothing if it already was.
     pub fn kill(&mut self) {

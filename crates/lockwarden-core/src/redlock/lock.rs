@@ -12,6 +12,7 @@ use super::round::{jitter, round, Round};
 use crate::error::{KeyError, LockError};
 use crate::key::Key;
 use crate::lock::checked;
+use crate::metrics::{self, Acquired};
 
 /// Without a notice, a waiter re-checks after this many retry delays at the latest.
 const RECHECK_DELAYS: u32 = 10;
@@ -67,6 +68,7 @@ impl RedlockLock {
         loop {
             let failure = match round(nodes, key).await {
                 Round::Won(held) => {
+                    metrics::acquired("redlock", Acquired::Taken, started.elapsed());
                     tracing::debug!(%key, waited_ms = started.elapsed().as_millis() as u64,
                         "redlock acquired");
                     return Ok(RedlockGuard::new(nodes.clone(), held));
@@ -76,7 +78,14 @@ impl RedlockLock {
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
                 tracing::debug!(%key, ?failure, "redlock acquire gave up");
-                return Err(failure.into_error(key, nodes.clients.len(), config));
+                let error = failure.into_error(key, nodes.clients.len(), config);
+                let outcome = match &error {
+                    LockError::Timeout { .. } if wait.is_zero() => Acquired::Busy,
+                    LockError::Timeout { .. } => Acquired::Timeout,
+                    _ => Acquired::Error,
+                };
+                metrics::acquired("redlock", outcome, started.elapsed());
+                return Err(error);
             }
             let cap = |at: Instant| deadline.map_or(at, |d| at.min(d));
             // Nobody holds a majority (a split vote, or nodes down): retry after a random

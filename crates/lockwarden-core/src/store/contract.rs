@@ -79,6 +79,19 @@ pub(crate) trait LockStore {
     /// Waiters in a fair lock's queue, counting any that died less than their queue
     /// timeout ago.
     fn queued(&self, key: &Key) -> impl Future<Output = Result<usize>> + Send;
+
+    /// Writes `value` as `key`'s fenced value if no larger token than `token` wrote it
+    /// before; `Some(newest)` (the larger token) if refused.
+    fn fenced_write(
+        &self,
+        key: &Key,
+        token: u64,
+        value: &[u8],
+    ) -> impl Future<Output = Result<Option<u64>>> + Send;
+
+    /// `key`'s fenced value and the token that wrote it, if any.
+    fn fenced_read(&self, key: &Key)
+        -> impl Future<Output = Result<Option<(u64, Vec<u8>)>>> + Send;
 }
 
 /// One acquire attempt: who wants which lock, for how long, in which way.

@@ -106,4 +106,12 @@ impl LockStore for Store {
     async fn queued(&self, key: &Key) -> Result<usize> {
         dispatch!(self, s => s.queued(key).await)
     }
+
+    async fn fenced_write(&self, key: &Key, token: u64, value: &[u8]) -> Result<Option<u64>> {
+        dispatch!(self, s => s.fenced_write(key, token, value).await)
+    }
+
+    async fn fenced_read(&self, key: &Key) -> Result<Option<(u64, Vec<u8>)>> {
+        dispatch!(self, s => s.fenced_read(key).await)
+    }
 }

@@ -59,7 +59,8 @@ impl Locks {
         match self.live(key, now) {
             Some(held) if held.holder == *holder => {
                 held.count += 1;
-                held.expires = now + lease;
+                // A re-entry never shortens the hold (see `acquire.lua`).
+                held.expires = held.expires.max(now + lease);
                 Err(Attempt::Reentered { token: held.token })
             }
             Some(held) => Ok(Some(held.expires - now)),

@@ -8,6 +8,7 @@ mod queue;
 mod rw;
 mod tokens;
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -36,6 +37,8 @@ pub(crate) struct MemoryStore {
 #[derive(Default)]
 struct State {
     locks: Locks,
+    /// Fenced values: the newest token that wrote each, and the value.
+    fenced: HashMap<Key, (u64, Vec<u8>)>,
     queues: Queues,
     rw: RwLocks,
     last_token: u64,
@@ -313,5 +316,20 @@ impl LockStore for MemoryStore {
 
     async fn queued(&self, key: &Key) -> Result<usize> {
         Ok(self.state().queues.len(key, Instant::now()))
+    }
+
+    async fn fenced_write(&self, key: &Key, token: u64, value: &[u8]) -> Result<Option<u64>> {
+        let mut state = self.state();
+        match state.fenced.get(key) {
+            Some((newest, _)) if *newest > token => Ok(Some(*newest)),
+            _ => {
+                state.fenced.insert(key.clone(), (token, value.to_vec()));
+                Ok(None)
+            }
+        }
+    }
+
+    async fn fenced_read(&self, key: &Key) -> Result<Option<(u64, Vec<u8>)>> {
+        Ok(self.state().fenced.get(key).cloned())
     }
 }

@@ -65,7 +65,8 @@ impl Entry {
             expires: now,
         });
         hold.count += 1;
-        hold.expires = now + lease;
+        // A re-entry never shortens the hold (see `rw_prelude.lua`'s `lease_at_least`).
+        hold.expires = hold.expires.max(now + lease);
         hold.count == 1
     }
 

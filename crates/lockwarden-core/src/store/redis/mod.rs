@@ -187,6 +187,20 @@ impl LockStore for RedisStore {
     async fn queued(&self, key: &Key) -> Result<usize> {
         self.commands.run(scripts::queue_length(key)).await
     }
+
+    async fn fenced_write(&self, key: &Key, token: u64, value: &[u8]) -> Result<Option<u64>> {
+        let reply: Vec<i64> = self
+            .commands
+            .run(scripts::fenced_write(key, token, value))
+            .await?;
+        scripts::fenced_written(&reply)
+    }
+
+    async fn fenced_read(&self, key: &Key) -> Result<Option<(u64, Vec<u8>)>> {
+        let (token, value): (Option<u64>, Option<Vec<u8>>) =
+            self.commands.run(scripts::fenced_read(key)).await?;
+        Ok(token.zip(value))
+    }
 }
 
 /// Releases dropped guards' holds, all that queued up meanwhile in one pipeline.

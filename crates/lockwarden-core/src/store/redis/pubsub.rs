@@ -24,6 +24,7 @@ use tokio::sync::{mpsc, watch};
 use redis::cluster::ClusterClientBuilder;
 
 use super::sentinel::Followed;
+use crate::metrics;
 use crate::waiters::Waiters;
 
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
@@ -92,6 +93,8 @@ pub(super) async fn run(
             Source::Cluster(builder) => session.serve_cluster(builder()).await,
         };
         let served = session.served;
+        // The connection's subscriptions ended with it.
+        metrics::subscriptions(-(session.subscribed.len() as f64));
         match ended {
             Ended::Closed => return,
             Ended::Lost if !served => {
@@ -211,6 +214,7 @@ impl Session<'_> {
                 self.waiters.set_ready(&name, true);
                 self.subscribed.insert(name);
             }
+            metrics::subscriptions(self.subscribed.len() as f64);
         }
         if self.reconnecting {
             tracing::info!("pub/sub connection re-established; waiters retry");
@@ -261,6 +265,7 @@ impl Session<'_> {
     ) -> RedisResult<()> {
         names.sort_unstable();
         names.dedup();
+        let before = self.subscribed.len() as f64;
         let (want, drop): (Vec<_>, Vec<_>) =
             names.into_iter().partition(|n| self.waiters.is_wanted(n));
         let to_subscribe: Vec<&str> = want
@@ -279,6 +284,7 @@ impl Session<'_> {
             .into_iter()
             .filter(|n| self.subscribed.remove(n))
             .collect();
+        metrics::subscriptions(self.subscribed.len() as f64 - before);
         if !to_unsubscribe.is_empty() {
             let names: Vec<&str> = to_unsubscribe.iter().map(|n| &**n).collect();
             within(sub.unsubscribe(&names)).await?;

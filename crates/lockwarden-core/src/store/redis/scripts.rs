@@ -37,6 +37,7 @@ static RW_RELEASE: LazyLock<Script> = script!("rw_prelude.lua", "rw_release.lua"
 static RW_RENEW: LazyLock<Script> = script!("rw_prelude.lua", "rw_renew.lua");
 static RW_WITHDRAW: LazyLock<Script> = script!("rw_prelude.lua", "rw_withdraw.lua");
 static RW_COUNT: LazyLock<Script> = script!("rw_prelude.lua", "rw_count.lua");
+static FENCED_WRITE: LazyLock<Script> = script!("fenced_write.lua");
 
 /// The synthetic acquire state of a lock taken but not acknowledged by enough replicas
 /// (and released again); its value is the number that acknowledged.
@@ -73,7 +74,7 @@ impl Call {
 }
 
 /// Every script a pipeline may send, to load them all when Redis lost them.
-pub(super) fn all() -> [&'static Script; 14] {
+pub(super) fn all() -> [&'static Script; 15] {
     [
         &ACQUIRE,
         &RENEW,
@@ -89,6 +90,7 @@ pub(super) fn all() -> [&'static Script; 14] {
         &RW_RENEW,
         &RW_WITHDRAW,
         &RW_COUNT,
+        &FENCED_WRITE,
     ]
     .map(|script| -> &'static Script { script })
 }
@@ -281,6 +283,31 @@ pub(super) fn pttl_of(key: &Key) -> Call {
 /// The length of a fair lock's queue.
 pub(super) fn queue_length(key: &Key) -> Call {
     Call::command("LLEN", &key.names().queue)
+}
+
+/// Writes a fenced value with `token` (`{1}` written, `{0, newest}` refused).
+pub(super) fn fenced_write(key: &Key, token: u64, value: &[u8]) -> Call {
+    Call::script(&FENCED_WRITE, &[&key.names().fenced])
+        .arg(token)
+        .arg(value)
+}
+
+/// Reads `fenced_write.lua`'s answer: `None` written, `Some(newest)` refused.
+pub(super) fn fenced_written(reply: &[i64]) -> Result<Option<u64>, BackendError> {
+    match reply {
+        [1] => Ok(None),
+        [0, newest] => Ok(Some(*newest as u64)),
+        other => Err(BackendError::Protocol(format!(
+            "the fenced write script returned {other:?}"
+        ))),
+    }
+}
+
+/// A fenced value and the token that wrote it.
+pub(super) fn fenced_read(key: &Key) -> Call {
+    Call::command("HMGET", &key.names().fenced)
+        .arg("token")
+        .arg("value")
 }
 
 /// A release script's answer: `-1` not held, `0` this hold ended, `n` re-entries left.

@@ -1,0 +1,263 @@
+//! What the engine records through the `metrics` facade: every name and label in one
+//! place (the README's "Operating" table lists them). Without an installed recorder each
+//! call is a thread-local check and an atomic load: label sets are made once per process
+//! and kept, so recording allocates nothing. Never a lock's name: keys come from
+//! requests and would make every series unique.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use metrics::{Key, Label, Level, Metadata};
+
+use crate::error::BackendError;
+
+const ACQUISITIONS: &str = "lockwarden_acquisitions_total";
+const ACQUIRE_WAIT: &str = "lockwarden_acquire_wait_seconds";
+const HOLD: &str = "lockwarden_hold_seconds";
+const LOST: &str = "lockwarden_locks_lost_total";
+const RENEWALS: &str = "lockwarden_renewals_total";
+const RENEWAL_BATCH: &str = "lockwarden_renewal_batch_seconds";
+const RENEWAL_OVERRUNS: &str = "lockwarden_renewal_overruns_total";
+const WAITERS: &str = "lockwarden_waiters";
+const SUBSCRIPTIONS: &str = "lockwarden_subscriptions";
+const BACKEND_ERRORS: &str = "lockwarden_backend_errors_total";
+
+static METADATA: Metadata<'static> =
+    Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
+
+/// Lock kinds, as the `kind` label says them.
+const KINDS: [&str; 6] = ["plain", "fair", "read", "write", "multi", "redlock"];
+
+/// How an acquire call ended (the `outcome` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Acquired {
+    /// A new hold.
+    Taken,
+    /// The holder held it already.
+    Reentered,
+    /// A claim found the work done.
+    Completed,
+    /// Refused at once: the call had no wait budget (a fail-fast attempt).
+    Busy,
+    /// The wait budget was spent while the lock stayed busy.
+    Timeout,
+    /// Refused for good (an upgrade from read to write).
+    Refused,
+    /// The store failed.
+    Error,
+}
+
+const OUTCOMES: [&str; 7] = [
+    "taken",
+    "reentered",
+    "completed",
+    "busy",
+    "timeout",
+    "refused",
+    "error",
+];
+
+/// Why a held lock was lost (the `reason` label).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum LostBecause {
+    /// A renewal found it gone or held by another holder.
+    Gone,
+    /// Renewals failed until the lease must have run out.
+    RenewalsFailed,
+    /// The watchdog stopped at `max_hold`.
+    MaxHold,
+    /// A fixed lease ran out before the release.
+    LeaseEnded,
+}
+
+const REASONS: [&str; 4] = ["gone", "renewals_failed", "max_hold", "lease_ended"];
+
+/// What a renewal found (the `outcome` label of renewals).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum RenewalOutcome {
+    /// Still held: its lease was extended.
+    Extended,
+    /// Gone or held by another holder.
+    Lost,
+    /// The store failed (retried until the lease runs out).
+    Failed,
+}
+
+const RENEWED: [&str; 3] = ["extended", "lost", "failed"];
+
+/// The operation a backend error failed (the `operation` label).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Operation {
+    Acquire,
+    Release,
+    Renew,
+}
+
+const OPERATIONS: [&str; 3] = ["acquire", "release", "renew"];
+const ERRORS: [&str; 5] = [
+    "timeout",
+    "connection",
+    "server",
+    "not_replicated",
+    "protocol",
+];
+
+/// Which label value a kind name has: one of [`KINDS`] (an unknown one counts as plain).
+fn kind_index(kind: &str) -> usize {
+    KINDS.iter().position(|k| *k == kind).unwrap_or(0)
+}
+
+/// The label set of every combination of two labels' values, made once per metric.
+struct Labels2 {
+    cells: OnceLock<Vec<&'static [Label]>>,
+    names: (&'static str, &'static str),
+    values: (&'static [&'static str], &'static [&'static str]),
+}
+
+impl Labels2 {
+    const fn new(
+        names: (&'static str, &'static str),
+        values: (&'static [&'static str], &'static [&'static str]),
+    ) -> Self {
+        Self {
+            cells: OnceLock::new(),
+            names,
+            values,
+        }
+    }
+
+    fn get(&'static self, a: usize, b: usize) -> &'static [Label] {
+        let cells = self.cells.get_or_init(|| {
+            let (first, second) = self.values;
+            let mut cells = Vec::with_capacity(first.len() * second.len());
+            for x in first {
+                for y in second {
+                    // A few dozen per process, kept for its life: leaked on purpose.
+                    let labels: &'static [Label] = Box::leak(Box::new([
+                        Label::from_static_parts(self.names.0, x),
+                        Label::from_static_parts(self.names.1, y),
+                    ]));
+                    cells.push(labels);
+                }
+            }
+            cells
+        });
+        cells[a * self.values.1.len() + b]
+    }
+}
+
+/// The label set of each value of one label, made once per metric.
+struct Labels1 {
+    cells: OnceLock<Vec<&'static [Label]>>,
+    name: &'static str,
+    values: &'static [&'static str],
+}
+
+impl Labels1 {
+    const fn new(name: &'static str, values: &'static [&'static str]) -> Self {
+        Self {
+            cells: OnceLock::new(),
+            name,
+            values,
+        }
+    }
+
+    fn get(&'static self, at: usize) -> &'static [Label] {
+        let cells = self.cells.get_or_init(|| {
+            let label = |value| -> &'static [Label] {
+                Box::leak(Box::new([Label::from_static_parts(self.name, value)]))
+            };
+            self.values.iter().copied().map(label).collect()
+        });
+        cells[at]
+    }
+}
+
+static KIND_OUTCOME: Labels2 = Labels2::new(("kind", "outcome"), (&KINDS, &OUTCOMES));
+static KIND_REASON: Labels2 = Labels2::new(("kind", "reason"), (&KINDS, &REASONS));
+static OPERATION_ERROR: Labels2 = Labels2::new(("operation", "error"), (&OPERATIONS, &ERRORS));
+static KIND: Labels1 = Labels1::new("kind", &KINDS);
+static RENEWAL: Labels1 = Labels1::new("outcome", &RENEWED);
+
+fn counter(name: &'static str, labels: &'static [Label], by: u64) {
+    metrics::with_recorder(|r| {
+        let key = Key::from_static_parts(name, labels);
+        r.register_counter(&key, &METADATA).increment(by);
+    });
+}
+
+fn histogram(name: &'static str, labels: &'static [Label], value: Duration) {
+    metrics::with_recorder(|r| {
+        let key = Key::from_static_parts(name, labels);
+        r.register_histogram(&key, &METADATA)
+            .record(value.as_secs_f64());
+    });
+}
+
+fn gauge(name: &'static str, delta: f64) {
+    metrics::with_recorder(|r| {
+        let key = Key::from_static_name(name);
+        r.register_gauge(&key, &METADATA).increment(delta);
+    });
+}
+
+/// An acquire call of `kind` ended with `outcome` after `waited`.
+pub(crate) fn acquired(kind: &str, outcome: Acquired, waited: Duration) {
+    let labels = KIND_OUTCOME.get(kind_index(kind), outcome as usize);
+    counter(ACQUISITIONS, labels, 1);
+    histogram(ACQUIRE_WAIT, labels, waited);
+}
+
+/// A hold of `kind` ended (released or dropped) after `held`.
+pub(crate) fn held(kind: &str, held: Duration) {
+    histogram(HOLD, KIND.get(kind_index(kind)), held);
+}
+
+/// A hold of `kind` was lost.
+pub(crate) fn lost(kind: &str, because: LostBecause) {
+    counter(LOST, KIND_REASON.get(kind_index(kind), because as usize), 1);
+}
+
+/// `count` renewals of one batch found `outcome`.
+pub(crate) fn renewals(outcome: RenewalOutcome, count: usize) {
+    if count > 0 {
+        counter(RENEWALS, RENEWAL.get(outcome as usize), count as u64);
+    }
+}
+
+/// One renewal batch took `took`; `overran` if longer than the renewal interval.
+pub(crate) fn renewal_batch(took: Duration, overran: bool) {
+    histogram(RENEWAL_BATCH, &[], took);
+    if overran {
+        counter(RENEWAL_OVERRUNS, &[], 1);
+    }
+}
+
+/// A waiter registered (`+1`) or went away (`-1`).
+pub(crate) fn waiters(delta: f64) {
+    gauge(WAITERS, delta);
+}
+
+/// Release channels subscribed on Redis went up or down by `delta`.
+pub(crate) fn subscriptions(delta: f64) {
+    gauge(SUBSCRIPTIONS, delta);
+}
+
+/// `operation` failed with `error`.
+pub(crate) fn backend_error(operation: Operation, error: &BackendError) {
+    let kind = match error {
+        BackendError::TimedOut(_) => 0,
+        BackendError::Redis(e) if e.is_timeout() => 0,
+        BackendError::Unreachable(_) => 1,
+        BackendError::Redis(e) if e.is_io_error() || e.is_connection_dropped() => 1,
+        BackendError::Redis(e) if e.is_connection_refusal() => 1,
+        BackendError::Redis(_) => 2,
+        BackendError::NotReplicated { .. } => 3,
+        BackendError::Protocol(_) => 4,
+    };
+    counter(
+        BACKEND_ERRORS,
+        OPERATION_ERROR.get(operation as usize, kind),
+        1,
+    );
+}
