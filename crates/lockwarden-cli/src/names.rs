@@ -495,6 +495,8 @@ mod tests {
             Some(("{x}".into(), Part::Queue))
         );
         assert_eq!(s.decode("lockwarden:{a}:released"), None);
+        // A fenced value (`LockClient::fenced`) is the resource's, not a lock.
+        assert_eq!(s.decode("lockwarden:{a}:fenced"), None);
         assert_eq!(s.decode("lockwarden:{a}:other"), None);
         assert_eq!(s.decode("lockwarden:{}"), None);
         assert_eq!(s.decode("lockwarden:x:{a}"), None);
@@ -510,6 +512,7 @@ mod tests {
             Some(("res:1".into(), Part::Fence))
         );
         assert_eq!(s.decode("redisson_lock__channel:{res:1}"), None);
+        assert_eq!(s.decode("redisson_lock__fenced:{res:1}"), None);
         assert_eq!(s.decode("lockwarden:{res}"), None);
         let ns = Space::new(Some("app:"), KeyLayout::Redisson);
         assert_eq!(ns.decode("app:x"), Some(("x".into(), Part::Lock)));
