@@ -1,0 +1,237 @@
+//! Text for people: durations, tables, one lock in full.
+
+use std::fmt::Write as _;
+
+use crate::inspect::{Kind, LockView};
+
+/// `850ms`, `12.3s`, `5m03s`, `2h05m`, `3d04h`; negative: `overdue`.
+pub fn duration_ms(ms: i64) -> String {
+    if ms < 0 {
+        return "overdue".to_owned();
+    }
+    let s = ms / 1000;
+    match ms {
+        0..=999 => format!("{ms}ms"),
+        1_000..=59_999 => format!("{}.{}s", s, (ms % 1000) / 100),
+        60_000..=3_599_999 => format!("{}m{:02}s", s / 60, s % 60),
+        3_600_000..=86_399_999 => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+        _ => format!("{}d{:02}h", s / 86_400, (s % 86_400) / 3600),
+    }
+}
+
+fn opt_ms(ms: Option<i64>) -> String {
+    ms.map_or_else(|| "-".to_owned(), duration_ms)
+}
+
+fn opt_u64_ms(ms: Option<u64>) -> String {
+    opt_ms(ms.map(|m| i64::try_from(m).unwrap_or(i64::MAX)))
+}
+
+/// A left-aligned table: a header, rows, two spaces between columns, the last column not
+/// padded (it may be long).
+pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: &mut dyn Iterator<Item = &str>| {
+        let mut text = String::new();
+        for (i, cell) in cells.enumerate() {
+            if i + 1 == widths.len() {
+                text.push_str(cell);
+            } else {
+                let pad = widths[i] - cell.chars().count();
+                text.push_str(cell);
+                text.extend(std::iter::repeat_n(' ', pad + 2));
+            }
+        }
+        out.push_str(text.trim_end());
+        out.push('\n');
+    };
+    line(&mut header.iter().copied());
+    for row in rows {
+        line(&mut row.iter().map(String::as_str));
+    }
+    out
+}
+
+/// The holders of a lock in one cell: `id ×count`, read-write holds prefixed `r`/`w`; a
+/// claim's outcome instead when nobody holds it.
+pub fn holders_cell(view: &LockView) -> String {
+    if view.holders.is_empty() {
+        return match (&view.outcome, view.kind) {
+            (Some(o), _) => format!(
+                "(completed: outcome {} B, {} left)",
+                o.bytes,
+                opt_ms(o.ttl_ms)
+            ),
+            (None, Kind::Free) => "(released)".to_owned(),
+            (None, _) => "(free)".to_owned(),
+        };
+    }
+    view.holders
+        .iter()
+        .map(|h| match h.side {
+            "read" => format!("r {} ×{}", h.id, h.count),
+            "write" => format!("w {} ×{}", h.id, h.count),
+            _ => format!("{} ×{}", h.id, h.count),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The kind, with the mode of a read-write lock.
+pub fn kind_cell(view: &LockView) -> String {
+    match (&view.mode, view.kind) {
+        (Some(mode), Kind::ReadWrite) => format!("read-write ({mode})"),
+        _ => view.kind.as_str().to_owned(),
+    }
+}
+
+/// Queued holders: a fair lock's queue, or a read-write lock's waiting writers.
+pub fn queued_cell(view: &LockView) -> String {
+    match view.kind {
+        Kind::ReadWrite => view.writers_waiting.to_string(),
+        _ => view.queue_length.to_string(),
+    }
+}
+
+/// The table of `lockwarden list`.
+pub fn list(views: &[LockView]) -> String {
+    let rows: Vec<Vec<String>> = views
+        .iter()
+        .map(|v| {
+            vec![
+                v.name.clone(),
+                kind_cell(v),
+                opt_ms(v.lease_ms),
+                v.fencing_token
+                    .map_or_else(|| "-".into(), |t| t.to_string()),
+                opt_u64_ms(v.held_for_ms),
+                queued_cell(v),
+                v.subscribers.to_string(),
+                holders_cell(v),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "NAME", "KIND", "LEASE", "TOKEN", "HELD", "QUEUED", "SUBS", "HOLDERS",
+        ],
+        &rows,
+    )
+}
+
+/// One lock in full, for `lockwarden show`.
+pub fn show(v: &LockView) -> String {
+    let mut out = String::new();
+    let mut kv = |k: &str, val: String| {
+        let _ = writeln!(out, "{k:<12}{val}");
+    };
+    kv("lock", v.name.clone());
+    kv("key", v.key.clone());
+    kv("kind", kind_cell(v));
+    kv(
+        "lease",
+        v.lease_ms.map_or_else(
+            || "- (not held)".into(),
+            |ms| format!("{} left", duration_ms(ms)),
+        ),
+    );
+    kv(
+        "token",
+        match (v.fencing_token, v.held_for_ms) {
+            (Some(t), Some(age)) => format!("{t} (this hold began {} ago)", opt_u64_ms(Some(age))),
+            (Some(t), None) => t.to_string(),
+            (None, _) => "-".into(),
+        },
+    );
+    kv("holders", v.holders.len().to_string());
+    for h in &v.holders {
+        let _ = writeln!(
+            out,
+            "  {:<6} {}  ×{}  lease {}",
+            h.side,
+            h.id,
+            h.count,
+            opt_ms(h.lease_ms)
+        );
+    }
+    let _ = writeln!(out, "{:<12}{}", "queue", v.queue_length);
+    for q in &v.queue {
+        let _ = writeln!(
+            out,
+            "  {:>3}. {}  deadline in {}  subscribed {}",
+            q.position,
+            q.holder,
+            opt_ms(q.deadline_ms),
+            q.subscribers
+        );
+    }
+    if (v.queue.len() as u64) < v.queue_length {
+        let _ = writeln!(
+            out,
+            "  ... and {} more",
+            v.queue_length - v.queue.len() as u64
+        );
+    }
+    if v.kind == Kind::ReadWrite || v.writers_waiting > 0 {
+        let _ = writeln!(out, "{:<12}{}", "writers", v.writers_waiting);
+        for w in &v.waiting_writers {
+            let _ = writeln!(
+                out,
+                "  {}  registered for {}",
+                w.holder,
+                opt_ms(w.deadline_ms)
+            );
+        }
+    }
+    let _ = writeln!(out, "{:<12}{}", "subscribers", v.subscribers);
+    for c in &v.channels {
+        if c.subscribers > 0 || c.role == "release" {
+            let _ = writeln!(out, "  {:<8} {}  {}", c.role, c.channel, c.subscribers);
+        }
+    }
+    let _ = writeln!(
+        out,
+        "{:<12}{}",
+        "outcome",
+        v.outcome.as_ref().map_or_else(
+            || "none".into(),
+            |o| format!(
+                "{} bytes, kept {}",
+                o.bytes,
+                o.ttl_ms
+                    .map_or_else(|| "forever".into(), |t| format!("{} more", duration_ms(t)))
+            )
+        )
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_at_a_glance() {
+        assert_eq!(duration_ms(850), "850ms");
+        assert_eq!(duration_ms(12_345), "12.3s");
+        assert_eq!(duration_ms(303_000), "5m03s");
+        assert_eq!(duration_ms(7_500_000), "2h05m");
+        assert_eq!(duration_ms(100_000_000), "1d03h");
+        assert_eq!(duration_ms(-1), "overdue");
+    }
+
+    #[test]
+    fn tables_align() {
+        let t = table(
+            &["A", "BB", "C"],
+            &[vec!["xxx".into(), "y".into(), "long last".into()]],
+        );
+        assert_eq!(t, "A    BB  C\nxxx  y   long last\n");
+    }
+}

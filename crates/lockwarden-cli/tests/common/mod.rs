@@ -1,0 +1,333 @@
+//! What the inspector's tests share: running the built `lockwarden` binary, and a child
+//! process (this test binary re-executed) that holds locks of every kind and waits on
+//! them, so the inspector reads locks another process holds.
+//!
+//! A test binary that uses [`Fixture`] must define the child test:
+//!
+//! ```ignore
+//! #[test]
+//! fn child() {
+//!     common::child_body();
+//! }
+//! ```
+
+#![allow(dead_code)] // each test binary uses part of it
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lockwarden_core::{Claim, KeyLayout, LockClient, LockGuard};
+use lockwarden_testkit::{eventually, run_child, RedisServer, TestProcess};
+
+/// The variable that makes the child test run: `<scenario> <url>`.
+pub const CHILD_ENV: &str = "LOCKWARDEN_CLI_TEST_CHILD";
+
+/// A plain lock held twice (re-entered) by one holder, one waiter in another client.
+pub const PLAIN: &str = "orders:42";
+/// A fair lock held, two waiters queued in a known order.
+pub const FAIR: &str = "tickets";
+/// A read-write lock held by two readers.
+pub const READERS: &str = "catalog";
+/// A read-write lock held by a writer, two readers (one client) waiting.
+pub const WRITER: &str = "report";
+/// A completed claim.
+pub const CLAIM: &str = "payment:7";
+/// Its outcome.
+pub const OUTCOME: &[u8] = br#"{"status":200,"id":7}"#;
+/// A plain lock with an awkward name.
+pub const AWKWARD: &str = "we{ir}d%7B name ünï/✓";
+/// A lock in the Redisson layout (empty namespace), one waiter.
+pub const REDISSON: &str = "redisson:res";
+/// A plain lock taken and released over and over (scenario `churn`).
+pub const HOT: &str = "hot";
+
+/// Runs `lockwarden` with `args` (stdin empty, `REDIS_URL` unset), within 60 s.
+pub fn lockwarden(args: &[&str]) -> Run {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lockwarden"))
+        .args(args)
+        .env_remove("REDIS_URL")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start lockwarden");
+    let mut stdout = child.stdout.take().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let out = std::thread::spawn(move || {
+        let mut s = String::new();
+        stdout.read_to_string(&mut s).unwrap();
+        s
+    });
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        stderr.read_to_string(&mut s).unwrap();
+        s
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("lockwarden {args:?} still ran after 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    Run {
+        code: status.code(),
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
+    }
+}
+
+/// What one run of the binary did.
+#[derive(Debug)]
+pub struct Run {
+    /// The exit code (`None`: killed by a signal).
+    pub code: Option<i32>,
+    /// Its stdout.
+    pub stdout: String,
+    /// Its stderr.
+    pub stderr: String,
+}
+
+impl Run {
+    /// Asserts exit 0 and returns stdout.
+    pub fn ok(&self) -> &str {
+        assert_eq!(self.code, Some(0), "{self:#?}");
+        &self.stdout
+    }
+
+    /// Asserts exit 0 and parses stdout as one JSON value.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(self.ok()).unwrap_or_else(|e| panic!("not JSON ({e}): {self:#?}"))
+    }
+}
+
+/// A `redis-server` and a child process holding locks in it.
+pub struct Fixture {
+    /// The server.
+    pub server: RedisServer,
+    /// The child; dropping it kills it.
+    pub child: TestProcess,
+    /// The fair lock's waiters' holder ids, first in the queue first.
+    pub fair_queue: Vec<String>,
+    /// The readers of [`READERS`].
+    pub readers: Vec<String>,
+    /// The holder of [`PLAIN`].
+    pub plain_holder: String,
+}
+
+impl Fixture {
+    /// Starts a server and the `every-kind` child, and waits until every waiter waits.
+    pub fn start(test: &str) -> Fixture {
+        Self::start_with(test, &[])
+    }
+
+    /// As [`Fixture::start`], with extra `redis-server` arguments.
+    pub fn start_with(test: &str, server_args: &[&str]) -> Fixture {
+        let server = RedisServer::start_with(server_args).expect("start redis-server");
+        let env = format!("every-kind {}", server.url());
+        let mut child = TestProcess::spawn(test, &[(CHILD_ENV, &env)]).expect("spawn the child");
+        let within = Duration::from_secs(60);
+        // In the order the child prints them (lines without the marker are skipped).
+        let plain_holder = child.wait_for_line("PLAIN ", within);
+        let fair_queue = child
+            .wait_for_line("FAIR_QUEUE ", within)
+            .split(' ')
+            .map(str::to_owned)
+            .collect();
+        let readers = child
+            .wait_for_line("READERS ", within)
+            .split(' ')
+            .map(str::to_owned)
+            .collect();
+        child.wait_for_line("READY", within);
+        let fixture = Fixture {
+            server,
+            child,
+            fair_queue,
+            readers,
+            plain_holder,
+        };
+        fixture.wait_for_waiters();
+        fixture
+    }
+
+    /// The server's URL.
+    pub fn url(&self) -> String {
+        self.server.url()
+    }
+
+    /// Runs `lockwarden --url <this server> args...`.
+    pub fn run(&self, args: &[&str]) -> Run {
+        let url = self.url();
+        let mut all = vec!["--url", url.as_str()];
+        all.extend_from_slice(args);
+        lockwarden(&all)
+    }
+
+    fn wait_for_waiters(&self) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let s = &self.server;
+        rt.block_on(async {
+            let within = Duration::from_secs(30);
+            eventually(within, "the plain waiter subscribes", || async {
+                s.subscribers("lockwarden:{orders:42}:released") == 1
+            })
+            .await;
+            eventually(within, "the readers wait", || async {
+                s.subscribers("lockwarden:{report}:readable") == 1
+            })
+            .await;
+            eventually(within, "the Redisson waiter subscribes", || async {
+                s.subscribers("redisson_lock__channel:{redisson:res}") == 1
+            })
+            .await;
+        });
+    }
+
+    /// Waits for the child to print `GOT <what>`.
+    pub fn wait_got(&mut self, what: &str) {
+        let got = self.child.wait_for_line("GOT ", Duration::from_secs(30));
+        assert_eq!(got, what);
+    }
+}
+
+/// The child test's body: does nothing unless [`CHILD_ENV`] is set.
+pub fn child_body() {
+    run_child(CHILD_ENV, |value| async move {
+        let (scenario, url) = value.split_once(' ').expect("<scenario> <url>");
+        match scenario {
+            "every-kind" => every_kind(url).await,
+            "churn" => churn(url).await,
+            other => panic!("unknown scenario {other}"),
+        }
+    });
+}
+
+async fn client(url: &str) -> LockClient {
+    LockClient::connect(url).await.expect("connect")
+}
+
+async fn redisson(url: &str) -> LockClient {
+    LockClient::builder()
+        .layout(KeyLayout::Redisson)
+        .connect(url)
+        .await
+        .expect("connect")
+}
+
+/// Holds one lock of every kind and waits on most of them from other clients (each
+/// waiter's client has its own pub/sub connection, so each is one subscriber). Prints
+/// `GOT <name>` whenever a waiter gets its lock. Lives until killed (at most 120 s).
+async fn every_kind(url: &str) {
+    let holder = client(url).await;
+    let mut held: Vec<LockGuard> = Vec::new();
+
+    // Plain, re-entered.
+    let me = holder.holder();
+    held.push(holder.lock(PLAIN).holder(&me).acquire().await.unwrap());
+    held.push(holder.lock(PLAIN).holder(&me).acquire().await.unwrap());
+    println!("PLAIN {}", me.id());
+    let waiter = client(url).await;
+    tokio::spawn(async move {
+        let g = waiter.lock(PLAIN).acquire().await.unwrap();
+        println!("GOT {PLAIN}");
+        std::mem::forget(g);
+    });
+
+    // Fair, two waiters queued in a known order.
+    held.push(holder.fair_lock(FAIR).acquire().await.unwrap());
+    let mut queue = Vec::new();
+    for i in 0..2 {
+        let waiter = client(url).await;
+        let h = waiter.holder();
+        queue.push(h.id().to_owned());
+        tokio::spawn(async move {
+            let g = waiter.fair_lock(FAIR).holder(&h).acquire().await.unwrap();
+            println!("GOT {FAIR} {i}");
+            // Hand over to the next in the queue after a moment.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            g.release().await.unwrap();
+        });
+        let probe = holder.fair_lock(FAIR);
+        eventually(Duration::from_secs(30), "the fair waiter queues", || {
+            let probe = probe.clone();
+            async move { probe.queued().await.unwrap() == i + 1 }
+        })
+        .await;
+    }
+    println!("FAIR_QUEUE {}", queue.join(" "));
+
+    // Two readers.
+    let mut readers = Vec::new();
+    for _ in 0..2 {
+        let g = holder.rw_lock(READERS).read().acquire().await.unwrap();
+        readers.push(g.holder().id().to_owned());
+        held.push(g);
+    }
+    println!("READERS {}", readers.join(" "));
+
+    // A writer; two readers of one client wait.
+    held.push(holder.rw_lock(WRITER).write().acquire().await.unwrap());
+    let waiting_readers = client(url).await;
+    for _ in 0..2 {
+        let lock = waiting_readers.rw_lock(WRITER);
+        tokio::spawn(async move {
+            let g = lock.read().acquire().await.unwrap();
+            println!("GOT {WRITER} read");
+            std::mem::forget(g);
+        });
+    }
+
+    // A completed claim.
+    match holder.lock(CLAIM).try_claim(Duration::ZERO).await.unwrap() {
+        Claim::Acquired(g) => g
+            .complete(OUTCOME, Duration::from_secs(3600))
+            .await
+            .unwrap(),
+        Claim::Completed(_) => panic!("a fresh server has no outcome"),
+    }
+
+    // An awkward name.
+    held.push(holder.lock(AWKWARD).acquire().await.unwrap());
+
+    // The Redisson layout, one waiter.
+    let r = redisson(url).await;
+    held.push(r.lock(REDISSON).acquire().await.unwrap());
+    let r_waiter = redisson(url).await;
+    tokio::spawn(async move {
+        let g = r_waiter.lock(REDISSON).acquire().await.unwrap();
+        println!("GOT {REDISSON}");
+        std::mem::forget(g);
+    });
+
+    println!("READY");
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    drop(held);
+}
+
+/// Takes and releases [`HOT`] over and over (every 20 ms, at most 60 s), each time as a
+/// fresh acquisition with a new fencing token; prints `CHURNING` once going.
+async fn churn(url: &str) {
+    let c = client(url).await;
+    let started = Instant::now();
+    let mut n = 0u64;
+    while started.elapsed() < Duration::from_secs(60) {
+        let g = c.acquire(HOT).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        g.release().await.unwrap();
+        n += 1;
+        if n == 5 {
+            println!("CHURNING");
+        }
+        tokio::time::sleep(Duration::from_millis(15)).await;
+    }
+}

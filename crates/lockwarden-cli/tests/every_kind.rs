@@ -1,0 +1,416 @@
+//! `list`, `show` and `unlock` against a real redis-server, with locks of every kind held
+//! (and waited on) by another process: the child test of this binary (see `common`).
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use common::*;
+use serde_json::Value;
+
+/// Not a test on its own: the child process of the tests below.
+#[test]
+fn child() {
+    common::child_body();
+}
+
+fn by_name<'a>(list: &'a Value, name: &str) -> &'a Value {
+    list["locks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["name"] == name)
+        .unwrap_or_else(|| panic!("{name} not listed: {list:#}"))
+}
+
+fn ids(holders: &Value) -> BTreeSet<String> {
+    holders
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn list_json_shows_every_kind_with_holders_queues_and_subscribers() {
+    let f = Fixture::start("child");
+    let list = f.run(&["list", "--json"]).json();
+    assert_eq!(list["namespace"], "lockwarden:");
+    assert_eq!(list["layout"], "tagged");
+    assert_eq!(list["scan"]["complete"], true);
+    assert_eq!(list["scan"]["stopped_by"], Value::Null);
+    let names: BTreeSet<&str> = list["locks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        BTreeSet::from([PLAIN, FAIR, READERS, WRITER, CLAIM, AWKWARD]),
+        "the Redisson-layout lock is not in the tagged namespace"
+    );
+
+    let plain = by_name(&list, PLAIN);
+    assert_eq!(plain["kind"], "plain");
+    assert_eq!(plain["key"], "lockwarden:{orders:42}");
+    assert_eq!(plain["holders"].as_array().unwrap().len(), 1);
+    assert_eq!(plain["holders"][0]["id"], f.plain_holder.as_str());
+    assert_eq!(plain["holders"][0]["count"], 2, "re-entered once");
+    assert_eq!(plain["holders"][0]["side"], "exclusive");
+    let lease = plain["lease_ms"].as_i64().unwrap();
+    assert!(lease > 0 && lease <= 30_000, "{lease}");
+    assert!(plain["fencing_token"].as_u64().unwrap() > 0);
+    assert!(plain["held_for_ms"].as_u64().unwrap() < 120_000);
+    assert_eq!(plain["subscribers"], 1, "one waiting client");
+    assert_eq!(plain["queue_length"], 0);
+
+    let fair = by_name(&list, FAIR);
+    assert_eq!(fair["kind"], "fair");
+    assert_eq!(fair["holders"].as_array().unwrap().len(), 1);
+    assert_eq!(fair["holders"][0]["count"], 1);
+    assert_eq!(fair["queue_length"], 2);
+    let queued: Vec<&str> = fair["queue"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|q| q["holder"].as_str().unwrap())
+        .collect();
+    assert_eq!(queued, f.fair_queue, "queue in arrival order");
+    for q in fair["queue"].as_array().unwrap() {
+        assert_eq!(
+            q["subscribers"], 1,
+            "each waiter listens on its turn channel: {q}"
+        );
+    }
+    assert_eq!(fair["subscribers"], 2);
+
+    let readers = by_name(&list, READERS);
+    assert_eq!(readers["kind"], "read-write");
+    assert_eq!(readers["mode"], "read");
+    assert_eq!(
+        ids(&readers["holders"]),
+        f.readers.iter().cloned().collect::<BTreeSet<_>>()
+    );
+    for h in readers["holders"].as_array().unwrap() {
+        assert_eq!(h["side"], "read");
+        assert_eq!(h["count"], 1);
+        let lease = h["lease_ms"].as_i64().unwrap();
+        assert!(lease > 0 && lease <= 30_000, "{h}");
+    }
+    assert!(readers["fencing_token"].as_u64().unwrap() > 0);
+
+    let writer = by_name(&list, WRITER);
+    assert_eq!(writer["kind"], "read-write");
+    assert_eq!(writer["mode"], "write");
+    assert_eq!(writer["holders"].as_array().unwrap().len(), 1);
+    assert_eq!(writer["holders"][0]["side"], "write");
+    let readers_channel = writer["channels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["role"] == "readers")
+        .unwrap();
+    assert_eq!(readers_channel["channel"], "lockwarden:{report}:readable");
+    assert_eq!(
+        readers_channel["subscribers"], 1,
+        "the waiting readers' client"
+    );
+
+    let claim = by_name(&list, CLAIM);
+    assert_eq!(claim["kind"], "claim-outcome");
+    assert!(claim["holders"].as_array().unwrap().is_empty());
+    assert_eq!(claim["lease_ms"], Value::Null);
+    assert_eq!(claim["outcome"]["bytes"], OUTCOME.len());
+    let ttl = claim["outcome"]["ttl_ms"].as_i64().unwrap();
+    assert!(ttl > 3_400_000 && ttl <= 3_600_000, "{ttl}");
+
+    let awkward = by_name(&list, AWKWARD);
+    assert_eq!(awkward["kind"], "plain");
+    assert_eq!(awkward["key"], "lockwarden:{we%7Bir%7Dd%257B name ünï/✓}");
+}
+
+#[test]
+fn redisson_layout_lists_lockwarden_and_jvm_shaped_locks_only() {
+    let f = Fixture::start("child");
+    // A lock as Redisson's RLock leaves it (no fencing key), and hashes that are not locks.
+    let jvm = "jvm:invoice:9";
+    let holder = "8743c9c0-0795-4907-87fd-6c719a6b4586:57";
+    let _: () = f.server.query(&["HSET", jvm, holder, "3"]).unwrap();
+    let _: () = f.server.query(&["PEXPIRE", jvm, "60000"]).unwrap();
+    let _: () = f
+        .server
+        .query(&["HSET", "user:1", "name", "alice"])
+        .unwrap();
+    let _: () = f.server.query(&["PEXPIRE", "user:1", "60000"]).unwrap();
+    let _: () = f.server.query(&["HSET", "no-ttl", "a:1", "1"]).unwrap();
+    let _: () = f.server.query(&["SET", "a-string", "x"]).unwrap();
+
+    let list = f.run(&["--layout", "redisson", "list", "--json"]).json();
+    assert_eq!(list["layout"], "redisson");
+    assert_eq!(list["namespace"], "");
+    let names: BTreeSet<&str> = list["locks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, BTreeSet::from([REDISSON, jvm]));
+    let ours = by_name(&list, REDISSON);
+    assert_eq!(ours["kind"], "plain");
+    assert_eq!(ours["key"], REDISSON);
+    assert_eq!(ours["holders"].as_array().unwrap().len(), 1);
+    assert!(ours["fencing_token"].as_u64().is_some());
+    assert_eq!(ours["subscribers"], 1);
+    assert_eq!(
+        ours["channels"][0]["channel"],
+        "redisson_lock__channel:{redisson:res}"
+    );
+    let theirs = by_name(&list, jvm);
+    assert_eq!(theirs["kind"], "plain");
+    assert_eq!(theirs["holders"][0]["id"], holder);
+    assert_eq!(theirs["holders"][0]["count"], 3);
+    assert_eq!(theirs["fencing_token"], Value::Null);
+
+    let shown = f
+        .run(&["--layout", "redisson", "show", REDISSON])
+        .ok()
+        .to_owned();
+    assert!(shown.contains("kind        plain"), "{shown}");
+    assert!(
+        shown.contains("release  redisson_lock__channel:{redisson:res}  1"),
+        "{shown}"
+    );
+}
+
+#[test]
+fn list_table_and_patterns() {
+    let f = Fixture::start("child");
+    let out = f.run(&["list"]).ok().to_owned();
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines[0].starts_with("NAME") && lines[0].contains("HOLDERS"),
+        "{out}"
+    );
+    let row = |name: &str| {
+        *lines
+            .iter()
+            .find(|l| l.starts_with(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no row for {name}: {out}"))
+    };
+    assert!(row(PLAIN).contains(" plain "), "{out}");
+    assert!(
+        row(PLAIN).contains(&format!("{} ×2", f.plain_holder)),
+        "{out}"
+    );
+    assert!(row(FAIR).contains(" fair "), "{out}");
+    assert!(row(READERS).contains("read-write (read)"), "{out}");
+    assert!(
+        row(READERS).contains(&format!("r {} ×1", f.readers[0])),
+        "{out}"
+    );
+    assert!(row(WRITER).contains("read-write (write)"), "{out}");
+    assert!(row(CLAIM).contains("claim-outcome"), "{out}");
+    assert!(
+        row(CLAIM).contains(&format!("(completed: outcome {} B", OUTCOME.len())),
+        "{out}"
+    );
+    assert!(row(AWKWARD).contains(" plain "), "{out}");
+    assert!(
+        lines
+            .last()
+            .unwrap()
+            .starts_with("6 locks (5 held); scan complete:"),
+        "{out}"
+    );
+
+    // Globs over names, braces and all.
+    let only = |pattern: &str| -> BTreeSet<String> {
+        let list = f.run(&["list", pattern, "--json"]).json();
+        list["locks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(only("orders:*"), BTreeSet::from([PLAIN.to_owned()]));
+    assert_eq!(only("we{ir}*"), BTreeSet::from([AWKWARD.to_owned()]));
+    assert_eq!(only("*ünï/?"), BTreeSet::from([AWKWARD.to_owned()]));
+    assert_eq!(
+        only("[cr]*"),
+        BTreeSet::from([READERS.to_owned(), WRITER.to_owned()])
+    );
+    assert!(only("nothing*").is_empty());
+    let none = f.run(&["list", "nothing*"]).ok().to_owned();
+    assert!(none.starts_with("no locks under namespace"), "{none}");
+}
+
+#[test]
+fn show_gives_queue_order_reader_leases_and_outcome() {
+    let f = Fixture::start("child");
+    let fair = f.run(&["show", FAIR]).ok().to_owned();
+    let first = fair
+        .find(&format!("1. {}", f.fair_queue[0]))
+        .unwrap_or_else(|| panic!("{fair}"));
+    let second = fair
+        .find(&format!("2. {}", f.fair_queue[1]))
+        .unwrap_or_else(|| panic!("{fair}"));
+    assert!(first < second, "{fair}");
+    assert!(fair.contains("queue       2"), "{fair}");
+    let json = f.run(&["show", FAIR, "--json"]).json();
+    for (i, q) in json["queue"].as_array().unwrap().iter().enumerate() {
+        assert_eq!(q["position"], i + 1);
+        assert_eq!(q["holder"], f.fair_queue[i].as_str());
+        let deadline = q["deadline_ms"].as_i64().unwrap();
+        assert!(
+            deadline > 0 && deadline <= 5_000,
+            "a waiter's deadline is within its queue timeout: {q}"
+        );
+    }
+
+    let readers = f.run(&["show", READERS]).ok().to_owned();
+    for id in &f.readers {
+        let line = readers
+            .lines()
+            .find(|l| l.contains(id.as_str()))
+            .unwrap_or_else(|| panic!("{readers}"));
+        assert!(line.trim_start().starts_with("read"), "{line}");
+        assert!(line.contains("×1  lease "), "{line}");
+    }
+
+    let claim = f.run(&["show", CLAIM]).ok().to_owned();
+    assert!(claim.contains("kind        claim-outcome"), "{claim}");
+    assert!(
+        claim.contains(&format!("outcome     {} bytes, kept 59m", OUTCOME.len())),
+        "{claim}"
+    );
+    let json = f.run(&["show", CLAIM, "--json"]).json();
+    assert_eq!(json["outcome"]["bytes"], OUTCOME.len());
+
+    let writer = f.run(&["show", WRITER]).ok().to_owned();
+    assert!(
+        writer.contains("readers  lockwarden:{report}:readable  1"),
+        "{writer}"
+    );
+
+    let awkward = f.run(&["show", AWKWARD, "--json"]).json();
+    assert_eq!(awkward["name"], AWKWARD);
+}
+
+#[test]
+fn unlock_frees_every_kind_and_wakes_its_waiters() {
+    let mut f = Fixture::start("child");
+
+    let out = f.run(&["unlock", PLAIN, "--yes"]).ok().to_owned();
+    assert!(out.starts_with("unlocked \"orders:42\" (plain"), "{out}");
+    f.wait_got(PLAIN);
+
+    f.run(&["unlock", FAIR, "--yes"]).ok();
+    f.wait_got(&format!("{FAIR} 0"));
+    f.wait_got(&format!("{FAIR} 1"));
+
+    f.run(&["unlock", WRITER, "-y"]).ok();
+    f.wait_got(&format!("{WRITER} read"));
+    f.wait_got(&format!("{WRITER} read"));
+
+    let json = f.run(&["unlock", READERS, "--yes", "--json"]).json();
+    assert_eq!(json["unlocked"], true);
+    assert_eq!(json["before"]["kind"], "read-write");
+    assert_eq!(json["before"]["holders"].as_array().unwrap().len(), 2);
+    assert!(!f.server.exists("lockwarden:{catalog}"));
+    assert!(!f.server.exists("lockwarden:{catalog}:leases"));
+
+    f.run(&["unlock", AWKWARD, "--yes"]).ok();
+    assert!(!f.server.exists("lockwarden:{we%7Bir%7Dd%257B name ünï/✓}"));
+
+    f.run(&["--layout", "redisson", "unlock", REDISSON, "--yes"])
+        .ok();
+    f.wait_got(REDISSON);
+
+    // A completed claim is not a lock: nothing to unlock, and the outcome stays.
+    let claim = f.run(&["unlock", CLAIM, "--yes"]);
+    assert_eq!(claim.code, Some(3), "{claim:#?}");
+    assert!(claim.stderr.contains("completed claim"), "{claim:#?}");
+    assert!(f.server.exists("lockwarden:{payment:7}:done"));
+
+    // What the waiters took is held by them now; the readers' lock is gone.
+    let list = f.run(&["list", "--json"]).json();
+    let plain = by_name(&list, PLAIN);
+    assert_ne!(plain["holders"][0]["id"], f.plain_holder.as_str());
+    assert!(list["locks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|l| l["name"] != READERS && l["name"] != AWKWARD));
+    let all = f.run(&["list", "--all", "--json"]).json();
+    assert_eq!(
+        by_name(&all, READERS)["kind"],
+        "free",
+        "its fencing key is left"
+    );
+}
+
+#[test]
+fn unlock_without_yes_and_without_a_terminal_refuses() {
+    let f = Fixture::start("child");
+    let run = f.run(&["unlock", PLAIN]);
+    assert_eq!(run.code, Some(4), "{run:#?}");
+    assert!(
+        run.stderr.contains("stdin is not a terminal; pass --yes"),
+        "{run:#?}"
+    );
+    assert!(run.stdout.is_empty(), "{run:#?}");
+    assert!(f.server.exists("lockwarden:{orders:42}"));
+    let plain = f.run(&["show", PLAIN, "--json"]).json();
+    assert_eq!(plain["holders"][0]["id"], f.plain_holder.as_str());
+    assert_eq!(plain["holders"][0]["count"], 2);
+}
+
+/// With a terminal (a pty from util-linux's `script`), only `yes` confirms.
+#[test]
+fn unlock_on_a_terminal_asks_and_only_yes_confirms() {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    if Command::new("script").arg("--version").output().is_err() {
+        eprintln!("skipped: util-linux `script` (to get a terminal) is not installed");
+        return;
+    }
+    let mut f = Fixture::start("child");
+    let on_a_terminal = |answer: &str| {
+        let cmd = format!(
+            "{} --url {} unlock {PLAIN}",
+            env!("CARGO_BIN_EXE_lockwarden"),
+            f.url()
+        );
+        let mut script = Command::new("script")
+            .args(["-qec", &cmd, "/dev/null"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        script
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(answer.as_bytes())
+            .unwrap();
+        script.wait_with_output().unwrap()
+    };
+    let refused = on_a_terminal("no\n");
+    let text = String::from_utf8_lossy(&refused.stdout);
+    assert_eq!(refused.status.code(), Some(4), "{text}");
+    assert!(text.contains("Type 'yes' to confirm"), "{text}");
+    assert!(text.contains("not force-unlocking"), "{text}");
+    assert!(f.server.exists("lockwarden:{orders:42}"));
+    let plain = f.run(&["show", PLAIN, "--json"]).json();
+    assert_eq!(plain["holders"][0]["id"], f.plain_holder.as_str());
+
+    let confirmed = on_a_terminal("yes\n");
+    let text = String::from_utf8_lossy(&confirmed.stdout);
+    assert_eq!(confirmed.status.code(), Some(0), "{text}");
+    assert!(text.contains("unlocked \"orders:42\""), "{text}");
+    f.wait_got(PLAIN);
+}
