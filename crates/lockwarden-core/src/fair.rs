@@ -22,7 +22,7 @@ use crate::target::Target;
 /// How long a waiter that stopped trying keeps its place in the queue, by default.
 pub const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// One named fair lock, made by [`LockClient::fair_lock`]: waiters get it in the order
+/// One named fair lock, made by [`LockClient::fair_lock`](crate::LockClient::fair_lock): waiters get it in the order
 /// they asked for it. Set options, then acquire or inspect.
 ///
 /// What it promises: a waiter that does not get the lock joins a queue kept in the store
@@ -46,7 +46,7 @@ pub const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(5);
 ///
 /// Held, a fair lock is an ordinary lock: the same hash, so the same re-entry, fencing
 /// tokens, watchdog and [`LockGuard`]. Do not also take the same name with
-/// [`LockClient::lock`]: that still excludes, but barges past the queue.
+/// [`LockClient::lock`](crate::LockClient::lock): that still excludes, but barges past the queue.
 ///
 /// On Redis (6.0.6 or later, for `LPOS`), next to the lock hash and fencing key of
 /// [`Key`], all in the lock's slot ([`KeyLayout::Tagged`](crate::KeyLayout::Tagged) names):

@@ -30,7 +30,7 @@ pub enum Claim {
     Completed(Vec<u8>),
 }
 
-/// One named lock, made by [`LockClient::lock`]. Set options, then acquire or inspect.
+/// One named lock, made by [`LockClient::lock`](crate::LockClient::lock). Set options, then acquire or inspect.
 ///
 /// ```
 /// # use lockwarden_core::LockClient;

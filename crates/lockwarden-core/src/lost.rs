@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 /// someone else, or when renewals keep failing until the lease runs out. A lock with a
 /// fixed lease is lost when that lease ends (measured on this machine's clock from the
 /// moment the acquire request was sent, so it errs on the early side), unless it is
-/// [extended](crate::LockGuard::extend) first. Once lost, it stays lost.
+/// extended first (a Redlock extension). Once lost, it stays lost.
 ///
 /// ```
 /// # use lockwarden_core::LockClient;

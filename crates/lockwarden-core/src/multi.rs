@@ -22,7 +22,7 @@ use crate::metrics::Acquired;
 use crate::options::{hold_options, HoldOptions};
 use crate::store::contract::{AcquireAll, LockStore, MultiAttempt};
 
-/// Several named locks to acquire as one, made by [`LockClient::multi_lock`].
+/// Several named locks to acquire as one, made by [`LockClient::multi_lock`](crate::LockClient::multi_lock).
 ///
 /// ```
 /// # use lockwarden_core::LockClient;

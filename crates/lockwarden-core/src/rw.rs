@@ -1,57 +1,5 @@
-//! Read-write locks: many readers or one writer, on the same engine as [`Lock`](crate::Lock)
-//! (watchdog or fixed leases, pub/sub waiting, fencing tokens, [`LockGuard`]s).
-//!
-//! # What it promises
-//!
-//! - **Exclusion.** While a holder holds the write side, no other holder holds either side;
-//!   any number of holders may hold the read side together.
-//! - **Re-entry.** A holder may take each side again; each [`LockGuard`] releases one
-//!   entry. Read and write holds are counted (and renewed by the watchdog) separately.
-//! - **Downgrade.** The write holder may take the read side too; when it then releases the
-//!   write side the lock stays in read mode, held by it, and waiting readers may join.
-//! - **No upgrade.** A holder that holds the read side but not the write side gets
-//!   [`LockError::UpgradeRefused`] at once when it asks for the write side: it would wait
-//!   for itself. Release the read hold first.
-//! - **Each hold expires on its own.** A reader that dies (or leaks its guard) stops
-//!   counting when its own lease runs out, even while other readers keep renewing theirs.
-//!
-//! # Fairness: writer preference
-//!
-//! A writer that finds the lock held registers itself as waiting. While a waiting writer is
-//! registered, readers that hold nothing on this lock are refused (holders that already
-//! hold a side are admitted, or they would deadlock with the writer waiting for them), so
-//! the readers in place drain and the writer gets the lock within the longest of their
-//! remaining holds: a stream of readers cannot starve it. The registration is refreshed by
-//! each of the writer's retries and lasts the client's watchdog timeout (or the writer's
-//! remaining wait, if shorter); a writer that gives up withdraws it, one that dies lets it
-//! run out. The price: under a steady stream of writers, readers wait until no writer is
-//! waiting. Among writers, as with the plain lock, there is no queue order.
-//!
-//! # Notices
-//!
-//! When the lock becomes free, one waiting writer per client is woken (on the lock's
-//! release channel, as for the plain lock). When it becomes free or leaves write mode
-//! and no writer is waiting, every waiting reader is woken at once (payload `read` on the
-//! lock's readers' channel), so they all proceed together. Without a notice a waiter
-//! retries when the next hold could expire, never by polling.
-//!
-//! # Fencing tokens
-//!
-//! Every write hold taken on a free lock draws a new token, strictly greater than every
-//! token issued for the lock before. Readers that start a read phase on a free lock draw
-//! one too; readers joining a phase share its token, and a downgrade's read hold carries
-//! the write's. So a resource that remembers the highest token it saw can reject a stale
-//! writer, and a read carrying a smaller token than the last write's is stale.
-//!
-//! # Layout on Redis
-//!
-//! The lock hash at [`Key::redis_key`] holds `mode`, `token` and one re-entry count per
-//! hold (`<holder>:r`, `<holder>:w`); `<key>:leases` is a sorted set of each hold's
-//! deadline and `<key>:writers` one of waiting writers' registrations, both in the lock's
-//! cluster slot. Scripts in `lua/rw_*.lua`. A name is either a plain lock or a read-write
-//! lock: a plain lock under the same name keeps both sides refused, and a held read-write
-//! lock keeps the plain one refused, on both stores. Claims ([`LockGuard::complete`]) are
-//! for plain and fair locks only ([`LockError::NotClaimable`]).
+//! Read-write locks: [`RwLock`] and its sides ([`RwLockHandle`]), and their attempts for
+//! the acquire loop. The rules are documented on [`RwLock`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -71,9 +19,61 @@ use crate::options::{hold_options, HoldOptions};
 use crate::store::contract::{How, LockStore, Waiter};
 use crate::target::Target;
 
-/// One named read-write lock, made by [`LockClient::rw_lock`]: pick a side with
-/// [`read`](Self::read) or [`write`](Self::write). See the [module docs](self) for the
-/// rules (writer preference, downgrade, no upgrade).
+/// One named read-write lock, made by [`LockClient::rw_lock`](crate::LockClient::rw_lock): pick a side with
+/// [`read`](Self::read) or [`write`](Self::write). The rules (writer preference,
+/// downgrade, no upgrade):
+///
+/// # What it promises
+///
+/// - **Exclusion.** While a holder holds the write side, no other holder holds either side;
+///   any number of holders may hold the read side together.
+/// - **Re-entry.** A holder may take each side again; each [`LockGuard`] releases one
+///   entry. Read and write holds are counted (and renewed by the watchdog) separately.
+/// - **Downgrade.** The write holder may take the read side too; when it then releases the
+///   write side the lock stays in read mode, held by it, and waiting readers may join.
+/// - **No upgrade.** A holder that holds the read side but not the write side gets
+///   [`LockError::UpgradeRefused`] at once when it asks for the write side: it would wait
+///   for itself. Release the read hold first.
+/// - **Each hold expires on its own.** A reader that dies (or leaks its guard) stops
+///   counting when its own lease runs out, even while other readers keep renewing theirs.
+///
+/// # Fairness: writer preference
+///
+/// A writer that finds the lock held registers itself as waiting. While a waiting writer is
+/// registered, readers that hold nothing on this lock are refused (holders that already
+/// hold a side are admitted, or they would deadlock with the writer waiting for them), so
+/// the readers in place drain and the writer gets the lock within the longest of their
+/// remaining holds: a stream of readers cannot starve it. The registration is refreshed by
+/// each of the writer's retries and lasts the client's watchdog timeout (or the writer's
+/// remaining wait, if shorter); a writer that gives up withdraws it, one that dies lets it
+/// run out. The price: under a steady stream of writers, readers wait until no writer is
+/// waiting. Among writers, as with the plain lock, there is no queue order.
+///
+/// # Notices
+///
+/// When the lock becomes free, one waiting writer per client is woken (on the lock's
+/// release channel, as for the plain lock). When it becomes free or leaves write mode
+/// and no writer is waiting, every waiting reader is woken at once (payload `read` on the
+/// lock's readers' channel), so they all proceed together. Without a notice a waiter
+/// retries when the next hold could expire, never by polling.
+///
+/// # Fencing tokens
+///
+/// Every write hold taken on a free lock draws a new token, strictly greater than every
+/// token issued for the lock before. Readers that start a read phase on a free lock draw
+/// one too; readers joining a phase share its token, and a downgrade's read hold carries
+/// the write's. So a resource that remembers the highest token it saw can reject a stale
+/// writer, and a read carrying a smaller token than the last write's is stale.
+///
+/// # Layout on Redis
+///
+/// The lock hash at [`Key::redis_key`] holds `mode`, `token` and one re-entry count per
+/// hold (`<holder>:r`, `<holder>:w`); `<key>:leases` is a sorted set of each hold's
+/// deadline and `<key>:writers` one of waiting writers' registrations, both in the lock's
+/// cluster slot. Scripts in `lua/rw_*.lua`. A name is either a plain lock or a read-write
+/// lock: a plain lock under the same name keeps both sides refused, and a held read-write
+/// lock keeps the plain one refused, on both stores. Claims ([`LockGuard::complete`]) are
+/// for plain and fair locks only ([`LockError::NotClaimable`]).
 ///
 /// ```
 /// # use lockwarden_core::{LockClient, LockError};
@@ -220,7 +220,7 @@ impl RwLockHandle {
     /// Acquires this side, waiting as long as it takes (through a Redis outage too).
     ///
     /// # Errors
-    /// [`LockError::UpgradeRefused`] (see the [module docs](self)), [`LockError::InvalidKey`]
+    /// [`LockError::UpgradeRefused`] (see [`RwLock`]), [`LockError::InvalidKey`]
     /// or [`LockError::Backend`].
     pub async fn acquire(&self) -> Result<LockGuard, LockError> {
         self.acquire_until(None).await

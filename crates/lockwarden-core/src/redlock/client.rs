@@ -36,12 +36,12 @@ use crate::key::Key;
 ///   contenders, or nodes down) it retries after a random delay up to the retry delay
 ///   (default 200 ms), so contenders that failed together do not retry together. At the
 ///   wait budget it gives up with [`LockError::Timeout`] (someone holds it) or
-///   [`RedlockError::NoQuorum`] (too few nodes answered to make a majority).
+///   [`RedlockError::NoQuorum`](crate::RedlockError::NoQuorum) (too few nodes answered to make a majority).
 /// * **Extension** renews the lease on every node; it succeeds only if a majority still
 ///   held it and the fresh validity (from the start of the extension) is still ahead; at
-///   most [`max_extensions`](RedlockBuilder::max_extensions) times per guard, so a stuck
+///   most [`max_extensions`](crate::RedlockBuilder::max_extensions) times per guard, so a stuck
 ///   holder cannot keep the lock forever. A failed extension leaves the old validity; when
-///   that runs out the guard is lost ([`RedlockGuard::lost`]).
+///   that runs out the guard is lost ([`RedlockGuard::lost`](crate::RedlockGuard::lost)).
 /// * **Release** is sent to every node; dropping a guard releases in the background.
 ///
 /// # What it promises, and what it does not
@@ -72,7 +72,7 @@ use crate::key::Key;
 /// *fencing tokens* that the protected resource checks; Salvatore Sanfilippo (antirez)
 /// answers in ["Is Redlock safe?"](http://antirez.com/news/101) (2016) that Redlock is safe under its timing assumptions.
 /// Whatever one concludes, **the fencing token, checked by the resource, is the real
-/// safety net.** Pass [`RedlockGuard::fencing_token`] with every write and have the
+/// safety net.** Pass [`RedlockGuard::fencing_token`](crate::RedlockGuard::fencing_token) with every write and have the
 /// resource refuse tokens lower than the highest it has seen. Redlock has no counter that
 /// all nodes agree on, so its token is best effort: see that method for what it does and
 /// does not order.

@@ -17,7 +17,7 @@ use crate::metrics::{self, Acquired};
 /// Without a notice, a waiter re-checks after this many retry delays at the latest.
 const RECHECK_DELAYS: u32 = 10;
 
-/// One named Redlock, made by [`Redlock::lock`].
+/// One named Redlock, made by [`Redlock::lock`](crate::Redlock::lock).
 ///
 /// ```no_run
 /// # use lockwarden_core::Redlock;
@@ -56,7 +56,7 @@ impl RedlockLock {
     ///
     /// # Errors
     /// [`LockError::Timeout`] if another holder kept it for the whole budget;
-    /// [`RedlockError::NoQuorum`] if too few nodes answered; [`RedlockError::TooSlow`]
+    /// [`RedlockError::NoQuorum`](crate::RedlockError::NoQuorum) if too few nodes answered; [`RedlockError::TooSlow`](crate::RedlockError::TooSlow)
     /// if a majority answered too late for the lease; [`LockError::InvalidKey`].
     pub async fn try_acquire(&self, wait: Duration) -> Result<RedlockGuard, LockError> {
         let key = self.key()?;
