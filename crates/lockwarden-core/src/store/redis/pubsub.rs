@@ -4,7 +4,9 @@
 //! One task owns the connection and is the only one that sends SUBSCRIBE/UNSUBSCRIBE, so
 //! the order on the wire always follows the registry's latest state. When the connection
 //! drops it reconnects, resubscribes and wakes every waiter, since notices may have been
-//! missed in between.
+//! missed in between. A channel Redis refuses to subscribe (an ACL user without
+//! `SUBSCRIBE` or the channel) is refused to its waiters, which fail with the refusal
+//! instead of sleeping until each holder's lease ends; the connection stays up.
 //!
 //! On one server (and on the primary Sentinel names, followed across failovers) it is one
 //! RESP2 pub/sub connection. On a cluster it is a RESP3 cluster connection: each
