@@ -35,6 +35,10 @@ pub use error::CliError;
 pub fn main_exit_code() -> i32 {
     use clap::Parser as _;
     let cli = cli::Cli::parse();
+    // The inspector's own reading connections speak TLS through rustls, which needs a
+    // process-wide crypto provider: the one lockwarden-core uses.
+    #[cfg(feature = "tls")]
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -180,8 +180,17 @@ pub(crate) async fn acquire<A: Attempts>(
         }
         let wake_at = now + recheck.map_or(ttl, |recheck| ttl.min(recheck));
         let channel = attempts.channel(busy.lock);
-        if wait.sleep(waiters, channel, wait.cap(wake_at)).await {
-            woken = Some(busy.lock);
+        match wait.sleep(waiters, channel, wait.cap(wake_at)).await {
+            Ok(true) => woken = Some(busy.lock),
+            Ok(false) => {}
+            // No notices will come (Redis refused the subscription): say so now rather
+            // than wait for every holder's lease to run out.
+            Err(error) => {
+                metrics::backend_error(Operation::Acquire, &error);
+                give_up(left_behind).await;
+                ended(&attempts, Acquired::Error);
+                return Err(error.into());
+            }
         }
     }
 }
@@ -237,24 +246,31 @@ impl Wait {
     /// Sleeps until a notice on `channel` or `wake_at`; returns whether a notice woke it.
     /// The first sleep on a channel only subscribes (until notices flow, or `wake_at`), so
     /// the caller retries at once and a release between its attempt and the subscription
-    /// is not missed.
-    async fn sleep(&mut self, waiters: &Arc<Waiters>, channel: &str, wake_at: Instant) -> bool {
+    /// is not missed. Fails if Redis refused the subscription.
+    async fn sleep(
+        &mut self,
+        waiters: &Arc<Waiters>,
+        channel: &str,
+        wake_at: Instant,
+    ) -> Result<bool, BackendError> {
         let w = match &self.waiting {
             Some(w) if w.channel() == channel => w,
             _ => {
                 let w = waiters.register(channel);
-                self.ready = w.ready_by(wake_at).await;
+                let ready = w.ready_by(wake_at).await;
                 self.waiting = Some(w);
-                return false;
+                self.ready = ready?;
+                return Ok(false);
             }
         };
         tokio::select! {
-            _ = w.notified() => true,
-            _ = w.ready_by(wake_at), if !self.ready => {
+            _ = w.notified() => Ok(true),
+            ready = w.ready_by(wake_at), if !self.ready => {
+                ready?;
                 self.ready = true;
-                false
+                Ok(false)
             }
-            _ = tokio::time::sleep_until(wake_at) => false,
+            _ = tokio::time::sleep_until(wake_at) => Ok(false),
         }
     }
 }

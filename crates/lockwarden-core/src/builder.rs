@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use crate::client::LockClient;
 use crate::engine::Engine;
-use crate::error::{BackendError, LockError};
+use crate::error::LockError;
 use crate::key::{KeyLayout, KeySpace};
-use crate::store::redis::{ConnectOptions, Deployment};
+use crate::store::redis::{ConnectOptions, Deployment, Tls};
 use crate::store::Store;
 use crate::waiters::Waiters;
 
@@ -30,7 +30,9 @@ impl LockClient {
         LockClientBuilder::default().in_memory()
     }
 
-    /// Connects to Redis at `url` (e.g. `redis://127.0.0.1:6379/`) with default settings.
+    /// Connects to Redis at `url` (e.g. `redis://127.0.0.1:6379/`, or
+    /// `rediss://host:6380/` for TLS, trusting the system's root certificates; see
+    /// `LockClientBuilder::tls_root_certificate` for a private CA) with default settings.
     ///
     /// ```no_run
     /// # use lockwarden_core::LockClient;
@@ -78,6 +80,7 @@ impl Default for LockClientBuilder {
             connect: ConnectOptions {
                 command_timeout: DEFAULT_COMMAND_TIMEOUT,
                 replicas: None,
+                tls: Tls::default(),
             },
         }
     }
@@ -169,12 +172,71 @@ impl LockClientBuilder {
         self
     }
 
+    /// Trusts the certificate authorities in `pem` (one or more PEM `CERTIFICATE`
+    /// blocks) for `rediss://` connections, **instead of** the system's root
+    /// certificates: for a Redis whose certificate a private CA signed (self-hosted, or a
+    /// provider that hands out its CA bundle). Call it again to trust more CAs. Needs the
+    /// `tls` feature (on by default).
+    ///
+    /// It applies to every connection the client makes: commands, the pub/sub connection
+    /// that carries release notices, the `WAIT` connection of
+    /// [`wait_for_replicas`](Self::wait_for_replicas), every node of a cluster, and the
+    /// sentinels and the primary they name. Without it, `rediss://` trusts the system's
+    /// roots, which is what a managed Redis with a publicly trusted certificate needs.
+    /// Certificates given with `redis://` (plain-text) URLs are refused at connect rather
+    /// than ignored; a PEM that does not parse fails at connect too. A server whose
+    /// certificate is not trusted fails the connect with [`LockError::Backend`] saying so.
+    ///
+    /// ```no_run
+    /// # use lockwarden_core::LockClient;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let ca = std::fs::read("/etc/redis/tls/ca.crt")?;
+    /// let client = LockClient::builder()
+    ///     .tls_root_certificate(ca)
+    ///     .connect("rediss://redis.internal:6380/")
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "tls")]
+    pub fn tls_root_certificate(mut self, pem: impl AsRef<[u8]>) -> Self {
+        self.connect.tls.add_roots(pem.as_ref());
+        self
+    }
+
+    /// Presents this client certificate (a PEM chain, leaf first) and its private key
+    /// (PEM: PKCS#8, PKCS#1 or SEC1) to servers that ask for one: mutual TLS, for a Redis
+    /// started with `tls-auth-clients yes`. Applies to every connection, as
+    /// [`tls_root_certificate`](Self::tls_root_certificate) does; only with `rediss://`
+    /// URLs. Needs the `tls` feature (on by default).
+    ///
+    /// ```no_run
+    /// # use lockwarden_core::LockClient;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = LockClient::builder()
+    ///     .tls_root_certificate(std::fs::read("ca.crt")?)
+    ///     .tls_client_identity(std::fs::read("client.crt")?, std::fs::read("client.key")?)
+    ///     .connect("rediss://redis.internal:6380/")
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "tls")]
+    pub fn tls_client_identity(
+        mut self,
+        certificate_pem: impl Into<Vec<u8>>,
+        private_key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.connect
+            .tls
+            .set_identity(certificate_pem.into(), private_key_pem.into());
+        self
+    }
+
     /// Makes every acquisition wait until `replicas` replicas have acknowledged it (Redis
     /// `WAIT`, sent in the same round trip as the acquire script), for at most `timeout`.
     /// An acquisition fewer replicas acknowledged in time is released and reported as
-    /// [`BackendError::NotReplicated`], so a failover to a replica cannot hand a lock
-    /// you were told you hold to someone else, as long as that replica is among those
-    /// that acknowledged. Costs the replication delay on every acquisition, and acquisitions
+    /// [`BackendError::NotReplicated`](crate::BackendError::NotReplicated), so a failover
+    /// to a replica cannot hand a lock you were told you hold to someone else, as long as
+    /// that replica is among those that acknowledged. Costs the replication delay on every acquisition, and acquisitions
     /// share one connection of their own (`WAIT` blocks the connection it is sent on, so
     /// renewals and releases do not queue behind it). Releases and renewals do not wait.
     /// Applies to plain, fair and read-write acquisitions and claims; a
@@ -208,7 +270,7 @@ impl LockClientBuilder {
         self.finish(store, waiters)
     }
 
-    /// A client on the Redis server at `url`.
+    /// A client on the Redis server at `url` (`redis://`, or `rediss://` for TLS).
     ///
     /// ```no_run
     /// # use lockwarden_core::LockClient;
@@ -224,7 +286,7 @@ impl LockClientBuilder {
     /// [`LockError::Backend`] if the URL is invalid or Redis cannot be reached within the
     /// command timeout.
     pub async fn connect(self, url: &str) -> Result<LockClient, LockError> {
-        let client = ::redis::Client::open(url).map_err(BackendError::from)?;
+        let client = self.connect.tls.open(url)?;
         self.connect_to(Deployment::Server(client)).await
     }
 
@@ -300,6 +362,7 @@ impl LockClientBuilder {
         self,
         config: &deadpool_redis::Config,
     ) -> Result<LockClient, LockError> {
+        use crate::error::BackendError;
         let invalid = |what: String| {
             let kind = redis::ErrorKind::InvalidClientConfig;
             BackendError::Redis(redis::RedisError::from((
@@ -308,17 +371,21 @@ impl LockClientBuilder {
                 what,
             )))
         };
+        // The pub/sub connection trusts what this builder trusts (`tls_root_certificate`).
         let notices = match (&config.url, &config.connection) {
-            (Some(url), None) => redis::Client::open(url.as_str()),
-            (None, Some(info)) => redis::Client::open(redis::ConnectionInfo::from(info.clone())),
-            (None, None) => redis::Client::open(redis::ConnectionInfo::from(
-                deadpool_redis::ConnectionInfo::default(),
-            )),
+            (Some(url), None) => self.connect.tls.open(url)?,
+            (None, Some(info)) => {
+                let info = redis::ConnectionInfo::from(info.clone());
+                redis::Client::open(info).map_err(BackendError::from)?
+            }
+            (None, None) => {
+                let info = redis::ConnectionInfo::from(deadpool_redis::ConnectionInfo::default());
+                redis::Client::open(info).map_err(BackendError::from)?
+            }
             (Some(_), Some(_)) => {
                 return Err(invalid("both a URL and connection fields are set".into()).into())
             }
-        }
-        .map_err(BackendError::from)?;
+        };
         let pool = config
             .create_pool(Some(deadpool_redis::Runtime::Tokio1))
             .map_err(|e| invalid(e.to_string()))?;
@@ -332,7 +399,7 @@ impl LockClientBuilder {
     /// and runs on the node that owns it; the release channel is in that slot too. A
     /// [`multi_lock`](LockClient::multi_lock) whose locks live in different slots takes
     /// them slot by slot, in one order for every caller, and gives back what it took if a
-    /// later one is busy.
+    /// later one is busy. With `rediss://` addresses every node connection uses TLS.
     ///
     /// ```no_run
     /// # use lockwarden_core::LockClient;
@@ -364,7 +431,8 @@ impl LockClientBuilder {
     /// watchdog is renewed on the new primary, and one that is not there is marked lost
     /// ([`LockGuard::lost`](crate::LockGuard::lost) fires). Commands in flight when the
     /// primary fails return errors; the next ones go to the new primary.
-    /// [`wait_for_replicas`](Self::wait_for_replicas) narrows the window.
+    /// [`wait_for_replicas`](Self::wait_for_replicas) narrows the window. With
+    /// `rediss://` sentinels, the sentinels and the primary are both reached over TLS.
     ///
     /// ```no_run
     /// # use lockwarden_core::LockClient;

@@ -141,6 +141,29 @@ pub enum BackendError {
     /// Redis could not be reached moments ago; the next attempt is not due yet.
     #[error("redis was unreachable moments ago; retrying in {0:?}")]
     Unreachable(Duration),
+    /// A TLS connection to Redis could not be set up: the server's certificate is not
+    /// trusted (signed by a CA the client does not trust, made for another host name,
+    /// expired), or the server refused this client's certificate (or its lack of one).
+    /// Retrying does not help; fix the trust settings (`LockClientBuilder::
+    /// tls_root_certificate`, `tls_client_identity`).
+    #[error("TLS with redis failed: {problem}: {source}")]
+    Tls {
+        /// What went wrong, in words, and what to do about it.
+        problem: &'static str,
+        /// The error underneath (rustls's, through redis-rs).
+        source: redis::RedisError,
+    },
+    /// The Redis user may not run a command lockwarden needs, or not on the lock's keys or
+    /// channels (its ACL rules). Retrying does not help; the README's "ACL users" section
+    /// lists what lockwarden needs.
+    #[error("redis refused {command} for this user (ACL): {message}")]
+    NotPermitted {
+        /// The refused command, e.g. `EVALSHA` or, for a command a script ran,
+        /// `PEXPIRE (line 28 of acquire.lua)`.
+        command: String,
+        /// Redis's error text.
+        message: String,
+    },
 }
 
 impl BackendError {
@@ -155,7 +178,10 @@ impl BackendError {
                     || e.is_timeout()
             }
             BackendError::TimedOut(_) | BackendError::Unreachable(_) => true,
-            BackendError::Protocol(_) | BackendError::NotReplicated { .. } => false,
+            BackendError::Protocol(_)
+            | BackendError::NotReplicated { .. }
+            | BackendError::Tls { .. }
+            | BackendError::NotPermitted { .. } => false,
         }
     }
 }

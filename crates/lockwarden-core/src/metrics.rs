@@ -94,12 +94,14 @@ pub(crate) enum Operation {
 }
 
 const OPERATIONS: [&str; 3] = ["acquire", "release", "renew"];
-const ERRORS: [&str; 5] = [
+const ERRORS: [&str; 7] = [
     "timeout",
     "connection",
     "server",
     "not_replicated",
     "protocol",
+    "tls",
+    "not_permitted",
 ];
 
 /// Which label value a kind name has: one of [`KINDS`] (an unknown one counts as plain).
@@ -254,6 +256,8 @@ pub(crate) fn backend_error(operation: Operation, error: &BackendError) {
         BackendError::Redis(_) => 2,
         BackendError::NotReplicated { .. } => 3,
         BackendError::Protocol(_) => 4,
+        BackendError::Tls { .. } => 5,
+        BackendError::NotPermitted { .. } => 6,
     };
     counter(
         BACKEND_ERRORS,

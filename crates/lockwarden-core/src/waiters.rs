@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::time::Instant;
 
+use crate::error::BackendError;
 use crate::metrics;
 
 #[derive(Default)]
@@ -34,7 +35,24 @@ struct Channel {
     /// so a waiter between two attempts sees it too.
     everyone: watch::Sender<()>,
     /// Whether release notices for this channel are being received.
-    ready: watch::Sender<bool>,
+    ready: watch::Sender<Readiness>,
+}
+
+/// Whether release notices for a channel are being received.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Readiness {
+    /// Not yet (or no longer: the connection is being re-made).
+    Pending,
+    Ready,
+    /// Redis refused the subscription (an ACL user without the command or the channel).
+    Refused(Arc<Refusal>),
+}
+
+/// Why Redis refused to deliver a channel's notices: the refused command and Redis's text.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Refusal {
+    pub(crate) command: String,
+    pub(crate) message: String,
 }
 
 impl Waiters {
@@ -73,7 +91,11 @@ impl Waiters {
                 let shared = Arc::new(Channel {
                     notify: Notify::new(),
                     everyone: watch::Sender::new(()),
-                    ready: watch::Sender::new(self.changes.is_none()),
+                    ready: watch::Sender::new(if self.changes.is_none() {
+                        Readiness::Ready
+                    } else {
+                        Readiness::Pending
+                    }),
                 });
                 channels.insert(
                     name.clone(),
@@ -124,14 +146,30 @@ impl Waiters {
 
     pub(crate) fn set_ready(&self, channel: &str, ready: bool) {
         if let Some(entry) = self.channels().get(channel) {
+            let ready = if ready {
+                Readiness::Ready
+            } else {
+                Readiness::Pending
+            };
             entry.shared.ready.send_replace(ready);
+        }
+    }
+
+    /// Tells `channel`'s waiters that its notices will not come: Redis refused the
+    /// subscription. They fail with the refusal rather than wait without notices.
+    pub(crate) fn refuse(&self, channel: &str, refusal: Refusal) {
+        if let Some(entry) = self.channels().get(channel) {
+            entry
+                .shared
+                .ready
+                .send_replace(Readiness::Refused(Arc::new(refusal)));
         }
     }
 
     /// Marks every channel not ready (the connection is gone).
     pub(crate) fn set_all_unready(&self) {
         for entry in self.channels().values() {
-            entry.shared.ready.send_replace(false);
+            entry.shared.ready.send_replace(Readiness::Pending);
         }
     }
 
@@ -179,12 +217,19 @@ impl Waiting {
     }
 
     /// Waits until release notices for this channel are being received, or `until`.
-    /// Returns whether they are.
-    pub(crate) async fn ready_by(&self, until: Instant) -> bool {
+    /// Returns whether they are; fails if Redis refused the subscription.
+    pub(crate) async fn ready_by(&self, until: Instant) -> Result<bool, BackendError> {
         let mut rx = self.shared.ready.subscribe();
         tokio::select! {
-            ready = rx.wait_for(|ready| *ready) => ready.is_ok(),
-            _ = tokio::time::sleep_until(until) => false,
+            ready = rx.wait_for(|ready| *ready != Readiness::Pending) => match ready.as_deref() {
+                Ok(Readiness::Refused(refusal)) => Err(BackendError::NotPermitted {
+                    command: refusal.command.clone(),
+                    message: refusal.message.clone(),
+                }),
+                Ok(_) => Ok(true),
+                Err(_) => Ok(false),
+            },
+            _ = tokio::time::sleep_until(until) => Ok(false),
         }
     }
 }

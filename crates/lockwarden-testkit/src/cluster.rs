@@ -3,10 +3,12 @@
 //! convergence) and live resharding of single slots.
 
 use std::io;
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::server::{free_port, RedisServer};
+use crate::tls::TlsCerts;
 
 /// Number of hash slots in a Redis Cluster.
 const SLOTS: usize = 16384;
@@ -99,6 +101,25 @@ impl RedisCluster {
     /// `TimedOut` if the cluster does not converge, quoting the last state
     /// seen and the node logs.
     pub fn start(masters: usize) -> io::Result<RedisCluster> {
+        Self::start_inner(masters, None)
+    }
+
+    /// Like [`RedisCluster::start`], over TLS with `certs`: every node is a
+    /// [TLS server](RedisServer::start_tls) and the cluster bus (and
+    /// `MIGRATE`) use TLS too (`--tls-cluster yes`), so
+    /// [`urls`](RedisCluster::urls) are `rediss://` and `CLUSTER SLOTS` asked
+    /// over TLS names the nodes' TLS ports. The plain-text ports stay open on
+    /// loopback for the testkit's probes only (asked there, `CLUSTER SLOTS`
+    /// names the plain-text ports).
+    ///
+    /// # Errors
+    ///
+    /// As for [`RedisCluster::start`].
+    pub fn start_tls(masters: usize, certs: &Arc<TlsCerts>) -> io::Result<RedisCluster> {
+        Self::start_inner(masters, Some(certs))
+    }
+
+    fn start_inner(masters: usize, tls: Option<&Arc<TlsCerts>>) -> io::Result<RedisCluster> {
         if masters == 0 || masters > SLOTS {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -108,7 +129,7 @@ impl RedisCluster {
         let mut nodes = Vec::with_capacity(masters);
         let mut bus_ports = Vec::with_capacity(masters);
         for _ in 0..masters {
-            let (node, bus_port) = start_node()?;
+            let (node, bus_port) = start_node(tls)?;
             nodes.push(node);
             bus_ports.push(bus_port);
         }
@@ -138,7 +159,7 @@ impl RedisCluster {
                     "CLUSTER",
                     "MEET",
                     "127.0.0.1",
-                    &node.port().to_string(),
+                    &node.client_port().to_string(),
                     &bus_port.to_string(),
                 ],
             )?;
@@ -176,9 +197,24 @@ impl RedisCluster {
         Ok(cluster)
     }
 
-    /// The nodes' connection URLs, `redis://127.0.0.1:PORT/`, by index.
+    /// The nodes' connection URLs, `redis://127.0.0.1:PORT/` (`rediss://` and
+    /// their TLS ports in a [TLS cluster](RedisCluster::start_tls)), by index.
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// Creates (or resets) the ACL user `user` with `password` and exactly
+    /// `rules` on every node (see [`RedisServer::acl_user`]; a cluster does
+    /// not share users) and returns each node's URL for it, by index.
+    ///
+    /// # Errors
+    ///
+    /// If a node rejects a rule or does not answer.
+    pub fn acl_user(&self, user: &str, password: &str, rules: &[&str]) -> io::Result<Vec<String>> {
+        self.nodes
+            .iter()
+            .map(|node| node.acl_user(user, password, rules))
+            .collect()
     }
 
     /// The nodes, by index (node `i` started with the `i`-th slot range).
@@ -245,7 +281,8 @@ impl RedisCluster {
         }
         let (source, target) = (&self.nodes[from], &self.nodes[to]);
         let slot_arg = slot.to_string();
-        let target_port = target.port().to_string();
+        // MIGRATE connects the way the cluster bus does: over TLS in a TLS cluster.
+        let target_port = target.client_port().to_string();
 
         run::<()>(
             target,
@@ -394,7 +431,7 @@ impl RedisCluster {
 
 /// Starts one cluster-enabled node with a fresh bus port, retrying with
 /// another bus port if the chosen one was taken meanwhile.
-fn start_node() -> io::Result<(RedisServer, u16)> {
+fn start_node(tls: Option<&Arc<TlsCerts>>) -> io::Result<(RedisServer, u16)> {
     let mut last_err = None;
     for _ in 0..BUS_PORT_ATTEMPTS {
         let bus_port = free_port()?.to_string();
@@ -408,7 +445,15 @@ fn start_node() -> io::Result<(RedisServer, u16)> {
             "--cluster-port",
             &bus_port,
         ];
-        match RedisServer::start_with(&args) {
+        let started = match tls {
+            Some(certs) => {
+                let mut args = args.to_vec();
+                args.extend(["--tls-cluster", "yes"]);
+                RedisServer::start_tls(certs, &args)
+            }
+            None => RedisServer::start_with(&args),
+        };
+        match started {
             Ok(node) => {
                 let port = bus_port.parse().map_err(io::Error::other)?;
                 return Ok((node, port));

@@ -19,6 +19,11 @@
 //! * [`RedisSentinel`] runs a primary/replica pair watched by one Sentinel
 //!   (quorum 1, 400 ms down-after) and waits for a failover.
 //!
+//! Each of them also comes over TLS ([`RedisServer::start_tls`],
+//! [`RedisCluster::start_tls`], [`RedisSentinel::start_tls`]) with
+//! certificates made for the test run ([`TlsCerts`]), and a server can be
+//! given restricted ACL users ([`RedisServer::acl_user`]).
+//!
 //! The binary is `$REDIS_SERVER` if that is set, otherwise `redis-server` on
 //! `PATH`; [`redis_server_available`] reports whether one can be found.
 //!
@@ -57,6 +62,7 @@ mod eventually;
 mod probe;
 mod sentinel;
 mod server;
+mod tls;
 
 pub use child::{run_child, TestProcess};
 pub use cluster::RedisCluster;
@@ -64,6 +70,7 @@ pub use eventually::{eventually, POLL_INTERVAL};
 pub use probe::ClientInfo;
 pub use sentinel::RedisSentinel;
 pub use server::{redis_server_available, RedisServer};
+pub use tls::TlsCerts;
 
 #[cfg(test)]
 mod tests {
@@ -256,6 +263,47 @@ mod tests {
         let _: () = a.query(&["SET", "only-in-a", "1"]).expect("SET");
         let in_b: Option<String> = b.query(&["GET", "only-in-a"]).expect("GET");
         assert_eq!(in_b, None);
+    }
+
+    #[test]
+    fn acl_user_has_exactly_its_rules() {
+        let server = start();
+        let url = server
+            .acl_user("app", "p@ss word", &["~app:*", "+get", "+set"])
+            .expect("ACL SETUSER");
+        assert_eq!(
+            url,
+            format!("redis://app:p%40ss%20word@127.0.0.1:{}/", server.port())
+        );
+        let mut con = redis::Client::open(url).unwrap().get_connection().unwrap();
+        let _: () = redis::cmd("SET")
+            .arg("app:1")
+            .arg("v")
+            .query(&mut con)
+            .unwrap();
+        let err = redis::cmd("SET")
+            .arg("other:1")
+            .arg("v")
+            .query::<()>(&mut con)
+            .expect_err("a key outside the pattern");
+        assert_eq!(
+            err.kind(),
+            redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
+        );
+        let err = redis::cmd("DEL")
+            .arg("app:1")
+            .query::<i64>(&mut con)
+            .expect_err("a command not granted");
+        assert_eq!(
+            err.kind(),
+            redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
+        );
+        // The probes are the default user's.
+        assert!(server.exists("app:1"));
+        let err = server
+            .acl_user("app", "pw", &["+nonsense"])
+            .expect_err("a bad rule");
+        assert!(err.to_string().contains("+nonsense"), "{err}");
     }
 
     #[test]

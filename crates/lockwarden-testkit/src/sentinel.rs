@@ -4,10 +4,12 @@
 
 use std::collections::HashMap;
 use std::io;
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::server::RedisServer;
+use crate::tls::TlsCerts;
 
 /// Service (master) name the Sentinel monitors the primary under.
 const SERVICE: &str = "lockwarden";
@@ -88,12 +90,35 @@ impl RedisSentinel {
     /// `TimedOut` if a stage does not complete, quoting the last state seen
     /// and the relevant log.
     pub fn start() -> io::Result<RedisSentinel> {
-        let primary = RedisServer::start_with(NO_SYNC_DELAY)?;
-        let primary_port = primary.port().to_string();
+        Self::start_inner(None)
+    }
+
+    /// Like [`RedisSentinel::start`], over TLS with `certs` (see
+    /// [`RedisServer::start_tls`]): the replica replicates from the
+    /// primary's TLS port, the Sentinel monitors both over TLS and names
+    /// their TLS ports, and [`sentinel_url`](RedisSentinel::sentinel_url) is
+    /// the Sentinel's own TLS port (`rediss://`). The plain-text ports stay
+    /// open on loopback for the testkit's probes only.
+    ///
+    /// # Errors
+    ///
+    /// As for [`RedisSentinel::start`].
+    pub fn start_tls(certs: &Arc<TlsCerts>) -> io::Result<RedisSentinel> {
+        Self::start_inner(Some(certs))
+    }
+
+    fn start_inner(tls: Option<&Arc<TlsCerts>>) -> io::Result<RedisSentinel> {
+        let start = |args: &[&str]| match tls {
+            Some(certs) => RedisServer::start_tls(certs, args),
+            None => RedisServer::start_with(args),
+        };
+        let primary = start(NO_SYNC_DELAY)?;
+        // The port replicas and the Sentinel reach it on, and report it with.
+        let primary_port = primary.client_port().to_string();
         let mut replica_args = NO_SYNC_DELAY.to_vec();
         replica_args.extend(["--replicaof", "127.0.0.1", &primary_port]);
-        let replica = RedisServer::start_with(&replica_args)?;
-        let replica_port = replica.port();
+        let replica = start(&replica_args)?;
+        let replica_port = replica.client_port();
 
         let replica_field = format!("port={replica_port},");
         wait_for("the replica to sync", &replica, || {
@@ -115,7 +140,8 @@ impl RedisSentinel {
              sentinel failover-timeout {SERVICE} {FAILOVER_TIMEOUT_MS}\n\
              sentinel parallel-syncs {SERVICE} 1\n"
         );
-        let sentinel = RedisServer::start_with_config_file(CONFIG_FILE, &config, &["--sentinel"])?;
+        let sentinel =
+            RedisServer::start_with_config_file(CONFIG_FILE, &config, &["--sentinel"], tls)?;
         let pair = RedisSentinel {
             sentinel,
             servers: vec![primary, replica],
@@ -123,7 +149,7 @@ impl RedisSentinel {
 
         wait_for("the sentinel to know both servers", &pair.sentinel, || {
             let port = pair.master_port()?;
-            if port != pair.servers[0].port() {
+            if port != pair.servers[0].client_port() {
                 return Ok(Some(format!("sentinel reports master port {port}")));
             }
             let master: HashMap<String, String> =
@@ -149,7 +175,8 @@ impl RedisSentinel {
         SERVICE
     }
 
-    /// The Sentinel's URL, `redis://127.0.0.1:PORT/`.
+    /// The Sentinel's URL, `redis://127.0.0.1:PORT/` (`rediss://` and its TLS
+    /// port for a [TLS pair](RedisSentinel::start_tls)).
     pub fn sentinel_url(&self) -> String {
         self.sentinel.url()
     }
@@ -173,7 +200,8 @@ impl RedisSentinel {
     }
 
     /// The primary's port according to the Sentinel
-    /// (`SENTINEL get-master-addr-by-name lockwarden`).
+    /// (`SENTINEL get-master-addr-by-name lockwarden`): a server's
+    /// [`client_port`](RedisServer::client_port).
     ///
     /// # Errors
     ///
@@ -234,7 +262,7 @@ impl RedisSentinel {
         let server = self
             .servers
             .iter()
-            .find(|s| s.port() == port)
+            .find(|s| s.client_port() == port)
             .ok_or_else(|| io::Error::other(format!("port {port} is not one of our servers")))?;
         let role: Vec<redis::Value> = run(server, &["ROLE"])?;
         match role.first() {

@@ -8,11 +8,13 @@ use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
+
+use crate::tls::TlsCerts;
 
 /// Message of the error returned when no `redis-server` binary can be found.
 const NOT_FOUND_MSG: &str =
@@ -78,6 +80,16 @@ pub struct RedisServer {
     /// Config file passed as the first argument (inside `dir`), if any;
     /// re-used by [`RedisServer::restart`].
     config_file: Option<PathBuf>,
+    /// The TLS listener of a server started with [`RedisServer::start_tls`].
+    tls: Option<TlsListener>,
+}
+
+/// A server's TLS port and the certificates it serves (kept alive as long as
+/// the server may read them: at start and on restart).
+#[derive(Debug)]
+struct TlsListener {
+    port: u16,
+    certs: Arc<TlsCerts>,
 }
 
 /// Why a single spawn attempt failed.
@@ -127,7 +139,30 @@ impl RedisServer {
     /// Same as [`RedisServer::start`]; an argument redis rejects yields an
     /// error quoting the server log.
     pub fn start_with(args: &[&str]) -> io::Result<RedisServer> {
-        Self::start_inner(None, args)
+        Self::start_inner(None, args, None)
+    }
+
+    /// Like [`RedisServer::start_with`], plus a TLS listener on a second free
+    /// loopback port serving `certs`' server certificate (see
+    /// [`TlsCerts`]): [`url`](RedisServer::url) is then
+    /// `rediss://127.0.0.1:TLS_PORT/`, and replication from or to this
+    /// server uses TLS (`--tls-replication yes`). Clients may present a
+    /// certificate signed by `certs`' CA but need not
+    /// (`--tls-auth-clients optional`; pass `&["--tls-auth-clients", "yes"]`
+    /// to require one).
+    ///
+    /// The plain-text [`port`](RedisServer::port) stays open on loopback for
+    /// the testkit alone: readiness checks and every probe
+    /// ([`query`](RedisServer::query), [`pttl`](RedisServer::pttl),
+    /// [`clients`](RedisServer::clients), ...) use it, so they never depend on
+    /// the TLS code under test, and `CLIENT LIST`'s `laddr` tells which port
+    /// each of the server's clients came in on.
+    ///
+    /// # Errors
+    ///
+    /// As for [`RedisServer::start_with`].
+    pub fn start_tls(certs: &Arc<TlsCerts>, args: &[&str]) -> io::Result<RedisServer> {
+        Self::start_inner(None, args, Some(certs))
     }
 
     /// Like [`RedisServer::start_with`], but first writes `contents` to the
@@ -140,18 +175,23 @@ impl RedisServer {
         file_name: &str,
         contents: &str,
         args: &[&str],
+        tls: Option<&Arc<TlsCerts>>,
     ) -> io::Result<RedisServer> {
-        Self::start_inner(Some((file_name, contents)), args)
+        Self::start_inner(Some((file_name, contents)), args, tls)
     }
 
     /// Shared body of the constructors: temp dir, optional config file, then
-    /// spawn attempts on fresh ports.
-    fn start_inner(config: Option<(&str, &str)>, args: &[&str]) -> io::Result<RedisServer> {
+    /// spawn attempts on fresh ports (a fresh TLS port too, with `tls`).
+    fn start_inner(
+        config: Option<(&str, &str)>,
+        args: &[&str],
+        tls: Option<&Arc<TlsCerts>>,
+    ) -> io::Result<RedisServer> {
         let binary = find_redis_server()?;
         let dir = tempfile::Builder::new()
             .prefix("lockwarden-redis-")
             .tempdir()?;
-        let extra_args: Vec<OsString> = args.iter().map(OsString::from).collect();
+        let args: Vec<OsString> = args.iter().map(OsString::from).collect();
         let config_file = match config {
             Some((name, contents)) => {
                 let path = dir.path().join(name);
@@ -169,6 +209,20 @@ impl RedisServer {
         let mut last_err = None;
         for _ in 0..START_ATTEMPTS {
             let port = free_port()?;
+            // The TLS arguments go first, so that `args` can override them.
+            let (tls_listener, mut extra_args) = match tls {
+                Some(certs) => {
+                    let tls_port = free_port()?;
+                    let tls_args = certs.server_args(tls_port).into_iter().map(OsString::from);
+                    let listener = TlsListener {
+                        port: tls_port,
+                        certs: Arc::clone(certs),
+                    };
+                    (Some(listener), tls_args.collect())
+                }
+                None => (None, Vec::new()),
+            };
+            extra_args.extend(args.iter().cloned());
             let spawn = Spawn {
                 binary: &binary,
                 dir: dir.path(),
@@ -185,6 +239,7 @@ impl RedisServer {
                         binary,
                         extra_args,
                         config_file,
+                        tls: tls_listener,
                     });
                 }
                 Err(SpawnError::Retryable(e)) => last_err = Some(e),
@@ -195,18 +250,84 @@ impl RedisServer {
     }
 
     /// The loopback TCP port the server listens on (unchanged by
-    /// [`RedisServer::restart`]).
+    /// [`RedisServer::restart`]). On a [TLS server](RedisServer::start_tls)
+    /// this is its plain-text port, which only the testkit's probes use.
     pub fn port(&self) -> u16 {
         self.port
     }
 
-    /// The connection URL, `redis://127.0.0.1:PORT/`.
+    /// The TLS port of a server started with [`RedisServer::start_tls`]
+    /// (unchanged by [`RedisServer::restart`]); `None` for a plain server.
+    pub fn tls_port(&self) -> Option<u16> {
+        self.tls.as_ref().map(|tls| tls.port)
+    }
+
+    /// The port clients connect to, and the one Redis reports to clients that
+    /// use it (replicas in `INFO replication`, Sentinel's primary, `CLUSTER
+    /// SLOTS` over TLS): the [TLS port](RedisServer::tls_port) of a TLS
+    /// server, else [`port`](RedisServer::port).
+    pub fn client_port(&self) -> u16 {
+        self.tls_port().unwrap_or(self.port)
+    }
+
+    /// The certificates a [TLS server](RedisServer::start_tls) serves.
+    pub fn tls_certs(&self) -> Option<&Arc<TlsCerts>> {
+        self.tls.as_ref().map(|tls| &tls.certs)
+    }
+
+    /// The connection URL for clients: `redis://127.0.0.1:PORT/`, or
+    /// `rediss://127.0.0.1:TLS_PORT/` for a [TLS server](RedisServer::start_tls).
     pub fn url(&self) -> String {
+        match self.tls_port() {
+            Some(port) => format!("rediss://127.0.0.1:{port}/"),
+            None => self.plain_url(),
+        }
+    }
+
+    /// [`url`](RedisServer::url) with the credentials of the ACL user `user`
+    /// (see [`acl_user`](RedisServer::acl_user)); `password` is
+    /// percent-encoded.
+    pub fn url_as(&self, user: &str, password: &str) -> String {
+        let url = self.url();
+        let (scheme, rest) = url.split_once("://").expect("a URL has a scheme");
+        format!(
+            "{scheme}://{}:{}@{rest}",
+            percent_encode(user),
+            percent_encode(password)
+        )
+    }
+
+    /// `redis://127.0.0.1:PORT/` on the plain-text port, for the testkit's own
+    /// connections.
+    fn plain_url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
+    /// Creates (or resets) the ACL user `user` with `password` and exactly
+    /// `rules` (`ACL SETUSER user reset on >password rules...`, as the default
+    /// user), e.g. `&["~app:*", "&app:*", "+get", "+set"]`, and returns
+    /// [`url_as`](RedisServer::url_as) for it.
+    ///
+    /// # Errors
+    ///
+    /// If the server rejects a rule (its error is quoted) or does not answer.
+    pub fn acl_user(&self, user: &str, password: &str, rules: &[&str]) -> io::Result<String> {
+        let pass = format!(">{password}");
+        let mut args = vec!["ACL", "SETUSER", user, "reset", "on", &pass];
+        args.extend_from_slice(rules);
+        self.query::<()>(&args).map_err(|e| {
+            io::Error::other(format!(
+                "ACL SETUSER {user} {} on 127.0.0.1:{}: {e}",
+                rules.join(" "),
+                self.port
+            ))
+        })?;
+        Ok(self.url_as(user, password))
+    }
+
     /// Opens a new synchronous [`redis::Connection`] to the server, for
-    /// assertions in tests.
+    /// assertions in tests, as the default user, on the plain-text
+    /// [`port`](RedisServer::port) (also on a TLS server).
     ///
     /// Connecting (including redis-rs' handshake) is bounded by a 5 s
     /// timeout, so this fails rather than hangs while the server is
@@ -219,7 +340,7 @@ impl RedisServer {
     /// Any connection error, e.g. connection refused after
     /// [`RedisServer::kill`].
     pub fn connection(&self) -> redis::RedisResult<redis::Connection> {
-        redis::Client::open(self.url())?.get_connection_with_timeout(CONNECT_TIMEOUT)
+        redis::Client::open(self.plain_url())?.get_connection_with_timeout(CONNECT_TIMEOUT)
     }
 
     /// Runs one command on a fresh connection and returns the raw reply,
@@ -259,7 +380,7 @@ impl RedisServer {
             .split_first()
             .ok_or_else(|| redis::RedisError::from((redis::ErrorKind::Client, "empty command")))?;
         let mut con =
-            redis::Client::open(self.url())?.get_connection_with_timeout(connect_timeout)?;
+            redis::Client::open(self.plain_url())?.get_connection_with_timeout(connect_timeout)?;
         con.set_read_timeout(Some(io_timeout))?;
         con.set_write_timeout(Some(io_timeout))?;
         let mut cmd = redis::cmd(name);
@@ -467,6 +588,19 @@ pub(crate) fn free_port() -> io::Result<u16> {
              ({FREE_PORT_ATTEMPTS} attempts)"
         ),
     ))
+}
+
+/// `text` with every byte but ASCII letters, digits and `-._~` percent-encoded
+/// (for user names and passwords in URLs).
+fn percent_encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                char::from(b).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 /// Everything needed to spawn one redis-server process.

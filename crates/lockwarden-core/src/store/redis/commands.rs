@@ -10,7 +10,8 @@ use redis::cluster_routing::Slot;
 use redis::{FromRedisValue, RedisResult};
 
 use super::conn::Conn;
-use super::scripts::{self, Call};
+use super::explain::naming;
+use super::scripts::{self, Call, What};
 use super::timeout::bounded;
 use crate::error::BackendError;
 
@@ -32,7 +33,10 @@ impl Commands {
         &self,
         call: Call,
     ) -> Result<T, BackendError> {
-        bounded(self.timeout, self.send(call)).await
+        let what = call.what;
+        bounded(self.timeout, self.send(call))
+            .await
+            .map_err(|error| naming(error, what))
     }
 
     /// Runs `call` without a bound (the caller sets one): a future that owns what it
@@ -64,33 +68,36 @@ impl Commands {
         slot_key: impl Fn(&'a T) -> &'a str,
         call: impl Fn(&'a T) -> Call,
     ) -> Result<Vec<i64>, BackendError> {
-        // Each pipeline with the positions of its items.
-        let mut pipes: Vec<(redis::Pipeline, Vec<usize>)> = Vec::new();
+        // Each pipeline with the positions of its items (and its first call, for errors).
+        let mut pipes: Vec<(redis::Pipeline, Vec<usize>, What)> = Vec::new();
         let mut open: HashMap<Option<Slot>, usize> = HashMap::new();
         for (at, item) in items.iter().enumerate() {
             let slot = self
                 .conn
                 .is_cluster()
                 .then(|| Slot::for_key(slot_key(item)));
+            let call = call(item);
             let pipe = match open.get(&slot) {
                 Some(&p) if pipes[p].1.len() < BATCH => p,
                 _ => {
-                    pipes.push((redis::pipe(), Vec::new()));
+                    pipes.push((redis::pipe(), Vec::new(), call.what));
                     open.insert(slot, pipes.len() - 1);
                     pipes.len() - 1
                 }
             };
-            pipes[pipe].0.add_command(call(item).cmd);
+            pipes[pipe].0.add_command(call.cmd);
             pipes[pipe].1.push(at);
         }
         // A few pipelines in flight keep Redis busy while replies are decoded.
         let mut out = vec![0; items.len()];
         for group in pipes.chunks(PIPELINES_IN_FLIGHT) {
             let replies = futures_util::future::try_join_all(
-                group.iter().map(|(pipe, _)| self.run_pipeline(pipe)),
+                group
+                    .iter()
+                    .map(|(pipe, _, what)| self.run_pipeline(pipe, *what)),
             )
             .await?;
-            for ((_, positions), reply) in group.iter().zip(replies) {
+            for ((_, positions, _), reply) in group.iter().zip(replies) {
                 if reply.len() != positions.len() {
                     return Err(BackendError::Protocol(format!(
                         "{} replies to a pipeline of {}",
@@ -106,9 +113,14 @@ impl Commands {
         Ok(out)
     }
 
-    async fn run_pipeline(&self, pipe: &redis::Pipeline) -> Result<Vec<i64>, BackendError> {
+    async fn run_pipeline(
+        &self,
+        pipe: &redis::Pipeline,
+        what: What,
+    ) -> Result<Vec<i64>, BackendError> {
         let mut conn = self.conn.clone();
-        match bounded(self.timeout, pipe.query_async::<Vec<i64>>(&mut conn)).await {
+        let sent = bounded(self.timeout, pipe.query_async::<Vec<i64>>(&mut conn)).await;
+        match sent.map_err(|error| naming(error, what)) {
             Err(BackendError::Redis(e)) if is_noscript(&e) => {
                 for script in scripts::all() {
                     bounded(self.timeout, script.prepare_invoke().load_async(&mut conn)).await?;

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use super::pubsub::Source;
 use super::sentinel::Followed;
 use super::timeout::bounded;
+use super::tls::Tls;
 use crate::error::BackendError;
 
 /// How to reach Redis, as given to the client builder.
@@ -40,6 +41,13 @@ pub(crate) enum Deployment {
 impl Deployment {
     /// Checks the addresses without connecting.
     pub(crate) fn check(&self) -> Result<(), BackendError> {
+        if let Deployment::Cluster(urls)
+        | Deployment::Sentinel {
+            sentinels: urls, ..
+        } = self
+        {
+            Tls::supported(urls.iter().map(String::as_str))?;
+        }
         match self {
             Deployment::Server(_) => Ok(()),
             Deployment::Cluster(nodes) => {
@@ -57,11 +65,13 @@ impl Deployment {
 
     /// A new command connection, and where its client's pub/sub connection goes; fails
     /// if Redis cannot be reached within `timeout`. `response` bounds each reply (longer
-    /// than `timeout` for a connection that `WAIT`s).
+    /// than `timeout` for a connection that `WAIT`s). `tls` secures `rediss://` addresses
+    /// (a server's client carries it already).
     pub(super) async fn connect(
         &self,
         timeout: Duration,
         response: Duration,
+        tls: &Tls,
     ) -> Result<(Conn, Source), BackendError> {
         match self {
             Deployment::Server(client) => {
@@ -71,16 +81,20 @@ impl Deployment {
                 Ok((conn, Source::Server(Box::new(client.clone()))))
             }
             Deployment::Cluster(nodes) => {
-                let client = cluster_builder(nodes, timeout)
+                tls.check(nodes.iter().map(String::as_str))?;
+                let client = cluster_builder(nodes, timeout, tls)
                     .response_timeout(response)
                     .build()?;
                 let conn = Conn::Cluster(bounded(timeout, client.get_async_connection()).await?);
-                let nodes = nodes.clone();
-                let builder = Arc::new(move || cluster_builder(&nodes, timeout));
+                let (nodes, tls) = (nodes.clone(), tls.clone());
+                let builder = Arc::new(move || cluster_builder(&nodes, timeout, &tls));
                 Ok((conn, Source::Cluster(builder)))
             }
             Deployment::Sentinel { sentinels, service } => {
-                let sentinel = sentinel_client(sentinels, service.clone())?;
+                let sentinel = match tls.sentinel_client(sentinels, service)? {
+                    Some(over_tls) => over_tls,
+                    None => sentinel_client(sentinels, service.clone())?,
+                };
                 let config = manager_config(timeout, response);
                 let followed = Followed::connect(sentinel, config, timeout).await?;
                 Ok((Conn::Sentinel(followed.clone()), Source::Sentinel(followed)))
@@ -107,11 +121,12 @@ fn manager_config(timeout: Duration, response: Duration) -> ConnectionManagerCon
         .set_max_delay(Duration::from_millis(500))
 }
 
-fn cluster_builder(nodes: &[String], timeout: Duration) -> ClusterClientBuilder {
-    ClusterClientBuilder::new(nodes.iter().map(String::as_str))
+fn cluster_builder(nodes: &[String], timeout: Duration, tls: &Tls) -> ClusterClientBuilder {
+    let builder = ClusterClientBuilder::new(nodes.iter().map(String::as_str))
         .connection_timeout(timeout)
         .retries(3)
-        .max_retry_wait(200)
+        .max_retry_wait(200);
+    tls.cluster(builder)
 }
 
 // `service` by value: `build` takes a `String`, or `impl AsRef<str>` with TLS enabled.

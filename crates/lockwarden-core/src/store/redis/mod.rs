@@ -8,13 +8,16 @@
 //! | `orphan.rs` | giving back what an abandoned acquire took |
 //! | `replicated.rs` | `WAIT` after an acquire, on a connection of its own |
 //! | `multi.rs` | several locks at once, slot by slot on a cluster |
+//! | `explain.rs` | what a Redis error means: a TLS failure, an ACL refusal naming its command |
 //! | `conn.rs` | where commands go: one server, a cluster, or the primary Sentinel names |
 //! | `sentinel.rs` | following the primary across failovers |
 //! | `pubsub.rs` | the client's one pub/sub connection, which wakes waiters |
 //! | `timeout.rs` | the bound on every command |
+//! | `tls.rs` | TLS settings for `rediss://` URLs, applied to every connection |
 
 mod commands;
 mod conn;
+mod explain;
 mod multi;
 mod orphan;
 mod pubsub;
@@ -22,6 +25,7 @@ mod replicated;
 mod scripts;
 mod sentinel;
 mod timeout;
+mod tls;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,6 +50,7 @@ pub(crate) use conn::Deployment;
 use replicated::Replicated;
 use scripts::NOT_REPLICATED;
 pub(crate) use timeout::bounded;
+pub(crate) use tls::Tls;
 
 /// How the store talks to Redis.
 #[derive(Debug, Clone)]
@@ -54,6 +59,8 @@ pub(crate) struct ConnectOptions {
     pub(crate) command_timeout: Duration,
     /// `Some((n, wait))`: every acquisition waits up to `wait` for `n` replicas.
     pub(crate) replicas: Option<(u32, Duration)>,
+    /// How `rediss://` connections are secured.
+    pub(crate) tls: Tls,
 }
 
 /// The Redis store; clones share its connections. Its background tasks (the pub/sub
@@ -78,11 +85,13 @@ impl RedisStore {
         changes: mpsc::UnboundedReceiver<Arc<str>>,
     ) -> Result<Self> {
         let timeout = options.command_timeout;
-        let (conn, source) = deployment.connect(timeout, timeout).await?;
+        let (conn, source) = deployment.connect(timeout, timeout, &options.tls).await?;
         let replicated = match options.replicas {
             None => None,
             Some((n, wait)) => {
-                let (conn, _) = deployment.connect(timeout, timeout + wait).await?;
+                let (conn, _) = deployment
+                    .connect(timeout, timeout + wait, &options.tls)
+                    .await?;
                 Some(Replicated::new(conn, n, wait))
             }
         };
@@ -106,6 +115,7 @@ impl LockStore for RedisStore {
 
     async fn acquire(&self, ask: &Acquire<'_>) -> Result<Attempt> {
         let call = scripts::acquire(ask);
+        let what = call.what;
         let hold = Hold {
             kind: ask.how.kind(),
             key: ask.key.clone(),
@@ -122,7 +132,9 @@ impl LockStore for RedisStore {
         // If the caller goes away (or the bound runs out) while the script is in flight,
         // what it took is given back once its reply is in.
         let undo = orphan::give_back(self.commands.clone(), hold);
-        let (state, value) = bounded(limit, Finish::new(reply).or_undo(undo)).await?;
+        let (state, value) = bounded(limit, Finish::new(reply).or_undo(undo))
+            .await
+            .map_err(|error| explain::naming(error, what))?;
         if state == NOT_REPLICATED {
             return Err(BackendError::NotReplicated {
                 acknowledged: match value {

@@ -12,6 +12,7 @@ use redis::cluster_routing::Slot;
 use redis::Value;
 
 use super::commands::Commands;
+use super::explain::naming;
 use super::scripts;
 use super::timeout::bounded;
 use crate::error::BackendError;
@@ -44,7 +45,9 @@ pub(super) async fn acquire_all(
             }
         })
     });
-    let reply = bounded(commands.timeout * rounds, Finish::new(take).or_undo(undo)).await?;
+    let reply = bounded(commands.timeout * rounds, Finish::new(take).or_undo(undo))
+        .await
+        .map_err(|error| naming(error, scripts::What::Script("multi_acquire.lua")))?;
     let ints = reply
         .iter()
         .map(|v| match v {

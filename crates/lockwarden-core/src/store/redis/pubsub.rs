@@ -4,7 +4,9 @@
 //! One task owns the connection and is the only one that sends SUBSCRIBE/UNSUBSCRIBE, so
 //! the order on the wire always follows the registry's latest state. When the connection
 //! drops it reconnects, resubscribes and wakes every waiter, since notices may have been
-//! missed in between.
+//! missed in between. A channel Redis refuses to subscribe (an ACL user without
+//! `SUBSCRIBE` or the channel) is refused to its waiters, which fail with the refusal
+//! instead of sleeping until each holder's lease ends; the connection stays up.
 //!
 //! On one server (and on the primary Sentinel names, followed across failovers) it is one
 //! RESP2 pub/sub connection. On a cluster it is a RESP3 cluster connection: each
@@ -23,9 +25,12 @@ use tokio::sync::{mpsc, watch};
 
 use redis::cluster::ClusterClientBuilder;
 
+use super::explain::{explain, naming};
+use super::scripts::What;
 use super::sentinel::Followed;
+use crate::error::BackendError;
 use crate::metrics;
-use crate::waiters::Waiters;
+use crate::waiters::{Refusal, Waiters};
 
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// The longest a pub/sub connection may take to open, or a (un)subscription to answer.
@@ -207,12 +212,14 @@ impl Session<'_> {
         let wanted = self.waiters.wanted();
         if !wanted.is_empty() {
             let names: Vec<&str> = wanted.iter().map(|n| &**n).collect();
-            if within(sub.subscribe(&names)).await.is_err() {
+            let Ok(taken) = self.subscribe(sub, &names).await else {
                 return Ended::Lost;
-            }
-            for name in wanted {
-                self.waiters.set_ready(&name, true);
-                self.subscribed.insert(name);
+            };
+            for (name, taken) in wanted.into_iter().zip(taken) {
+                if taken {
+                    self.waiters.set_ready(&name, true);
+                    self.subscribed.insert(name);
+                }
             }
             metrics::subscriptions(self.subscribed.len() as f64);
         }
@@ -257,6 +264,45 @@ impl Session<'_> {
         }
     }
 
+    /// Subscribes to `names`; says for each whether it is subscribed. A channel Redis
+    /// refuses (an ACL user without `SUBSCRIBE` or without the channel) is refused to its
+    /// waiters, which then fail with Redis's reason, and the connection stays up.
+    async fn subscribe<S: Subscriber>(
+        &mut self,
+        sub: &mut S,
+        names: &[&str],
+    ) -> RedisResult<Vec<bool>> {
+        let error = match within(sub.subscribe(names)).await {
+            Ok(()) => return Ok(vec![true; names.len()]),
+            Err(error) => error,
+        };
+        if refusal(error.clone()).is_none() {
+            return Err(error);
+        }
+        // Redis refuses the whole command for one channel it refuses: find which.
+        let mut taken = Vec::with_capacity(names.len());
+        for &name in names {
+            let one = match names.len() {
+                1 => Err(error.clone()),
+                _ => within(sub.subscribe(&[name])).await,
+            };
+            taken.push(match one {
+                Ok(()) => true,
+                Err(error) => match refusal(error.clone()) {
+                    Some(refusal) => {
+                        tracing::warn!(channel = name, command = %refusal.command,
+                            reason = %refusal.message,
+                            "Redis refused a subscription: its waiters fail instead of waiting without notices");
+                        self.waiters.refuse(name, refusal);
+                        false
+                    }
+                    None => return Err(error),
+                },
+            });
+        }
+        Ok(taken)
+    }
+
     /// Brings the connection's subscriptions in line with the registry for `names`.
     async fn sync<S: Subscriber>(
         &mut self,
@@ -268,28 +314,51 @@ impl Session<'_> {
         let before = self.subscribed.len() as f64;
         let (want, drop): (Vec<_>, Vec<_>) =
             names.into_iter().partition(|n| self.waiters.is_wanted(n));
-        let to_subscribe: Vec<&str> = want
-            .iter()
-            .filter(|n| !self.subscribed.contains(*n))
-            .map(|n| &**n)
-            .collect();
-        if !to_subscribe.is_empty() {
-            within(sub.subscribe(&to_subscribe)).await?;
-        }
-        for name in want {
+        let (already, new): (Vec<_>, Vec<_>) =
+            want.into_iter().partition(|n| self.subscribed.contains(n));
+        let to_subscribe: Vec<&str> = new.iter().map(|n| &**n).collect();
+        let taken = if to_subscribe.is_empty() {
+            Vec::new()
+        } else {
+            self.subscribe(sub, &to_subscribe).await?
+        };
+        for name in already {
             self.waiters.set_ready(&name, true);
-            self.subscribed.insert(name);
+        }
+        for (name, taken) in new.into_iter().zip(taken) {
+            if taken {
+                self.waiters.set_ready(&name, true);
+                self.subscribed.insert(name);
+            }
         }
         let to_unsubscribe: Vec<_> = drop
             .into_iter()
             .filter(|n| self.subscribed.remove(n))
             .collect();
-        metrics::subscriptions(self.subscribed.len() as f64 - before);
         if !to_unsubscribe.is_empty() {
             let names: Vec<&str> = to_unsubscribe.iter().map(|n| &**n).collect();
-            within(sub.unsubscribe(&names)).await?;
+            match within(sub.unsubscribe(&names)).await {
+                Ok(()) => {}
+                // An ACL user without UNSUBSCRIBE: stay subscribed (notices nobody waits
+                // for are dropped here) rather than drop the connection to get rid of it.
+                Err(error) if refusal(error.clone()).is_some() => {
+                    tracing::warn!(%error, channels = names.len(),
+                        "Redis refused UNSUBSCRIBE; the channels stay subscribed");
+                    self.subscribed.extend(to_unsubscribe);
+                }
+                Err(error) => return Err(error),
+            }
         }
+        metrics::subscriptions(self.subscribed.len() as f64 - before);
         Ok(())
+    }
+}
+
+/// The refused command and Redis's text, if `error` is an ACL refusal of a subscription.
+fn refusal(error: redis::RedisError) -> Option<Refusal> {
+    match naming(explain(error), What::Command("SUBSCRIBE")) {
+        BackendError::NotPermitted { command, message } => Some(Refusal { command, message }),
+        _ => None,
     }
 }
 

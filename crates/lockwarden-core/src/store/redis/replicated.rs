@@ -17,6 +17,15 @@ use super::conn::Conn;
 use super::scripts::{self, Call, NOT_REPLICATED};
 use crate::hold::Hold;
 
+/// Whether `error` is a pipeline's error in which Redis answered the script and refused
+/// only the `WAIT` (the second command).
+fn only_wait_failed(error: &redis::RedisError) -> bool {
+    matches!(
+        error.clone().into_server_errors().as_deref(),
+        Some([(1, _)])
+    ) && !error.is_io_error()
+}
+
 #[derive(Clone)]
 pub(super) struct Replicated {
     conn: Conn,
@@ -58,16 +67,28 @@ impl Replicated {
             .arg(replicas)
             .arg(scripts::millis(self.timeout));
         async move {
-            let ((state, value), acked): ((i64, Value), i64) =
-                match pipe.query_async(&mut conn).await {
-                    Err(e) if is_noscript(&e) => {
-                        if let Some(script) = call.script {
-                            script.prepare_invoke().load_async(&mut conn).await?;
-                        }
-                        pipe.query_async(&mut conn).await?
+            let sent = match pipe.query_async(&mut conn).await {
+                Err(e) if is_noscript(&e) => {
+                    if let Some(script) = call.script {
+                        script.prepare_invoke().load_async(&mut conn).await?;
                     }
-                    other => other?,
-                };
+                    pipe.query_async(&mut conn).await
+                }
+                other => other,
+            };
+            let ((state, value), acked): ((i64, Value), i64) = match sent {
+                Ok(replies) => replies,
+                Err(error) if only_wait_failed(&error) => {
+                    // The script ran (it may have taken the lock) and `WAIT` was refused
+                    // (an ACL user without it): give back what the script took.
+                    if let Err(release) = main.run::<i64>(scripts::release(&hold)).await {
+                        tracing::warn!(key = %hold.key, %release,
+                            "could not release a lock whose WAIT failed; it expires with its lease");
+                    }
+                    return Err(error);
+                }
+                Err(error) => return Err(error),
+            };
             if matches!(state, 1 | 2) && acked < i64::from(replicas) {
                 if let Err(error) = main.run::<i64>(scripts::release(&hold)).await {
                     tracing::warn!(key = %hold.key, %error,

@@ -13,31 +13,77 @@ use crate::holder::Holder;
 use crate::key::Key;
 use crate::store::contract::{Acquire, Attempt, How, Outcome, Released, Renewal, Waiter};
 
-/// A script of `lua/`, compiled into the crate.
+/// A script of `lua/`, compiled into the crate, with its source files (to say which of
+/// its commands Redis refused, by line).
+pub(super) struct Lua {
+    /// The files it is made of, in order, with their text.
+    parts: &'static [(&'static str, &'static str)],
+    script: Script,
+}
+
+impl Lua {
+    /// The file that makes it what it is (the last one: the read-write scripts run after
+    /// `rw_prelude.lua`).
+    pub(super) fn name(&self) -> &'static str {
+        self.parts[self.parts.len() - 1].0
+    }
+
+    /// The file and the text of line `line` (1-based) of the script as Redis runs it
+    /// (its files one after the other), with the line's number in that file.
+    pub(super) fn line(&self, line: usize) -> Option<(&'static str, usize, &'static str)> {
+        let mut before = 0;
+        for &(file, text) in self.parts {
+            let lines = text.lines().count();
+            if line > before && line <= before + lines {
+                let at = line - before;
+                return Some((file, at, text.lines().nth(at - 1)?));
+            }
+            before += lines;
+        }
+        None
+    }
+}
+
+impl std::ops::Deref for Lua {
+    type Target = Script;
+
+    fn deref(&self) -> &Script {
+        &self.script
+    }
+}
+
+/// A script made of files of `lua/` (each ending with a newline, so lines add up).
 macro_rules! script {
     ($($file:literal),+) => {
         LazyLock::new(|| {
-            Script::new(concat!($(include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/", $file))),+))
+            const PARTS: &[(&str, &str)] = &[$((
+                $file,
+                include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/", $file)),
+            )),+];
+            Lua {
+                parts: PARTS,
+                script: Script::new(concat!($(include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/", $file))),+)),
+            }
         })
     };
 }
 
-static ACQUIRE: LazyLock<Script> = script!("acquire.lua");
-static RENEW: LazyLock<Script> = script!("renew.lua");
-static RELEASE: LazyLock<Script> = script!("release.lua");
-static FORCE_RELEASE: LazyLock<Script> = script!("force_release.lua");
-static MULTI_ACQUIRE: LazyLock<Script> = script!("multi_acquire.lua");
-static FAIR_ACQUIRE: LazyLock<Script> = script!("fair_acquire.lua");
-static FAIR_RELEASE: LazyLock<Script> = script!("fair_release.lua");
-static FAIR_LEAVE: LazyLock<Script> = script!("fair_leave.lua");
+static ACQUIRE: LazyLock<Lua> = script!("acquire.lua");
+static RENEW: LazyLock<Lua> = script!("renew.lua");
+static RELEASE: LazyLock<Lua> = script!("release.lua");
+static FORCE_RELEASE: LazyLock<Lua> = script!("force_release.lua");
+static MULTI_ACQUIRE: LazyLock<Lua> = script!("multi_acquire.lua");
+static FAIR_ACQUIRE: LazyLock<Lua> = script!("fair_acquire.lua");
+static FAIR_RELEASE: LazyLock<Lua> = script!("fair_release.lua");
+static FAIR_LEAVE: LazyLock<Lua> = script!("fair_leave.lua");
 // Each read-write script runs after the shared prelude (layout, clock, pruning).
-static READ_ACQUIRE: LazyLock<Script> = script!("rw_prelude.lua", "rw_read_acquire.lua");
-static WRITE_ACQUIRE: LazyLock<Script> = script!("rw_prelude.lua", "rw_write_acquire.lua");
-static RW_RELEASE: LazyLock<Script> = script!("rw_prelude.lua", "rw_release.lua");
-static RW_RENEW: LazyLock<Script> = script!("rw_prelude.lua", "rw_renew.lua");
-static RW_WITHDRAW: LazyLock<Script> = script!("rw_prelude.lua", "rw_withdraw.lua");
-static RW_COUNT: LazyLock<Script> = script!("rw_prelude.lua", "rw_count.lua");
-static FENCED_WRITE: LazyLock<Script> = script!("fenced_write.lua");
+static READ_ACQUIRE: LazyLock<Lua> = script!("rw_prelude.lua", "rw_read_acquire.lua");
+static WRITE_ACQUIRE: LazyLock<Lua> = script!("rw_prelude.lua", "rw_write_acquire.lua");
+static RW_RELEASE: LazyLock<Lua> = script!("rw_prelude.lua", "rw_release.lua");
+static RW_RENEW: LazyLock<Lua> = script!("rw_prelude.lua", "rw_renew.lua");
+static RW_WITHDRAW: LazyLock<Lua> = script!("rw_prelude.lua", "rw_withdraw.lua");
+static RW_COUNT: LazyLock<Lua> = script!("rw_prelude.lua", "rw_count.lua");
+static FENCED_WRITE: LazyLock<Lua> = script!("fenced_write.lua");
 
 /// The synthetic acquire state of a lock taken but not acknowledged by enough replicas
 /// (and released again); its value is the number that acknowledged.
@@ -48,23 +94,46 @@ pub(super) const NOT_REPLICATED: i64 = 4;
 pub(super) struct Call {
     pub(super) script: Option<&'static Script>,
     pub(super) cmd: Cmd,
+    /// What it is, for errors: the script's file or the command's name.
+    pub(super) what: What,
+}
+
+/// What a [`Call`] sends, for errors that must name it.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum What {
+    Script(&'static str),
+    Command(&'static str),
+}
+
+impl std::fmt::Display for What {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            What::Script(file) => write!(f, "EVALSHA (of {file})"),
+            What::Command(name) => f.write_str(name),
+        }
+    }
 }
 
 impl Call {
-    fn script(script: &'static LazyLock<Script>, keys: &[&str]) -> Self {
-        let script: &'static Script = script;
+    fn script(script: &'static LazyLock<Lua>, keys: &[&str]) -> Self {
+        let lua: &'static Lua = script;
         let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.get_hash()).arg(keys.len()).arg(keys);
+        cmd.arg(lua.get_hash()).arg(keys.len()).arg(keys);
         Self {
-            script: Some(script),
+            script: Some(&lua.script),
             cmd,
+            what: What::Script(lua.name()),
         }
     }
 
-    fn command(name: &str, key: &str) -> Self {
+    fn command(name: &'static str, key: &str) -> Self {
         let mut cmd = redis::cmd(name);
         cmd.arg(key);
-        Self { script: None, cmd }
+        Self {
+            script: None,
+            cmd,
+            what: What::Command(name),
+        }
     }
 
     fn arg(mut self, arg: impl redis::ToRedisArgs) -> Self {
@@ -75,6 +144,24 @@ impl Call {
 
 /// Every script a pipeline may send, to load them all when Redis lost them.
 pub(super) fn all() -> [&'static Script; 15] {
+    every().map(|lua| -> &'static Script { &lua.script })
+}
+
+/// The script whose SHA1 digest is `sha` (as Redis names it in errors).
+pub(super) fn by_digest(sha: &str) -> Option<&'static Lua> {
+    every().into_iter().find(|lua| lua.get_hash() == sha)
+}
+
+/// The script `file` (the last of its files), for tests.
+#[cfg(test)]
+pub(super) fn named(file: &str) -> &'static Lua {
+    every()
+        .into_iter()
+        .find(|lua| lua.name() == file)
+        .unwrap_or_else(|| panic!("no script {file}"))
+}
+
+fn every() -> [&'static Lua; 15] {
     [
         &ACQUIRE,
         &RENEW,
@@ -92,7 +179,7 @@ pub(super) fn all() -> [&'static Script; 15] {
         &RW_COUNT,
         &FENCED_WRITE,
     ]
-    .map(|script| -> &'static Script { script })
+    .map(|lua| -> &'static Lua { lua })
 }
 
 /// The four keys of every read-write script, in the prelude's order.

@@ -1,0 +1,211 @@
+//! What a Redis error means for the caller. Two kinds are worth more than redis-rs's
+//! text: a TLS failure (the server's certificate not trusted, the client's refused) and
+//! an ACL refusal (the user may not run a command, or not on these keys or channels),
+//! which must name the refused command. Redis names it for a command sent as it is; for a
+//! command a script ran, Redis 7.0 says only `The user executing the script can't run
+//! this command or subcommand script: <sha>, on @user_script:<line>.`, so the command is
+//! read from that line of the script.
+
+use redis::{ErrorKind, RedisError, ServerErrorKind};
+
+use super::scripts::{self, What};
+use super::tls;
+use crate::error::BackendError;
+
+/// The refused command of an ACL refusal whose text does not say which command it was
+/// (keys or channels outside the user's patterns), until [`naming`] names it.
+const UNNAMED: &str = "a command";
+
+/// `error` as a [`BackendError`]: [`BackendError::Tls`], [`BackendError::NotPermitted`],
+/// or [`BackendError::Redis`] for everything else.
+pub(crate) fn explain(error: RedisError) -> BackendError {
+    if let Some(problem) = tls::failure(&error) {
+        return BackendError::Tls {
+            problem,
+            source: error,
+        };
+    }
+    match refusal(&error) {
+        Some((command, message)) => BackendError::NotPermitted { command, message },
+        None => BackendError::Redis(error),
+    }
+}
+
+/// `error` of `what` (the call that failed): an ACL refusal that did not name its
+/// command now names `what`.
+pub(super) fn naming(error: BackendError, what: What) -> BackendError {
+    match error {
+        BackendError::NotPermitted { command, message } if command == UNNAMED => {
+            BackendError::NotPermitted {
+                command: what.to_string(),
+                message,
+            }
+        }
+        other => other,
+    }
+}
+
+/// The refused command and Redis's text, if `error` is an ACL refusal.
+fn refusal(error: &RedisError) -> Option<(String, String)> {
+    // A pipeline's error carries its commands' errors (the first one counts).
+    let first = error
+        .clone()
+        .into_server_errors()
+        .and_then(|errors| errors.first().map(|(_, error)| error.clone()));
+    let (code, detail) = match &first {
+        Some(error) => (Some(error.code()), error.details().unwrap_or_default()),
+        None => (error.code(), error.detail().unwrap_or_default()),
+    };
+    let text = match code {
+        Some(code) => format!("{code} {detail}"),
+        None => detail.to_owned(),
+    };
+    let in_script = in_script(detail);
+    let no_perm = error.kind() == ErrorKind::Server(ServerErrorKind::NoPerm)
+        || detail.contains("no permissions to")
+        || detail.contains("The user executing the script can't");
+    if !no_perm {
+        return None;
+    }
+    // Redis 7.2 and later name the command, also inside a script: `... run the 'pexpire'
+    // command`.
+    let named = quoted_command(detail).map(str::to_ascii_uppercase);
+    let command = match (in_script, named) {
+        (Some((lua, line)), named) => match lua.line(line) {
+            Some((file, at, code)) => {
+                let called = named.or_else(|| called_on(code));
+                let what = called.unwrap_or_else(|| "a command".to_owned());
+                format!("{what} (line {at} of {file})")
+            }
+            None => format!("a command (line {line} of {})", lua.name()),
+        },
+        (None, Some(named)) => named,
+        (None, None) => UNNAMED.to_owned(),
+    };
+    Some((command, text))
+}
+
+/// The script and line of an error raised inside one of our scripts (`... script:
+/// <sha>, on @user_script:<line>.`).
+fn in_script(detail: &str) -> Option<(&'static scripts::Lua, usize)> {
+    let (_, after) = detail.split_once("script: ")?;
+    let (sha, rest) = after.split_once(',')?;
+    let (_, line) = rest.split_once("@user_script:")?;
+    let line: String = line.chars().take_while(char::is_ascii_digit).collect();
+    Some((scripts::by_digest(sha.trim())?, line.parse().ok()?))
+}
+
+/// `pexpire` in `... to run the 'pexpire' command`.
+fn quoted_command(detail: &str) -> Option<&str> {
+    let (_, after) = detail.split_once("run the '")?;
+    let (command, rest) = after.split_once('\'')?;
+    rest.trim_start().starts_with("command").then_some(command)
+}
+
+/// The commands a line of Lua calls (`redis.call('HSET', ...)`), e.g. `HSET`, or
+/// `EXISTS or HEXISTS` for a line with two.
+fn called_on(code: &str) -> Option<String> {
+    let mut commands: Vec<&str> = Vec::new();
+    let mut rest = code;
+    while let Some(at) = rest.find("redis.call(") {
+        rest = &rest[at + "redis.call(".len()..];
+        let quote = rest.chars().next()?;
+        if quote != '\'' && quote != '"' {
+            continue;
+        }
+        let name = rest[1..].split(quote).next()?;
+        if !commands.contains(&name) {
+            commands.push(name);
+        }
+    }
+    (!commands.is_empty()).then(|| commands.join(" or "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server_error(code: &str, detail: &str) -> RedisError {
+        redis::make_extension_error(code.to_owned(), Some(detail.to_owned()))
+    }
+
+    #[test]
+    fn commands_are_read_from_a_line_of_lua() {
+        assert_eq!(
+            called_on("  redis.call('PEXPIRE', KEYS[1], ARGV[2])").as_deref(),
+            Some("PEXPIRE")
+        );
+        assert_eq!(
+            called_on("if redis.call('EXISTS', l) == 1 and redis.call('HEXISTS', l, a) == 0 then")
+                .as_deref(),
+            Some("EXISTS or HEXISTS")
+        );
+        assert_eq!(called_on("local n = 1"), None);
+    }
+
+    #[test]
+    fn a_refusal_inside_a_script_names_the_command_on_its_line() {
+        let acquire = scripts::named("acquire.lua");
+        let detail = format!(
+            "The user executing the script can't run this command or subcommand script: {}, on @user_script:28.",
+            acquire.get_hash()
+        );
+        let (command, text) = refusal(&server_error("ERR", &detail)).expect("a refusal");
+        assert_eq!(command, "PEXPIRE (line 28 of acquire.lua)");
+        assert!(
+            text.starts_with("ERR The user executing the script"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_read_write_script_line_is_counted_past_the_prelude() {
+        let release = scripts::named("rw_release.lua");
+        let prelude = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/rw_prelude.lua"));
+        let own = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/rw_release.lua"));
+        let publish = own
+            .lines()
+            .position(|l| l.contains("redis.call('PUBLISH'"))
+            .expect("rw_release.lua publishes")
+            + 1;
+        let line = prelude.lines().count() + publish;
+        let detail = format!(
+            "The user executing the script can't run this command or subcommand script: {}, on @user_script:{line}.",
+            release.get_hash()
+        );
+        let (command, _) = refusal(&server_error("ERR", &detail)).expect("a refusal");
+        assert_eq!(
+            command,
+            format!("PUBLISH (line {publish} of rw_release.lua)")
+        );
+    }
+
+    #[test]
+    fn a_refused_command_keeps_its_name_and_keys_get_the_call_named() {
+        let (command, text) = refusal(&server_error(
+            "NOPERM",
+            "this user has no permissions to run the 'evalsha' command",
+        ))
+        .expect("a refusal");
+        assert_eq!(command, "EVALSHA");
+        assert_eq!(
+            text,
+            "NOPERM this user has no permissions to run the 'evalsha' command"
+        );
+
+        let keys = explain(server_error(
+            "NOPERM",
+            "this user has no permissions to access one of the keys used as arguments",
+        ));
+        let named = naming(keys, What::Script("acquire.lua"));
+        let text = named.to_string();
+        assert!(text.contains("refused EVALSHA (of acquire.lua)"), "{text}");
+        assert!(text.contains("keys used as arguments"), "{text}");
+    }
+
+    #[test]
+    fn other_errors_stay_redis_errors() {
+        let error = explain(server_error("WRONGTYPE", "Operation against a key"));
+        assert!(matches!(error, BackendError::Redis(_)), "{error:?}");
+    }
+}
