@@ -7,7 +7,7 @@ use crate::client::LockClient;
 use crate::engine::Engine;
 use crate::error::LockError;
 use crate::key::{KeyLayout, KeySpace};
-use crate::store::redis::{ConnectOptions, Deployment, Tls};
+use crate::store::redis::{ConnectOptions, Deployment, Tls, PROBE};
 use crate::store::Store;
 use crate::waiters::Waiters;
 
@@ -81,6 +81,7 @@ impl Default for LockClientBuilder {
                 command_timeout: DEFAULT_COMMAND_TIMEOUT,
                 replicas: None,
                 tls: Tls::default(),
+                check_permissions: true,
             },
         }
     }
@@ -255,6 +256,29 @@ impl LockClientBuilder {
     /// ```
     pub fn wait_for_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
         self.connect.replicas = (replicas > 0).then_some((replicas, timeout));
+        self
+    }
+
+    /// Connects without checking that the Redis user may run every command lockwarden
+    /// needs. By default connecting asks Redis (7.0 or later, one script call) and fails
+    /// with [`BackendError::NotPermitted`](crate::BackendError::NotPermitted) naming
+    /// every command the user's ACL refuses: a command refused in the middle of a script
+    /// cannot undo what the script already wrote, so a refused `PEXPIRE` would leave a
+    /// lock that never expires. Skip it for a user meant to run only some operations
+    /// (an operator's user that only force-unlocks). Ignored by the in-process store.
+    ///
+    /// ```no_run
+    /// # use lockwarden_core::LockClient;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden_core::LockError> {
+    /// let operator = LockClient::builder()
+    ///     .skip_permission_check()
+    ///     .connect("redis://unlocker:secret@127.0.0.1:6379/")
+    ///     .await?;
+    /// operator.lock("invoice:7").force_unlock().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn skip_permission_check(mut self) -> Self {
+        self.connect.check_permissions = false;
         self
     }
 
@@ -469,9 +493,15 @@ impl LockClientBuilder {
 
     async fn connect_to(self, deployment: Deployment) -> Result<LockClient, LockError> {
         deployment.check()?;
+        // The user's permissions are checked on a key and channel of this key space.
+        let probe = match self.connect.check_permissions {
+            true => Some(self.keys.key(PROBE)?),
+            false => None,
+        };
         // Boxed: the cluster and sentinel clients' connect futures are deep enough to
         // overflow the layout depth of the futures that embed this one.
-        let (store, waiters) = Box::pin(Store::connect(&deployment, &self.connect)).await?;
+        let connecting = Store::connect(&deployment, &self.connect, probe.as_ref());
+        let (store, waiters) = Box::pin(connecting).await?;
         Ok(self.finish(store, waiters))
     }
 

@@ -159,9 +159,10 @@ pub enum BackendError {
     #[error("redis refused {command} for this user (ACL): {message}")]
     NotPermitted {
         /// The refused command, e.g. `EVALSHA` or, for a command a script ran,
-        /// `PEXPIRE (line 28 of acquire.lua)`.
+        /// `PEXPIRE (line 28 of acquire.lua)`; at connect, every refused command
+        /// (`PEXPIRE, PEXPIREAT`).
         command: String,
-        /// Redis's error text.
+        /// Redis's error text, or at connect what the check found.
         message: String,
     },
 }

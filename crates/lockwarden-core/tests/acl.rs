@@ -3,12 +3,15 @@
 //! <rules>`), and what a user missing one of them gets.
 //!
 //! The rules tested here are the README's, word for word (`the_readme_gives_these_rules`):
-//! every lock kind works with exactly them, in the default layout and in Redisson's;
-//! without one command, or outside its key or channel patterns, an operation fails with a
-//! `LockError` naming the refused command, and the server (asked as the default user) shows
-//! what is left. A refusal before a script runs (`EVALSHA`, its keys, `SUBSCRIBE`) leaves
+//! every lock kind works with exactly them, in the default layout and in Redisson's.
+//! Without one command, connecting fails with a `LockError` naming it, before anything is
+//! written (`a_missing_command_fails_the_connect_naming_it`). With that check skipped, or
+//! outside its key or channel patterns (which the check cannot know), an operation fails
+//! naming the refused command, and the server (asked as the default user) shows what is
+//! left. A refusal before a script runs (`EVALSHA`, its keys, `SUBSCRIBE`) leaves
 //! nothing; a refusal in the middle of a script cannot roll back what the script already
-//! wrote, and `a_refusal_inside_a_script_keeps_what_the_script_wrote` pins down what.
+//! wrote, and `a_refusal_inside_a_script_keeps_what_the_script_wrote` pins down what: the
+//! reason for the check.
 
 mod common;
 
@@ -22,7 +25,7 @@ use lockwarden_testkit::{eventually, RedisServer};
 /// The commands lockwarden sends or its scripts call, every lock kind included; see the
 /// README's "ACL users" section for what each one is for.
 const COMMANDS: &str = "+evalsha +script|load +subscribe +unsubscribe +publish +time \
-+exists +get +set +del +pexpire +pexpireat +pttl +hget +hset +hexists +hincrby +hdel \
++exists +get +set +del +pexpire +pexpireat +pttl +hget +hmget +hset +hexists +hincrby +hdel \
 +llen +lindex +lpop +lpos +lrem +rpush +zadd +zrem +zcard +zscore +zrange +zrangebyscore \
 +zremrangebyscore";
 
@@ -67,6 +70,15 @@ async fn connect(
         .connect(url)
         .await
         .unwrap_or_else(|e| panic!("connect as a restricted user: {e}"))
+}
+
+/// [`connect`] without the check of the user's commands: to see what an operation does
+/// when Redis refuses one of them.
+async fn connect_unchecked(
+    url: &str,
+    configure: impl FnOnce(LockClientBuilder) -> LockClientBuilder,
+) -> LockClient {
+    connect(url, |b| configure(b.skip_permission_check())).await
 }
 
 #[test]
@@ -203,6 +215,21 @@ async fn exercise_the_rest(
     assert!(!server.exists(guard.key().redis_key()));
     drop(guard);
 
+    let guard = a
+        .try_acquire("invoice:fenced", Duration::ZERO)
+        .await
+        .unwrap();
+    let token = guard.fencing_token();
+    a.fenced("invoice:fenced")
+        .write(token, b"v1")
+        .await
+        .unwrap();
+    assert_eq!(
+        b.fenced("invoice:fenced").read().await.unwrap(),
+        Some((token, b"v1".to_vec()))
+    );
+    guard.release().await.unwrap();
+
     let guard = renewing
         .try_acquire("invoice:renewed", Duration::ZERO)
         .await
@@ -284,10 +311,12 @@ async fn wait_for_replicas_needs_wait() {
     assert_eq!(on_replica, Some(1));
     guard.release().await.unwrap();
 
-    // Without +wait the acquire script runs and then WAIT is refused: the lock it took
-    // is released again before the error is returned.
+    // Without +wait connecting fails, naming it. Unchecked, the acquire script runs and
+    // then WAIT is refused: the lock it took is released again before the error returns.
     let without = user(&primary, "nowait", &rules(&[TAGGED, COMMANDS]));
-    let client = connect(&without, replicated).await;
+    let refused = replicated(LockClient::builder()).connect(&without).await;
+    expect_refused(refused.map(drop), "WAIT");
+    let client = connect_unchecked(&without, replicated).await;
     let refused = client
         .try_acquire("invoice:unwaited", Duration::from_secs(1))
         .await;
@@ -345,7 +374,7 @@ async fn without_evalsha_nothing_runs_and_nothing_is_held() {
     let server = RedisServer::start().unwrap();
     let commands = COMMANDS.replace("+evalsha ", "");
     let url = user(&server, "noeval", &rules(&[TAGGED, &commands]));
-    let client = connect(&url, |b| b).await;
+    let client = connect_unchecked(&url, |b| b).await;
     for kind in [
         Kind::Plain,
         Kind::Fair,
@@ -374,6 +403,7 @@ async fn without_evalsha_nothing_runs_and_nothing_is_held() {
 async fn keys_outside_the_pattern_are_refused_before_the_script_runs() {
     let server = RedisServer::start().unwrap();
     let url = user(&server, "elsewhere", &rules(&["~app:* &app:*", COMMANDS]));
+    // The check at connect cannot use a key of the namespace: it is skipped, not failed.
     let client = connect(&url, |b| b).await;
     for kind in [
         Kind::Plain,
@@ -408,7 +438,7 @@ async fn without_publish_a_release_is_refused_and_the_lock_is_gone() {
     let server = RedisServer::start().unwrap();
     let commands = COMMANDS.replace("+publish ", "");
     let url = user(&server, "nopublish", &rules(&[TAGGED, &commands]));
-    let client = connect(&url, |b| b).await;
+    let client = connect_unchecked(&url, |b| b).await;
     let guard = client
         .try_acquire("invoice:1", Duration::ZERO)
         .await
@@ -427,8 +457,8 @@ async fn without_subscribe_a_waiter_fails_instead_of_waiting_for_the_lease() {
     let server = RedisServer::start().unwrap();
     let commands = COMMANDS.replace("+subscribe ", "");
     let url = user(&server, "nosubscribe", &rules(&[TAGGED, &commands]));
-    let holder = connect(&url, |b| b).await;
-    let waiter = connect(&url, |b| b).await;
+    let holder = connect_unchecked(&url, |b| b).await;
+    let waiter = connect_unchecked(&url, |b| b).await;
     let guard = holder
         .lock("invoice:1")
         .lease(LEASE)
@@ -648,6 +678,14 @@ async fn every_operation(
         errors.push(e);
     }
     drop(held);
+    // A fenced value, written and read.
+    let fenced = weak.fenced(format!("{tag}:fenced"));
+    if let Err(e) = fenced.write(1, b"v").await {
+        errors.push(e);
+    }
+    if let Err(e) = fenced.read().await {
+        errors.push(e);
+    }
     errors
 }
 
@@ -678,8 +716,9 @@ async fn every_command_is_needed_and_its_refusal_names_it() {
             .filter(|c| *c != command)
             .collect();
         let url = user(&server, &user_name, &rules(&[TAGGED, &others.join(" ")]));
-        let weak = connect(&url, |b| b).await;
-        let renewing = connect(&url, |b| b.watchdog_timeout(Duration::from_millis(300))).await;
+        let weak = connect_unchecked(&url, |b| b).await;
+        let renewing =
+            connect_unchecked(&url, |b| b.watchdog_timeout(Duration::from_millis(300))).await;
         // Scripts loaded by one user are there for all: start from an empty cache, as
         // after a restart, so SCRIPT LOAD is needed.
         let _: () = server.query(&["SCRIPT", "FLUSH"]).unwrap();
@@ -733,6 +772,79 @@ async fn every_command_is_needed_and_its_refusal_names_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_command_fails_the_connect_naming_it() {
+    let server = RedisServer::start().unwrap();
+    let without = |user_name: &str, missing: &[&str]| {
+        let others: Vec<&str> = COMMANDS
+            .split_whitespace()
+            .filter(|c| !missing.contains(c))
+            .collect();
+        user(&server, user_name, &rules(&[TAGGED, &others.join(" ")]))
+    };
+    let refused = |url: String| async move {
+        let outcome = LockClient::builder()
+            .command_timeout(Duration::from_secs(2))
+            .connect(&url)
+            .await;
+        match outcome {
+            Err(LockError::Backend(BackendError::NotPermitted { command, message })) => {
+                (command, message)
+            }
+            other => panic!(
+                "expected an ACL refusal at connect, got {:?}",
+                other.map(drop)
+            ),
+        }
+    };
+    for command in COMMANDS.split_whitespace() {
+        let name = command.trim_start_matches('+');
+        let url = without(&format!("no-{}", name.replace('|', "-")), &[command]);
+        // As after a restart: the check's own script must be loaded too.
+        let _: () = server.query(&["SCRIPT", "FLUSH"]).unwrap();
+        let (named, message) = refused(url).await;
+        assert_eq!(
+            named,
+            name.to_ascii_uppercase(),
+            "without {command}: {message}"
+        );
+    }
+    // With the scripts loaded, a user without SCRIPT LOAD is still told.
+    let url = without("no-load-cached", &["+script|load"]);
+    assert_eq!(refused(url).await.0, "SCRIPT|LOAD");
+    // Every missing command at once.
+    let no_expiry = without("no-expiry", &["+pexpire", "+pexpireat"]);
+    let (named, message) = refused(no_expiry.clone()).await;
+    assert_eq!(named, "PEXPIRE, PEXPIREAT");
+    assert!(message.contains("at connect"), "{message}");
+    // In Redisson's layout, on its key and channel patterns.
+    let commands = COMMANDS.replace("+pexpire ", "");
+    let url = user(
+        &server,
+        "redisson-no-pexpire",
+        &rules(&[REDISSON, &commands]),
+    );
+    let outcome = LockClient::builder()
+        .layout(KeyLayout::Redisson)
+        .connect(&url)
+        .await;
+    expect_refused(outcome.map(drop), "PEXPIRE");
+    // Nothing was written; unchecked, the same user connects (and would leave locks
+    // without expiry, see below).
+    assert!(
+        left_on(&server, "*").is_empty(),
+        "{:?}",
+        left_on(&server, "*")
+    );
+    let unchecked = connect_unchecked(&no_expiry, |b| b).await;
+    assert!(unchecked
+        .lock("invoice:1")
+        .remaining_ttl()
+        .await
+        .unwrap()
+        .is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refusal_inside_a_script_keeps_what_the_script_wrote() {
     // FINDING. A script that fails in the middle does not roll back what it already
     // wrote. These are the refusals that leave a lock held although the caller was told
@@ -748,7 +860,7 @@ async fn a_refusal_inside_a_script_keeps_what_the_script_wrote() {
         "no-pexpire",
         &rules(&[TAGGED, &COMMANDS.replace("+pexpire ", "")]),
     );
-    let client = connect(&url, |b| b).await;
+    let client = connect_unchecked(&url, |b| b).await;
     let refused = client.try_acquire("invoice:1", Duration::ZERO).await;
     expect_refused(refused.map(drop), "PEXPIRE (line 28 of acquire.lua)");
     let key = client.key("invoice:1").unwrap().redis_key().to_owned();
@@ -767,7 +879,7 @@ async fn a_refusal_inside_a_script_keeps_what_the_script_wrote() {
         "no-pexpireat",
         &rules(&[TAGGED, &COMMANDS.replace("+pexpireat ", "")]),
     );
-    let client = connect(&url, |b| b).await;
+    let client = connect_unchecked(&url, |b| b).await;
     let refused = client
         .rw_lock("invoice:2")
         .read()
@@ -796,7 +908,7 @@ async fn a_refusal_inside_a_script_keeps_what_the_script_wrote() {
         "no-del",
         &rules(&[TAGGED, &COMMANDS.replace("+del ", "")]),
     );
-    let client = connect(&url, |b| b).await;
+    let client = connect_unchecked(&url, |b| b).await;
     let guard = client
         .try_acquire("invoice:3", Duration::ZERO)
         .await

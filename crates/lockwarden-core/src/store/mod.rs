@@ -36,14 +36,17 @@ impl Store {
     }
 
     /// A Redis store on `deployment`, and the registry of waiters it wakes (through its
-    /// pub/sub connection, subscribed to the channels that have waiters).
+    /// pub/sub connection, subscribed to the channels that have waiters); `probe`: see
+    /// [`RedisStore::connect`].
     pub(crate) async fn connect(
         deployment: &Deployment,
         options: &ConnectOptions,
+        probe: Option<&Key>,
     ) -> Result<(Self, Arc<Waiters>)> {
         let (waiters, changes) = Waiters::remote();
         let waiters = Arc::new(waiters);
-        let store = RedisStore::connect(deployment, options, waiters.clone(), changes).await?;
+        let store =
+            RedisStore::connect(deployment, options, probe, waiters.clone(), changes).await?;
         Ok((Store::Redis(store), waiters))
     }
 }

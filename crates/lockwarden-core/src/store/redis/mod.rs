@@ -8,6 +8,7 @@
 //! | `orphan.rs` | giving back what an abandoned acquire took |
 //! | `replicated.rs` | `WAIT` after an acquire, on a connection of its own |
 //! | `multi.rs` | several locks at once, slot by slot on a cluster |
+//! | `permissions.rs` | the check at connect that the user may run every command needed |
 //! | `explain.rs` | what a Redis error means: a TLS failure, an ACL refusal naming its command |
 //! | `conn.rs` | where commands go: one server, a cluster, or the primary Sentinel names |
 //! | `sentinel.rs` | following the primary across failovers |
@@ -20,6 +21,7 @@ mod conn;
 mod explain;
 mod multi;
 mod orphan;
+mod permissions;
 mod pubsub;
 mod replicated;
 mod scripts;
@@ -47,6 +49,7 @@ use crate::store::contract::{
 use crate::waiters::Waiters;
 use commands::Commands;
 pub(crate) use conn::Deployment;
+pub(crate) use permissions::PROBE;
 use replicated::Replicated;
 use scripts::NOT_REPLICATED;
 pub(crate) use timeout::bounded;
@@ -61,6 +64,8 @@ pub(crate) struct ConnectOptions {
     pub(crate) replicas: Option<(u32, Duration)>,
     /// How `rediss://` connections are secured.
     pub(crate) tls: Tls,
+    /// Whether connecting checks that the user may run every command needed.
+    pub(crate) check_permissions: bool,
 }
 
 /// The Redis store; clones share its connections. Its background tasks (the pub/sub
@@ -76,16 +81,22 @@ pub(crate) struct RedisStore {
 }
 
 impl RedisStore {
-    /// Connects to `deployment`; its pub/sub connection subscribes to the channels of
-    /// `waiters` (told of changes through `changes`) and wakes them.
+    /// Connects to `deployment`, checking the user's permissions on `probe`'s key and
+    /// channel if given; its pub/sub connection subscribes to the channels of `waiters`
+    /// (told of changes through `changes`) and wakes them.
     pub(crate) async fn connect(
         deployment: &Deployment,
         options: &ConnectOptions,
+        probe: Option<&Key>,
         waiters: Arc<Waiters>,
         changes: mpsc::UnboundedReceiver<Arc<str>>,
     ) -> Result<Self> {
         let timeout = options.command_timeout;
         let (conn, source) = deployment.connect(timeout, timeout, &options.tls).await?;
+        let commands = Commands { conn, timeout };
+        if let Some(probe) = probe {
+            permissions::check(&commands, probe, options.replicas.is_some()).await?;
+        }
         let replicated = match options.replicas {
             None => None,
             Some((n, wait)) => {
@@ -95,7 +106,6 @@ impl RedisStore {
                 Some(Replicated::new(conn, n, wait))
             }
         };
-        let commands = Commands { conn, timeout };
         let listener = tokio::spawn(pubsub::run(source, waiters, changes));
         let (dropped, queue) = mpsc::unbounded_channel();
         tokio::spawn(release_dropped(commands.clone(), queue));

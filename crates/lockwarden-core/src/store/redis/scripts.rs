@@ -84,6 +84,8 @@ static RW_RENEW: LazyLock<Lua> = script!("rw_prelude.lua", "rw_renew.lua");
 static RW_WITHDRAW: LazyLock<Lua> = script!("rw_prelude.lua", "rw_withdraw.lua");
 static RW_COUNT: LazyLock<Lua> = script!("rw_prelude.lua", "rw_count.lua");
 static FENCED_WRITE: LazyLock<Lua> = script!("fenced_write.lua");
+// Not a lock operation: the connect-time check of the user's permissions.
+static PERMISSIONS: LazyLock<Lua> = script!("permissions.lua");
 
 /// The synthetic acquire state of a lock taken but not acknowledged by enough replicas
 /// (and released again); its value is the number that acknowledged.
@@ -150,6 +152,14 @@ pub(super) fn all() -> [&'static Script; 15] {
 /// The script whose SHA1 digest is `sha` (as Redis names it in errors).
 pub(super) fn by_digest(sha: &str) -> Option<&'static Lua> {
     every().into_iter().find(|lua| lua.get_hash() == sha)
+}
+
+/// The text of every file of every lock script, for tests.
+#[cfg(test)]
+pub(super) fn sources() -> impl Iterator<Item = &'static str> {
+    every()
+        .into_iter()
+        .flat_map(|lua| lua.parts.iter().map(|&(_, text)| text))
 }
 
 /// The script `file` (the last of its files), for tests.
@@ -395,6 +405,15 @@ pub(super) fn fenced_read(key: &Key) -> Call {
     Call::command("HMGET", &key.names().fenced)
         .arg("token")
         .arg("value")
+}
+
+/// Which of `commands` (each a line of words, `K` for `key` and `C` for `channel`) the
+/// user may not run (`permissions.lua`: their positions from 1, or nil on a Redis without
+/// `redis.acl_check_cmd`).
+pub(super) fn permissions(key: &str, channel: &str, commands: &[&str]) -> Call {
+    Call::script(&PERMISSIONS, &[key])
+        .arg(channel)
+        .arg(commands)
 }
 
 /// A release script's answer: `-1` not held, `0` this hold ended, `n` re-entries left.

@@ -1,0 +1,145 @@
+//! The check at connect that the user may run every command lockwarden needs. Without it
+//! a missing permission shows only when a script reaches the command, and a script that
+//! fails in the middle keeps what it already wrote: an acquire refused its `PEXPIRE`
+//! leaves a lock that never expires.
+//!
+//! Each command is checked as Redis would check it, with well-formed arguments naming a
+//! key and a channel of the client's key space (Redis must be given real arguments: it
+//! reads a command's keys at their positions). The names the application will lock are
+//! not known yet; a user limited to some of them (narrower than the namespace) cannot be
+//! checked this way and is let through with a warning.
+
+use super::commands::Commands;
+use super::scripts;
+use crate::error::BackendError;
+use crate::key::Key;
+
+/// The name whose key and channel the check uses.
+pub(crate) const PROBE: &str = "lockwarden-permission-check";
+
+/// Every command the store sends or its scripts call, with well-formed arguments (`K` the
+/// key, `C` the channel), named as `ACL SETUSER` names it; the README's ACL line lists
+/// the same. `EVALSHA` is not listed: the check itself runs as one.
+const NEEDED: &[(&str, &str)] = &[
+    ("script|load", "script load x"),
+    ("subscribe", "subscribe C"),
+    ("unsubscribe", "unsubscribe C"),
+    ("publish", "publish C x"),
+    ("time", "time"),
+    ("exists", "exists K"),
+    ("get", "get K"),
+    ("set", "set K x"),
+    ("del", "del K"),
+    ("pexpire", "pexpire K 1"),
+    ("pexpireat", "pexpireat K 1"),
+    ("pttl", "pttl K"),
+    ("hget", "hget K x"),
+    ("hmget", "hmget K x"),
+    ("hset", "hset K x 1"),
+    ("hexists", "hexists K x"),
+    ("hincrby", "hincrby K x 1"),
+    ("hdel", "hdel K x"),
+    ("llen", "llen K"),
+    ("lindex", "lindex K 0"),
+    ("lpop", "lpop K"),
+    ("lpos", "lpos K x"),
+    ("lrem", "lrem K 0 x"),
+    ("rpush", "rpush K x"),
+    ("zadd", "zadd K 1 x"),
+    ("zrem", "zrem K x"),
+    ("zcard", "zcard K"),
+    ("zscore", "zscore K x"),
+    ("zrange", "zrange K 0 1"),
+    ("zrangebyscore", "zrangebyscore K 0 1"),
+    ("zremrangebyscore", "zremrangebyscore K 0 1"),
+];
+
+/// With `wait_for_replicas`.
+const WAIT: (&str, &str) = ("wait", "wait 0 0");
+
+/// Fails with [`BackendError::NotPermitted`] naming every command of [`NEEDED`] (and
+/// `WAIT` when acquisitions wait for replicas) the user may not run on `probe`'s key and
+/// channel. Passes unchecked on a Redis before 7.0, which cannot tell, and for a user
+/// that may not access `probe`'s key.
+pub(super) async fn check(
+    commands: &Commands,
+    probe: &Key,
+    wait: bool,
+) -> Result<(), BackendError> {
+    let mut needed = NEEDED.to_vec();
+    if wait {
+        needed.push(WAIT);
+    }
+    let lines: Vec<&str> = needed.iter().map(|&(_, line)| line).collect();
+    let call = scripts::permissions(probe.fence_key(), probe.channel(), &lines);
+    let refused: Option<Vec<usize>> = match commands.run(call).await {
+        Ok(refused) => refused,
+        Err(BackendError::NotPermitted { message, .. }) if message.contains("keys") => {
+            tracing::warn!(
+                key = probe.fence_key(),
+                "permissions not checked: the user may not access this key of the namespace"
+            );
+            return Ok(());
+        }
+        Err(other) => return Err(other),
+    };
+    let Some(refused) = refused else {
+        tracing::debug!("permissions not checked: Redis has no redis.acl_check_cmd");
+        return Ok(());
+    };
+    if refused.is_empty() {
+        return Ok(());
+    }
+    let names: Vec<String> = refused
+        .iter()
+        .filter_map(|&at| needed.get(at.checked_sub(1)?))
+        .map(|&(name, _)| name.to_ascii_uppercase())
+        .collect();
+    Err(BackendError::NotPermitted {
+        command: names.join(", "),
+        message: "found at connect, before any lock was taken (a command refused inside \
+                  a script cannot undo what the script wrote); grant the README's ACL line"
+            .to_owned(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::NEEDED;
+    use crate::store::redis::scripts;
+
+    /// The commands named in quotes after `marker` in `text`, lower case.
+    fn called<'a>(
+        text: &'a str,
+        marker: &'a str,
+        quote: char,
+    ) -> impl Iterator<Item = String> + 'a {
+        text.split(marker).skip(1).filter_map(move |rest| {
+            let name = rest.strip_prefix(quote)?.split(quote).next()?;
+            Some(name.to_ascii_lowercase())
+        })
+    }
+
+    #[test]
+    fn every_command_sent_or_called_is_checked_and_nothing_else() {
+        let mut used: BTreeSet<String> = scripts::sources()
+            .flat_map(|text| called(text, "redis.call(", '\''))
+            .collect();
+        used.extend(called(include_str!("scripts.rs"), "Call::command(", '"'));
+        // Not from a script or a call: loading the scripts, and the pub/sub connection.
+        used.extend(["script|load", "subscribe", "unsubscribe"].map(str::to_owned));
+        let checked: BTreeSet<String> = NEEDED.iter().map(|(c, _)| (*c).to_owned()).collect();
+        assert_eq!(used, checked);
+        assert!(!scripts::sources().any(|text| text.contains("redis.pcall(")));
+    }
+
+    #[test]
+    fn each_check_runs_the_command_it_names() {
+        for (name, line) in NEEDED {
+            let words: Vec<&str> = line.split(' ').collect();
+            assert_eq!(words[..name.split('|').count()].join("|"), *name);
+        }
+    }
+}
