@@ -40,7 +40,9 @@
 //!   [`exists_on`](RedisCluster::exists_on);
 //! * [`eventually`], which polls a condition within a bound;
 //! * [`TestProcess`] and [`run_child`], for tests that re-execute their own
-//!   binary to get a second process (to SIGKILL, or many at once).
+//!   binary to get a second process (to SIGKILL, or many at once);
+//! * [`FaultProxy`], a TCP proxy between clients and a server that adds
+//!   latency, holds back or loses replies, blackholes and resets connections.
 //!
 //! ```no_run
 //! use lockwarden_testkit::RedisServer;
@@ -60,6 +62,7 @@ mod child;
 mod cluster;
 mod eventually;
 mod probe;
+mod proxy;
 mod sentinel;
 mod server;
 mod tls;
@@ -68,6 +71,7 @@ pub use child::{run_child, TestProcess};
 pub use cluster::RedisCluster;
 pub use eventually::{eventually, POLL_INTERVAL};
 pub use probe::ClientInfo;
+pub use proxy::FaultProxy;
 pub use sentinel::RedisSentinel;
 pub use server::{redis_server_available, RedisServer};
 pub use tls::TlsCerts;
