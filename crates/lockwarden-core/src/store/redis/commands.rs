@@ -122,9 +122,13 @@ impl Commands {
         let sent = bounded(self.timeout, pipe.query_async::<Vec<i64>>(&mut conn)).await;
         match sent.map_err(|error| naming(error, what)) {
             Err(BackendError::Redis(e)) if is_noscript(&e) => {
-                for script in scripts::all() {
-                    bounded(self.timeout, script.prepare_invoke().load_async(&mut conn)).await?;
-                }
+                // All at once: one after the other they cost a round trip each, which on
+                // a slow link outlasted a watchdog lease (tests/fault_network.rs).
+                let loads = scripts::all().map(|script| {
+                    let mut conn = conn.clone();
+                    async move { script.prepare_invoke().load_async(&mut conn).await }
+                });
+                bounded(self.timeout, futures_util::future::try_join_all(loads)).await?;
                 bounded(self.timeout, pipe.query_async::<Vec<i64>>(&mut conn)).await
             }
             other => other,

@@ -1,0 +1,246 @@
+//! A real network between the client and Redis that breaks: the client connects through
+//! the testkit's [`FaultProxy`], which adds latency, loses replies, blackholes and resets
+//! connections, while rivals and assertions reach the server directly.
+//!
+//! The promises: a lock survives lost renewal replies and reset connections; a partition
+//! longer than the lease is reported lost and never hides the next holder; a waiter still
+//! wakes on the release notice after its connections were reset; a short re-entry never
+//! cuts the hold even with latency on every command.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{connect_with, finishes};
+use lockwarden_core::{LockClient, LockError, LockGuard};
+use lockwarden_testkit::{eventually, FaultProxy, RedisServer};
+
+/// A short watchdog lease (renewed every 500 ms) so faults outlast it in a test's time.
+const LEASE: Duration = Duration::from_millis(1500);
+/// Shorter than the lease, so a renewal without a reply times out and is retried.
+const COMMAND_TIMEOUT: Duration = Duration::from_millis(300);
+
+fn server_and_proxy() -> (RedisServer, FaultProxy) {
+    let server = RedisServer::start().expect("start redis-server");
+    let proxy = FaultProxy::start(server.port()).expect("start the proxy");
+    (server, proxy)
+}
+
+/// A client whose every connection (commands and pub/sub) goes through `proxy`.
+async fn client_through(proxy: &FaultProxy) -> LockClient {
+    connect_with(&proxy.url(), |b| {
+        b.watchdog_timeout(LEASE).command_timeout(COMMAND_TIMEOUT)
+    })
+    .await
+}
+
+/// The holders in a plain lock's hash, read directly from the server.
+fn holders(server: &RedisServer, name: &str) -> Vec<String> {
+    let fields: Vec<String> = server
+        .query(&["HKEYS", &format!("lockwarden:{{{name}}}")])
+        .expect("HKEYS");
+    fields
+}
+
+/// Holds `count` watchdog locks through `proxy`'s client.
+async fn hold_through(client: &LockClient, count: usize) -> Vec<(String, LockGuard)> {
+    let mut held = Vec::new();
+    for i in 0..count {
+        let name = format!("kept-{i}");
+        let guard = client.acquire(&name).await.expect("acquire");
+        held.push((name, guard));
+    }
+    held
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_lost_for_less_than_a_lease_lose_no_lock() {
+    let (server, proxy) = server_and_proxy();
+    let client = client_through(&proxy).await;
+    let held = hold_through(&client, 8).await;
+
+    // Renewals reach Redis and extend the leases, but their replies are lost for half a
+    // lease; then every connection that lost one is reset and the client reconnects.
+    let before = server.command_calls("evalsha");
+    proxy.drop_replies();
+    tokio::time::sleep(LEASE / 2).await;
+    assert!(
+        server.command_calls("evalsha") > before,
+        "renewals reached Redis"
+    );
+    proxy.heal();
+
+    // For two leases after the heal: still held by their guards, never reported lost.
+    let until = Instant::now() + 2 * LEASE;
+    while Instant::now() < until {
+        for (name, guard) in &held {
+            assert!(!guard.is_lost(), "{name} reported lost");
+            assert_eq!(holders(&server, name), [guard.holder().id()], "{name}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(proxy.accepted_connections() > 2, "the client reconnected");
+    for (name, guard) in held {
+        guard.release().await.expect("release");
+        assert!(holders(&server, &name).is_empty(), "{name} released");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_lost_for_longer_than_a_lease_are_reported_and_leave_nothing_held() {
+    let (server, proxy) = server_and_proxy();
+    let client = client_through(&proxy).await;
+    let held = hold_through(&client, 8).await;
+
+    // The client cannot know its renewals ran: after a lease without a reply it must
+    // report every hold lost, although Redis still has them.
+    proxy.drop_replies();
+    for (name, guard) in &held {
+        let lost = guard.lost_signal();
+        finishes(2 * LEASE, &format!("{name} reported lost"), {
+            tokio::spawn(async move { lost.wait().await })
+        })
+        .await;
+    }
+    proxy.heal();
+    let healed = Instant::now();
+
+    // Nothing stays behind: no lost guard's release claims success (the first commands
+    // after the reset may fail before the connection is made again), and what Redis still
+    // held (the last renewals that reached it) runs out within one lease.
+    for (name, guard) in held {
+        match guard.release().await {
+            Err(LockError::Lost { key } | LockError::NotHeld { key }) => assert_eq!(key, name),
+            Err(LockError::Backend(_)) => {}
+            Ok(()) => panic!("{name}: a lost hold was released as if held"),
+            Err(other) => panic!("{name}: unexpected {other:?}"),
+        }
+    }
+    eventually(
+        LEASE + Duration::from_millis(500),
+        "nothing held",
+        || async { server.keys_matching("lockwarden:{kept-*}").is_empty() },
+    )
+    .await;
+    assert!(healed.elapsed() <= LEASE + Duration::from_millis(500));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_longer_than_the_lease_is_reported_and_never_hides_the_next_holder() {
+    let (server, proxy) = server_and_proxy();
+    let cut_off = client_through(&proxy).await;
+    let direct = connect_with(&server.url(), |b| b.watchdog_timeout(LEASE)).await;
+    let guard = cut_off.acquire("split").await.expect("acquire");
+
+    proxy.blackhole();
+    let partitioned = Instant::now();
+    // The rival gets the lock once the cut-off holder's lease has run out.
+    let taken = direct
+        .try_acquire("split", 4 * LEASE)
+        .await
+        .expect("the rival takes the lock after the lease");
+    let taken_at = partitioned.elapsed();
+    assert!(
+        taken_at >= LEASE - COMMAND_TIMEOUT,
+        "taken {taken_at:?} into the partition, before the lease could have run out"
+    );
+    // The cut-off holder knows it lost the lock without hearing from Redis: its renewals
+    // failed for a whole lease.
+    finishes(LEASE, "the cut-off guard reports the loss", {
+        let lost = guard.lost_signal();
+        tokio::spawn(async move { lost.wait().await })
+    })
+    .await;
+    assert!(guard.is_lost());
+
+    proxy.heal();
+    // Releasing the lost guard after the partition leaves the new holder's lock alone.
+    match guard.release().await {
+        Err(LockError::Lost { key } | LockError::NotHeld { key }) => assert_eq!(key, "split"),
+        other => panic!("expected the release to report the loss, got {other:?}"),
+    }
+    assert_eq!(holders(&server, "split"), [taken.holder().id()]);
+    assert!(!taken.is_lost());
+    taken.release().await.expect("release");
+    assert!(holders(&server, "split").is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_connections_were_reset_still_wakes_on_the_release() {
+    let (server, proxy) = server_and_proxy();
+    let waiter_client = client_through(&proxy).await;
+    // The holder's lease is long: a waiter that missed the notice would wait for it.
+    let holder_client = connect_with(&server.url(), |b| b).await;
+    let held = holder_client.acquire("wake").await.expect("acquire");
+
+    let waiter = tokio::spawn(async move {
+        let guard = waiter_client
+            .try_acquire("wake", Duration::from_secs(20))
+            .await;
+        (guard, Instant::now(), waiter_client)
+    });
+    let channel = "lockwarden:{wake}:released";
+    eventually(Duration::from_secs(5), "the waiter subscribed", || async {
+        server.subscribers(channel) == 1
+    })
+    .await;
+    let before = proxy.accepted_connections();
+    proxy.reset();
+    eventually(
+        Duration::from_secs(5),
+        "the waiter subscribed again",
+        || async { proxy.accepted_connections() > before && server.subscribers(channel) == 1 },
+    )
+    .await;
+
+    let released = Instant::now();
+    held.release().await.expect("release");
+    let (guard, woken, _client) = finishes(Duration::from_secs(10), "the waiter", waiter).await;
+    let guard = guard.expect("the waiter takes the released lock");
+    let after = woken - released;
+    // Far below the holder's 30 s lease: woken by the notice, not by the lease running out.
+    assert!(
+        after < Duration::from_secs(3),
+        "took the lock {after:?} after the release"
+    );
+    assert_eq!(holders(&server, "wake"), [guard.holder().id()]);
+    guard.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_reentry_with_latency_on_every_command_keeps_the_outer_hold() {
+    let (server, proxy) = server_and_proxy();
+    let client = client_through(&proxy).await;
+    let rival = connect_with(&server.url(), |b| b).await;
+    proxy.set_latency(Duration::from_millis(40));
+
+    let me = client.holder();
+    let outer = client
+        .lock("kept")
+        .holder(&me)
+        .acquire()
+        .await
+        .expect("outer");
+    let inner = client
+        .lock("kept")
+        .holder(&me)
+        .lease(Duration::from_millis(300))
+        .acquire()
+        .await
+        .expect("re-enter");
+    inner.release().await.expect("inner release");
+
+    // Well past the inner lease: the outer watchdog hold is still the lock's holder.
+    tokio::time::sleep(LEASE).await;
+    assert!(!outer.is_lost());
+    assert_eq!(holders(&server, "kept"), [me.id()]);
+    assert!(
+        matches!(
+            rival.try_acquire("kept", Duration::ZERO).await,
+            Err(LockError::Timeout { .. })
+        ),
+        "a rival is refused while the outer hold lasts"
+    );
+    outer.release().await.expect("outer release");
+    assert!(holders(&server, "kept").is_empty());
+}
