@@ -395,6 +395,26 @@ mod tests {
         matches!(error.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut)
     }
 
+    /// With `fault` on, a `SET` through the proxy runs in Redis but gets no reply; then
+    /// the proxy is healed. Returns the connection, reads bounded by 5 s.
+    fn ran_without_reply(
+        server: &RedisServer,
+        proxy: &FaultProxy,
+        fault: fn(&FaultProxy),
+    ) -> TcpStream {
+        let mut stream = connect(proxy, Duration::from_millis(300));
+        fault(proxy);
+        send_set(&mut stream, "k", "v");
+        let error = read_reply(&mut stream).expect_err("no reply");
+        assert!(is_timeout(&error), "{error}");
+        assert_eq!(value(server, "k").as_deref(), Some("v"), "the command ran");
+        proxy.heal();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        stream
+    }
+
     #[test]
     fn forwards_commands_and_replies_and_counts_connections() {
         let (server, proxy) = server_and_proxy();
@@ -435,32 +455,14 @@ mod tests {
     #[test]
     fn stalled_replies_arrive_after_the_heal_and_the_command_ran_before() {
         let (server, proxy) = server_and_proxy();
-        let mut stream = connect(&proxy, Duration::from_millis(300));
-        proxy.stall_replies();
-        send_set(&mut stream, "k", "v");
-        let error = read_reply(&mut stream).expect_err("no reply while stalled");
-        assert!(is_timeout(&error), "{error}");
-        assert_eq!(value(&server, "k").as_deref(), Some("v"), "the command ran");
-        proxy.heal();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(5)))
-            .expect("timeout");
+        let mut stream = ran_without_reply(&server, &proxy, FaultProxy::stall_replies);
         assert_eq!(read_reply(&mut stream).expect("reply"), "+OK\r\n");
     }
 
     #[test]
     fn dropped_replies_are_lost_and_the_connection_is_reset_when_healed() {
         let (server, proxy) = server_and_proxy();
-        let mut stream = connect(&proxy, Duration::from_millis(300));
-        proxy.drop_replies();
-        send_set(&mut stream, "k", "v");
-        let error = read_reply(&mut stream).expect_err("no reply while dropping");
-        assert!(is_timeout(&error), "{error}");
-        assert_eq!(value(&server, "k").as_deref(), Some("v"), "the command ran");
-        proxy.heal();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(5)))
-            .expect("timeout");
+        let mut stream = ran_without_reply(&server, &proxy, FaultProxy::drop_replies);
         let error = read_reply(&mut stream).expect_err("the connection is reset");
         assert_eq!(error.kind(), ErrorKind::ConnectionReset, "{error}");
         // A new connection works.
