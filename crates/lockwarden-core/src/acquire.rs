@@ -64,6 +64,14 @@ pub(crate) trait Attempts: Send {
     fn left_behind(&self) -> Option<BoxFuture> {
         None
     }
+
+    /// The last attempt got no answer, so it may have taken the lock or left a place:
+    /// settle that in the background and go on as a new holder, if the holder was made
+    /// for this acquisition (`settle.rs`). Returns whether it did (what `left_behind`
+    /// said is then settled too).
+    fn unanswered(&mut self) -> bool {
+        false
+    }
 }
 
 /// The answer of one attempt, as the loop needs it.
@@ -135,16 +143,24 @@ pub(crate) async fn acquire<A: Attempts>(
                 ended(&attempts, Acquired::Refused);
                 return Err(error);
             }
-            // Ride out a reconnect within the budget; the store being down is reported
-            // once the budget is spent.
-            Err(error) if error.is_transient() && wait.can_back_off() => {
-                metrics::backend_error(Operation::Acquire, &error);
-                tracing::debug!(key = attempts.name(), %error, "acquire failed; retrying");
-                wait.back_off().await;
-                continue;
-            }
             Err(error) => {
                 metrics::backend_error(Operation::Acquire, &error);
+                let transient = error.is_transient();
+                // No answer: the attempt may have taken the lock. What it (and the wait
+                // before it) left is settled in the background; the next attempt starts
+                // afresh.
+                if transient && attempts.unanswered() {
+                    if let Some(settled) = left_behind.take() {
+                        settled.cancel();
+                    }
+                }
+                // Ride out a reconnect within the budget; the store being down is
+                // reported once the budget is spent.
+                if transient && wait.can_back_off() {
+                    tracing::debug!(key = attempts.name(), %error, "acquire failed; retrying");
+                    wait.back_off().await;
+                    continue;
+                }
                 give_up(left_behind).await;
                 ended(&attempts, Acquired::Error);
                 return Err(error.into());

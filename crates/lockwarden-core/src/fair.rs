@@ -12,6 +12,7 @@ use crate::engine::Engine;
 use crate::error::{KeyError, LockError};
 use crate::finish::BoxFuture;
 use crate::guard::LockGuard;
+use crate::hold::{Exclusive, HoldKind};
 use crate::inspect::exclusive_inspection;
 use crate::key::Key;
 use crate::lock::checked;
@@ -257,5 +258,15 @@ impl Attempts for FairAttempts<'_> {
 
     fn kind(&self) -> &'static str {
         "fair"
+    }
+
+    fn unanswered(&mut self) -> bool {
+        let kind = HoldKind::Exclusive(Exclusive::Fair);
+        let forgot = self.target.forget_holder(kind, Some(Waiter::Queued));
+        if forgot {
+            self.queued = false;
+            self.wake = None;
+        }
+        forgot
     }
 }

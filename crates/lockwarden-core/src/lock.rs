@@ -211,4 +211,8 @@ impl Attempts for PlainAttempts<'_> {
     fn kind(&self) -> &'static str {
         "plain"
     }
+
+    fn unanswered(&mut self) -> bool {
+        self.target.forget_holder(self.how.kind(), None)
+    }
 }

@@ -20,6 +20,7 @@ use crate::holder::Holder;
 use crate::key::Key;
 use crate::metrics::Acquired;
 use crate::options::{hold_options, HoldOptions};
+use crate::settle::settle;
 use crate::store::contract::{AcquireAll, LockStore, MultiAttempt};
 
 /// Several named locks to acquire as one, made by [`LockClient::multi_lock`](crate::LockClient::multi_lock).
@@ -140,10 +141,12 @@ impl MultiLock {
 
     async fn acquire_until(&self, deadline: Option<Instant>) -> Result<MultiGuard, LockError> {
         let keys = self.keys()?;
+        let (holder, fresh) = self.options.holder(&self.engine);
         let attempts = MultiAttempts {
             engine: &self.engine,
             keys,
-            holder: self.options.holder(&self.engine),
+            holder,
+            fresh,
             lease: self.options.lease(&self.engine),
             options: &self.options,
         };
@@ -157,6 +160,8 @@ struct MultiAttempts<'a> {
     engine: &'a Arc<Engine>,
     keys: Vec<Key>,
     holder: Holder,
+    /// Whether `holder` was made for this acquisition (see `settle.rs`).
+    fresh: bool,
     lease: Duration,
     options: &'a HoldOptions,
 }
@@ -202,6 +207,25 @@ impl Attempts for MultiAttempts<'_> {
 
     fn kind(&self) -> &'static str {
         "multi"
+    }
+
+    /// Like a plain lock's, for every lock at once.
+    fn unanswered(&mut self) -> bool {
+        if !self.fresh {
+            return false;
+        }
+        let holder = std::mem::replace(&mut self.holder, self.engine.holder());
+        let holds = self
+            .keys
+            .iter()
+            .map(|key| Hold {
+                kind: HoldKind::PLAIN,
+                key: key.clone(),
+                holder: holder.clone(),
+            })
+            .collect();
+        settle(self.engine.store().clone(), holds, None, self.lease);
+        true
     }
 }
 

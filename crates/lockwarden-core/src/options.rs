@@ -19,12 +19,13 @@ pub(crate) struct HoldOptions {
 
 impl HoldOptions {
     /// The holder to acquire as: the one set, else the enclosing [`Holder::scope`]'s, else
-    /// a fresh one (so two acquisitions exclude each other like a `Mutex`).
-    pub(crate) fn holder(&self, engine: &Engine) -> Holder {
-        self.holder
-            .clone()
-            .or_else(Holder::current)
-            .unwrap_or_else(|| engine.holder())
+    /// a fresh one (so two acquisitions exclude each other like a `Mutex`); and whether it
+    /// is fresh, made here and holding nothing yet (see `settle.rs`).
+    pub(crate) fn holder(&self, engine: &Engine) -> (Holder, bool) {
+        match self.holder.clone().or_else(Holder::current) {
+            Some(given) => (given, false),
+            None => (engine.holder(), true),
+        }
     }
 
     /// The lease to ask the store for: the fixed one, else the watchdog's.

@@ -316,4 +316,13 @@ impl Attempts for RwAttempts<'_> {
     fn kind(&self) -> &'static str {
         HoldKind::ReadWrite(self.mode).name()
     }
+
+    fn unanswered(&mut self) -> bool {
+        let waiter = (self.mode == RwMode::Write).then_some(Waiter::Writer);
+        let forgot = self
+            .target
+            .forget_holder(HoldKind::ReadWrite(self.mode), waiter);
+        self.registered &= !forgot;
+        forgot
+    }
 }

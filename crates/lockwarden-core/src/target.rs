@@ -11,17 +11,20 @@ use crate::engine::Engine;
 use crate::error::{BackendError, LockError};
 use crate::finish::BoxFuture;
 use crate::guard::LockGuard;
-use crate::hold::Hold;
+use crate::hold::{Hold, HoldKind};
 use crate::holder::Holder;
 use crate::key::Key;
 use crate::metrics::Acquired;
 use crate::options::HoldOptions;
+use crate::settle::settle;
 use crate::store::contract::{Acquire, Attempt, How, LockStore, Waiter};
 
 pub(crate) struct Target<'a> {
     pub(crate) engine: &'a Arc<Engine>,
     pub(crate) key: &'a Key,
     pub(crate) holder: Holder,
+    /// Whether `holder` was made for this acquisition (see [`Target::forget_holder`]).
+    fresh: bool,
     lease: Duration,
     options: &'a HoldOptions,
 }
@@ -29,13 +32,34 @@ pub(crate) struct Target<'a> {
 impl<'a> Target<'a> {
     /// `key`, to be acquired with `options` (their holder and lease resolved now).
     pub(crate) fn new(engine: &'a Arc<Engine>, key: &'a Key, options: &'a HoldOptions) -> Self {
+        let (holder, fresh) = options.holder(engine);
         Self {
             engine,
             key,
-            holder: options.holder(engine),
+            holder,
+            fresh,
             lease: options.lease(engine),
             options,
         }
+    }
+
+    /// After an attempt that got no answer: if the holder was made for this acquisition,
+    /// settles in the background what the attempt may have taken (a `kind` hold) or left
+    /// (its place as `waiter`), and goes on as a new holder. Returns whether it did; a
+    /// holder the caller gave may hold the lock already, so what the attempt did cannot be
+    /// told apart and runs out with the lease.
+    pub(crate) fn forget_holder(&mut self, kind: HoldKind, waiter: Option<Waiter>) -> bool {
+        if !self.fresh {
+            return false;
+        }
+        let holder = std::mem::replace(&mut self.holder, self.engine.holder());
+        let hold = Hold {
+            kind,
+            key: self.key.clone(),
+            holder,
+        };
+        settle(self.engine.store().clone(), vec![hold], waiter, self.lease);
+        true
     }
 
     /// One attempt in the way `how`: the store's answer, and when it was asked for (a

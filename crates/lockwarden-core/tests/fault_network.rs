@@ -244,3 +244,157 @@ async fn a_short_reentry_with_latency_on_every_command_keeps_the_outer_hold() {
     outer.release().await.expect("outer release");
     assert!(holders(&server, "kept").is_empty());
 }
+
+/// A client through `proxy` with a long lease: a lock left by a lost reply would stay
+/// that long, so freeing it sooner is the repair at work.
+async fn client_with_long_lease(proxy: &FaultProxy) -> LockClient {
+    let client = connect_with(&proxy.url(), |b| {
+        b.watchdog_timeout(Duration::from_secs(30))
+            .command_timeout(COMMAND_TIMEOUT)
+    })
+    .await;
+    // Load every kind's scripts first, so the lost reply is the acquire's own.
+    let warm = "warm-up";
+    client
+        .acquire(warm)
+        .await
+        .expect("plain")
+        .release()
+        .await
+        .expect("release");
+    let fair = client.fair_lock(warm).acquire().await.expect("fair");
+    fair.release().await.expect("release");
+    let read = client.rw_lock(warm).read().acquire().await.expect("read");
+    read.release().await.expect("release");
+    let write = client.rw_lock(warm).write().acquire().await.expect("write");
+    write.release().await.expect("release");
+    let multi = client.multi_lock([warm]).acquire().await.expect("multi");
+    multi.release().await.expect("release");
+    client
+}
+
+/// The hash and queue of every lock kind's key `name`, read directly.
+fn left_on_server(server: &RedisServer, name: &str) -> Vec<String> {
+    server
+        .keys_matching(&format!("lockwarden:{{{name}}}*"))
+        .into_iter()
+        .filter(|key| !key.ends_with(":fence"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_whose_reply_is_lost_is_given_back_once_redis_is_reachable() {
+    let (server, proxy) = server_and_proxy();
+    let client = client_with_long_lease(&proxy).await;
+    let rival = connect_with(&server.url(), |b| b).await;
+    for kind in ["plain", "fair", "read", "write", "multi"] {
+        let name = format!("lost-{kind}");
+        proxy.drop_replies();
+        // The script runs (the lock is taken in Redis); its reply never comes back.
+        let attempt = match kind {
+            "plain" => client.try_acquire(&name, Duration::ZERO).await.map(drop),
+            "fair" => client
+                .fair_lock(&name)
+                .try_acquire(Duration::ZERO)
+                .await
+                .map(drop),
+            "read" => client
+                .rw_lock(&name)
+                .read()
+                .try_acquire(Duration::ZERO)
+                .await
+                .map(drop),
+            "write" => client
+                .rw_lock(&name)
+                .write()
+                .try_acquire(Duration::ZERO)
+                .await
+                .map(drop),
+            _ => client
+                .multi_lock([name.as_str(), "lost-multi-2"])
+                .try_acquire(Duration::ZERO)
+                .await
+                .map(drop),
+        };
+        assert!(
+            matches!(attempt, Err(LockError::Backend(_))),
+            "{kind}: the caller is told the acquire failed: {attempt:?}"
+        );
+        // The script ran: it took the lock and issued a fencing token (what it took may
+        // be given back already, the settling release passes the proxy too).
+        let fence = format!("lockwarden:{{{name}}}:fence");
+        assert!(server.exists(&fence), "{kind}: the acquire ran in Redis");
+        proxy.heal();
+        let healed = Instant::now();
+        // Nothing is left within a second of the heal (not after the 30 s lease).
+        eventually(
+            Duration::from_secs(1),
+            format!("{kind}: nothing left"),
+            || async { left_on_server(&server, &name).is_empty() },
+        )
+        .await;
+        let free = healed.elapsed();
+        let taken = rival.try_acquire(&name, Duration::ZERO).await;
+        assert!(
+            taken.is_ok(),
+            "{kind}: a rival takes it {free:?} after the heal: {taken:?}"
+        );
+        taken.unwrap().release().await.expect("release");
+        assert!(left_on_server(&server, "lost-multi-2").is_empty(), "{kind}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_a_lost_reply_holds_the_lock_once() {
+    let (server, proxy) = server_and_proxy();
+    let client = client_with_long_lease(&proxy).await;
+    proxy.drop_replies();
+    let waiting = tokio::spawn(async move {
+        let guard = client.try_acquire("retried", Duration::from_secs(10)).await;
+        (guard, client)
+    });
+    // Let the first attempt run in Redis and time out, then let the retries through.
+    tokio::time::sleep(2 * COMMAND_TIMEOUT).await;
+    proxy.heal();
+    let (guard, _client) = finishes(Duration::from_secs(10), "the retried acquire", waiting).await;
+    let guard = guard.expect("the retry takes the lock");
+    // One holder with one count: the guard's; the lost attempt's holder was given back.
+    eventually(Duration::from_secs(1), "only the guard's hold", || async {
+        let hash: Vec<String> = server
+            .query(&["HGETALL", "lockwarden:{retried}"])
+            .expect("HGETALL");
+        hash == [guard.holder().id().to_owned(), "1".to_owned()]
+    })
+    .await;
+    guard.release().await.expect("release");
+    assert!(
+        holders(&server, "retried").is_empty(),
+        "released in one release"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_given_holder_is_not_settled_because_it_may_hold_the_lock_already() {
+    let (server, proxy) = server_and_proxy();
+    let client = client_with_long_lease(&proxy).await;
+    let me = client.holder();
+    let outer = client
+        .lock("given")
+        .holder(&me)
+        .acquire()
+        .await
+        .expect("outer");
+    proxy.drop_replies();
+    let inner = client
+        .lock("given")
+        .holder(&me)
+        .try_acquire(Duration::ZERO)
+        .await;
+    assert!(matches!(inner, Err(LockError::Backend(_))), "{inner:?}");
+    proxy.heal();
+    // Releasing `me` to undo the lost re-entry could as well end the outer hold: nothing
+    // is undone, the outer hold stays (the lost count runs out with the lease).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(holders(&server, "given"), [me.id()]);
+    assert!(!outer.is_lost());
+}
