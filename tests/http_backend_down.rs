@@ -10,7 +10,7 @@ use axum::routing::post;
 use axum::Router;
 use common::web::{req, send, Answer};
 use lockwarden::{LockClient, LockLayer};
-use lockwarden_testkit::RedisServer;
+use lockwarden_testkit::{FaultProxy, RedisServer};
 
 const WAIT: Duration = Duration::from_millis(200);
 const COMMAND_TIMEOUT: Duration = Duration::from_millis(300);
@@ -86,4 +86,46 @@ async fn fail_open_passes_through_unlocked() {
     let answer = call(&app).await;
     assert_eq!(answer.status, StatusCode::OK);
     assert_eq!(answer.body, "handled");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_acquire_reply_does_not_lock_the_key_for_a_lease() {
+    let server = RedisServer::start().expect("redis-server");
+    let proxy = FaultProxy::start(server.port()).expect("proxy");
+    let client = LockClient::builder()
+        .command_timeout(COMMAND_TIMEOUT)
+        .connect(&proxy.url())
+        .await
+        .expect("connect");
+    let app = app(LockLayer::by_header("Idempotency-Key")
+        .client(client)
+        .wait(WAIT));
+    assert_eq!(call(&app).await.status, StatusCode::OK);
+
+    // The acquire runs in Redis, its reply is lost: the request gets 503.
+    proxy.drop_replies();
+    assert_eq!(call(&app).await.status, StatusCode::SERVICE_UNAVAILABLE);
+    // It ran: the lock took a fencing token (what it took may be given back already).
+    assert!(server.exists("lockwarden:{http:k}:fence"));
+    proxy.heal();
+
+    // Within a second of the heal the key serves requests again (not 409s for the 30 s
+    // watchdog lease the lost acquire asked for).
+    let healed = Instant::now();
+    loop {
+        let status = call(&app).await.status;
+        if status == StatusCode::OK {
+            break;
+        }
+        assert!(
+            healed.elapsed() < Duration::from_secs(1),
+            "still {status} {:?} after the heal",
+            healed.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !server.exists("lockwarden:{k}"),
+        "released after the request"
+    );
 }

@@ -303,8 +303,10 @@ where
                 }
                 Next::Acquire(request, client, name) => {
                     *this.started = Instant::now();
-                    let holder = client.holder();
-                    let mut lock = client.lock(&name).holder(&holder);
+                    // No holder given: the core makes one for this request (or takes an
+                    // enclosing request's), and can then settle an acquire whose reply was
+                    // lost without holding the key for a whole lease.
+                    let mut lock = client.lock(&name);
                     if let Some(lease) = this.config.lease {
                         lock = lock.lease(lease);
                     }
