@@ -39,6 +39,7 @@ conformance!(
     scope_separates_principals,
     abort_on_loss_answers_503,
     path_and_closure_keys,
+    a_nested_layer_on_the_same_key_reenters,
 );
 
 /// What the handlers saw.
@@ -572,4 +573,24 @@ async fn path_and_closure_keys(env: Env) {
         .assert_problem(400, "missing-lock-key");
     held.release().await.expect("release");
     assert_eq!(probe.hits(), 2);
+}
+
+/// A layer inside another's request acquires as that request's holder: the same key is
+/// re-entered, not waited for until the inner layer answers 409.
+async fn a_nested_layer_on_the_same_key_reenters(env: Env) {
+    let client = env.client().await;
+    let probe = Probe::default();
+    let layer = || {
+        LockLayer::by_header("Idempotency-Key")
+            .client(client.clone())
+            .wait(Duration::from_millis(200))
+    };
+    let app = app!(
+        tower::ServiceBuilder::new().layer(layer()).layer(layer()),
+        probe
+    );
+    let answer = send(&app, req("/echo", Some("nested"))).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(probe.hits(), 1);
+    assert!(freed(&client, "http:nested", Duration::from_secs(1)).await);
 }
