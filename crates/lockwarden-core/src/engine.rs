@@ -9,6 +9,7 @@ use std::time::Duration;
 use crate::error::KeyError;
 use crate::holder::Holder;
 use crate::key::{Key, KeySpace};
+use crate::live::LiveHolds;
 use crate::store::contract::LockStore;
 use crate::store::Store;
 use crate::waiters::Waiters;
@@ -22,6 +23,7 @@ pub(crate) struct Engine {
     waiters: Arc<Waiters>,
     watchdog: Watchdog,
     holders: AtomicU64,
+    live: LiveHolds,
 }
 
 impl Engine {
@@ -40,6 +42,7 @@ impl Engine {
             store,
             waiters,
             holders: AtomicU64::new(0),
+            live: LiveHolds::default(),
         }
     }
 
@@ -51,6 +54,19 @@ impl Engine {
     /// A new holder identity.
     pub(crate) fn holder(&self) -> Holder {
         Holder::new(&self.id, self.holders.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Whether this engine made `holder` (so no other client acquires as it).
+    pub(crate) fn made(&self, holder: &Holder) -> bool {
+        holder
+            .id()
+            .strip_prefix(&*self.id)
+            .is_some_and(|rest| rest.starts_with(':'))
+    }
+
+    /// How many guards of each hold this client has.
+    pub(crate) fn live(&self) -> &LiveHolds {
+        &self.live
     }
 
     pub(crate) fn store(&self) -> &Store {

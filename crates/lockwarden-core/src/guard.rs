@@ -15,6 +15,7 @@ use crate::key::Key;
 use crate::lost::LostSignal;
 use crate::metrics::{self, LostBecause, Operation};
 use crate::options::HoldOptions;
+use crate::settle::settle;
 use crate::store::contract::{LockStore, Outcome, Released, Renewal};
 
 /// Proof that a lock is held. Dropping it releases the lock in the background; call
@@ -43,6 +44,8 @@ pub struct LockGuard {
     watched: Option<u64>,
     /// When the acquire request was sent: the hold's start, in metrics.
     since: Instant,
+    /// The fixed lease or the watchdog's: how long a lost release is retried at most.
+    lease: Duration,
     released: bool,
 }
 
@@ -83,6 +86,8 @@ impl LockGuard {
                 (Some(watched.generation), LostSignal::watched(watched.lost))
             }
         };
+        engine.live().enter(&hold);
+        let lease = options.lease.unwrap_or_else(|| engine.watchdog().lease());
         Self {
             engine,
             hold,
@@ -90,6 +95,7 @@ impl LockGuard {
             lost,
             watched,
             since: sent,
+            lease,
             released: false,
         }
     }
@@ -239,7 +245,8 @@ impl LockGuard {
     }
 
     async fn finish(mut self, outcome: Option<(Vec<u8>, Duration)>) -> Result<(), LockError> {
-        self.end();
+        // The last guard here of a hold this client made: the count in the store was 1.
+        let last = self.end() == 0 && self.engine.made(&self.hold.holder);
         let (engine, hold) = (self.engine.clone(), self.hold.clone());
         let completes = outcome.is_some();
         // Finished in the background if the caller stops waiting (an aborted task, a lost
@@ -272,6 +279,13 @@ impl LockGuard {
         tracing::debug!(key = %self.hold.key, kind = self.hold.kind.name(), ?released, completes, "lock release");
         if let Err(error) = &released {
             metrics::backend_error(Operation::Release, error);
+            // No answer: the release may not have run. With a count of 1, sending it
+            // again is exact (a no-op if it ran), so it is, in the background, until
+            // Redis answers; a re-entered hold's count must not drop twice.
+            if error.is_transient() && last {
+                let hold = vec![self.hold.clone()];
+                settle(self.engine.store().clone(), hold, None, self.lease);
+            }
         }
         match released? {
             Released::Freed | Released::Remaining(_) => Ok(()),
@@ -287,7 +301,8 @@ impl LockGuard {
     /// The hold ends here (released or dropped): the watchdog lets go of it, and the
     /// metrics learn how long it was held and whether a fixed lease ran out first (the
     /// watchdog reports the holds it loses itself).
-    fn end(&mut self) {
+    /// Ends this guard here; returns how many guards of its hold this client has left.
+    fn end(&mut self) -> u32 {
         self.released = true;
         let kind = self.hold.kind.name();
         metrics::held(kind, self.since.elapsed());
@@ -296,6 +311,7 @@ impl LockGuard {
             None if self.lost.is_lost() => metrics::lost(kind, LostBecause::LeaseEnded),
             None => {}
         }
+        self.engine.live().leave(&self.hold)
     }
 }
 

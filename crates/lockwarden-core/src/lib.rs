@@ -38,6 +38,7 @@ mod waiters;
 mod store;
 
 mod engine;
+mod live;
 mod settle;
 mod watchdog;
 

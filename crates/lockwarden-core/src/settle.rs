@@ -1,10 +1,16 @@
-//! Settling an attempt that got no answer. A reply lost with its connection (or late past
-//! the command timeout) leaves the caller not knowing whether the script ran: the lock may
-//! be held, or a place queued, in a holder's name nobody will release. When that holder
-//! was made for the acquisition (it held nothing before), releasing it is exact: it frees
-//! what the attempt took, and is a no-op if the attempt never ran. That is done in the
-//! background, retried until the store answers, while the acquisition goes on as a new
-//! holder, so no retry can re-enter (and inflate) what the lost attempt took.
+//! Settling a call that got no answer. A reply lost with its connection (or late past the
+//! command timeout) leaves the caller not knowing whether the script ran.
+//!
+//! An acquire may have taken the lock, or queued, in a holder's name nobody will release.
+//! When that holder was made for the acquisition (it held nothing before), releasing it
+//! is exact: it frees what the attempt took, and is a no-op if the attempt never ran. The
+//! acquisition goes on as a new holder, so no retry can re-enter (and inflate) what the
+//! lost attempt took.
+//!
+//! A release may not have run. When its guard was the hold's last one in this client
+//! (`live.rs`), the count was 1, and sending it again is exact too.
+//!
+//! Either way the release is sent in the background, retried until the store answers.
 
 use std::time::Duration;
 
@@ -38,7 +44,7 @@ pub(crate) fn settle(store: Store, holds: Vec<Hold>, waiter: Option<Waiter>, lea
                 match settled.await {
                     Ok(()) => {
                         tracing::debug!(key = %hold.key, holder = %hold.holder,
-                            "settled an acquire that got no answer");
+                            "released a hold whose call got no answer");
                         break;
                     }
                     Err(error) if error.is_transient() && Instant::now() + backoff < until => {
@@ -47,8 +53,8 @@ pub(crate) fn settle(store: Store, holds: Vec<Hold>, waiter: Option<Waiter>, lea
                     }
                     Err(error) => {
                         tracing::warn!(key = %hold.key, %error,
-                            "could not settle an acquire that got no answer; what it took \
-                             runs out with its lease");
+                            "could not release a hold whose call got no answer; it runs \
+                             out with its lease");
                         break;
                     }
                 }

@@ -398,3 +398,89 @@ async fn a_given_holder_is_not_settled_because_it_may_hold_the_lock_already() {
     assert_eq!(holders(&server, "given"), [me.id()]);
     assert!(!outer.is_lost());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_that_got_no_answer_is_sent_again_once_redis_is_reachable() {
+    let (server, proxy) = server_and_proxy();
+    let client = client_with_long_lease(&proxy).await;
+    let rival = connect_with(&server.url(), |b| b).await;
+    for kind in ["plain", "fair", "read", "write"] {
+        let name = format!("unreleased-{kind}");
+        let guard = match kind {
+            "plain" => client.acquire(&name).await,
+            "fair" => client.fair_lock(&name).acquire().await,
+            "read" => client.rw_lock(&name).read().acquire().await,
+            _ => client.rw_lock(&name).write().acquire().await,
+        }
+        .expect("acquire");
+        // Held back, then thrown away with its connection: the release never ran, so
+        // only sending it again can free the lock.
+        proxy.blackhole();
+        let released = guard.release().await;
+        assert!(
+            matches!(released, Err(LockError::Backend(_))),
+            "{kind}: the caller is told the release failed: {released:?}"
+        );
+        proxy.reset();
+        assert!(
+            !left_on_server(&server, &name).is_empty(),
+            "{kind}: still held"
+        );
+        proxy.heal();
+        let healed = Instant::now();
+        eventually(
+            Duration::from_secs(1),
+            format!("{kind}: released"),
+            || async { left_on_server(&server, &name).is_empty() },
+        )
+        .await;
+        let taken = rival.try_acquire(&name, Duration::ZERO).await;
+        let free = healed.elapsed();
+        assert!(
+            taken.is_ok(),
+            "{kind}: a rival takes it {free:?} after the heal"
+        );
+        taken.unwrap().release().await.expect("release");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_release_of_a_reentry_is_not_sent_again() {
+    let (server, proxy) = server_and_proxy();
+    let client = client_with_long_lease(&proxy).await;
+    let me = client.holder();
+    let outer = client
+        .lock("twice")
+        .holder(&me)
+        .acquire()
+        .await
+        .expect("outer");
+    let inner = client
+        .lock("twice")
+        .holder(&me)
+        .acquire()
+        .await
+        .expect("inner");
+    // The inner release runs in Redis (count 2 -> 1); only its reply is lost.
+    proxy.drop_replies();
+    assert!(matches!(inner.release().await, Err(LockError::Backend(_))));
+    proxy.heal();
+    // Sent again, it would end the outer hold too.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let count: Option<String> = server
+        .query(&["HGET", "lockwarden:{twice}", me.id()])
+        .expect("HGET");
+    assert_eq!(count.as_deref(), Some("1"), "the outer hold is kept");
+    assert!(!outer.is_lost());
+    // The first command after the reset may fail; the outer release, the hold's last
+    // guard, is then sent again: freed either way.
+    let released = outer.release().await;
+    assert!(
+        matches!(released, Ok(()) | Err(LockError::Backend(_))),
+        "{released:?}"
+    );
+    eventually(Duration::from_secs(1), "released", || async {
+        holders(&server, "twice").is_empty()
+    })
+    .await;
+}
