@@ -332,6 +332,26 @@ async fn wait_for_replicas_needs_wait() {
     );
 }
 
+/// Tries each lock kind once on `invoice:1`: each must be refused naming `command`.
+/// Returns the refusals' texts.
+async fn every_kind_refused(client: &LockClient, command: &str) -> Vec<String> {
+    let mut texts = Vec::new();
+    for kind in [
+        Kind::Plain,
+        Kind::Fair,
+        Kind::Read,
+        Kind::Write,
+        Kind::Multi,
+    ] {
+        let wait = Duration::from_millis(500);
+        let refused = kind
+            .try_acquire(client, "invoice:1", &Opts::default(), wait)
+            .await;
+        texts.push(expect_refused(refused.map(|held| held.tokens()), command));
+    }
+    texts
+}
+
 /// Asserts that `outcome` is an ACL refusal naming `command`; returns its text.
 #[track_caller]
 fn expect_refused<T: std::fmt::Debug>(outcome: Result<T, LockError>, command: &str) -> String {
@@ -375,23 +395,7 @@ async fn without_evalsha_nothing_runs_and_nothing_is_held() {
     let commands = COMMANDS.replace("+evalsha ", "");
     let url = user(&server, "noeval", &rules(&[TAGGED, &commands]));
     let client = connect_unchecked(&url, |b| b).await;
-    for kind in [
-        Kind::Plain,
-        Kind::Fair,
-        Kind::Read,
-        Kind::Write,
-        Kind::Multi,
-    ] {
-        let refused = kind
-            .try_acquire(
-                &client,
-                "invoice:1",
-                &Opts::default(),
-                Duration::from_millis(500),
-            )
-            .await;
-        expect_refused(refused.map(|held| held.tokens()), "EVALSHA");
-    }
+    every_kind_refused(&client, "EVALSHA").await;
     assert!(
         left_on(&server, "*").is_empty(),
         "{:?}",
@@ -405,22 +409,7 @@ async fn keys_outside_the_pattern_are_refused_before_the_script_runs() {
     let url = user(&server, "elsewhere", &rules(&["~app:* &app:*", COMMANDS]));
     // The check at connect cannot use a key of the namespace: it is skipped, not failed.
     let client = connect(&url, |b| b).await;
-    for kind in [
-        Kind::Plain,
-        Kind::Fair,
-        Kind::Read,
-        Kind::Write,
-        Kind::Multi,
-    ] {
-        let refused = kind
-            .try_acquire(
-                &client,
-                "invoice:1",
-                &Opts::default(),
-                Duration::from_millis(500),
-            )
-            .await;
-        let text = expect_refused(refused.map(|held| held.tokens()), "EVALSHA");
+    for text in every_kind_refused(&client, "EVALSHA").await {
         assert!(text.contains("keys"), "{text}");
     }
     // Inspection is refused the same way.
