@@ -56,14 +56,6 @@ impl Engine {
         Holder::new(&self.id, self.holders.fetch_add(1, Ordering::Relaxed))
     }
 
-    /// Whether this engine made `holder` (so no other client acquires as it).
-    pub(crate) fn made(&self, holder: &Holder) -> bool {
-        holder
-            .id()
-            .strip_prefix(&*self.id)
-            .is_some_and(|rest| rest.starts_with(':'))
-    }
-
     /// How many guards of each hold this client has.
     pub(crate) fn live(&self) -> &LiveHolds {
         &self.live

@@ -46,6 +46,8 @@ pub struct LockGuard {
     since: Instant,
     /// The fixed lease or the watchdog's: how long a lost release is retried at most.
     lease: Duration,
+    /// Whether its holder was made for its acquisition, so nobody else acquired as it.
+    fresh: bool,
     released: bool,
 }
 
@@ -70,11 +72,12 @@ impl LockInfo {
 }
 
 impl LockGuard {
-    /// The guard of `hold`, just taken with `token` by a request sent at `sent`: kept by
-    /// the watchdog unless `options` give it a fixed lease.
+    /// The guard of `hold`, just taken with `token` by a request sent at `sent` (by a
+    /// holder made for it if `fresh`): kept by the watchdog unless `options` give it a
+    /// fixed lease.
     pub(crate) fn new(
         engine: Arc<Engine>,
-        hold: Hold,
+        (hold, fresh): (Hold, bool),
         token: u64,
         options: &HoldOptions,
         sent: Instant,
@@ -96,6 +99,7 @@ impl LockGuard {
             watched,
             since: sent,
             lease,
+            fresh,
             released: false,
         }
     }
@@ -245,8 +249,9 @@ impl LockGuard {
     }
 
     async fn finish(mut self, outcome: Option<(Vec<u8>, Duration)>) -> Result<(), LockError> {
-        // The last guard here of a hold this client made: the count in the store was 1.
-        let last = self.end() == 0 && self.engine.made(&self.hold.holder);
+        // The last guard of a hold whose holder was made for it: the count in the store
+        // was 1 (unless a task re-acquired as `holder()` meanwhile, see the README).
+        let last = self.end() == 0 && self.fresh;
         let (engine, hold) = (self.engine.clone(), self.hold.clone());
         let completes = outcome.is_some();
         // Finished in the background if the caller stops waiting (an aborted task, a lost

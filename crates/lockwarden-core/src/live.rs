@@ -1,6 +1,7 @@
 //! How many guards of each hold this client has. A release whose reply was lost may be
-//! sent again only when its guard was the hold's last one here: then the count in the
-//! store was 1, and a second release is a no-op if the first ran.
+//! sent again only when its guard was the hold's last one here (and its holder was made
+//! for it): then the count in the store was 1, and a second release is a no-op if the
+//! first ran.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};

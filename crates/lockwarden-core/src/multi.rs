@@ -188,6 +188,7 @@ impl Attempts for MultiAttempts<'_> {
                             key: key.clone(),
                             holder: self.holder.clone(),
                         };
+                        let hold = (hold, self.fresh);
                         LockGuard::new(self.engine.clone(), hold, token, self.options, sent)
                     })
                     .collect();

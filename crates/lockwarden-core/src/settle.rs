@@ -7,8 +7,9 @@
 //! acquisition goes on as a new holder, so no retry can re-enter (and inflate) what the
 //! lost attempt took.
 //!
-//! A release may not have run. When its guard was the hold's last one in this client
-//! (`live.rs`), the count was 1, and sending it again is exact too.
+//! A release may not have run. When its guard's holder was made for it and the guard
+//! was the hold's last one in this client (`live.rs`), the count was 1, and sending it
+//! again is exact too.
 //!
 //! Either way the release is sent in the background, retried until the store answers.
 

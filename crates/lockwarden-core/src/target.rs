@@ -89,6 +89,7 @@ impl<'a> Target<'a> {
                     key: self.key.clone(),
                     holder: self.holder.clone(),
                 };
+                let hold = (hold, self.fresh);
                 let guard = LockGuard::new(self.engine.clone(), hold, token, self.options, sent);
                 Ok(Tried::Won(guard, how_won))
             }

@@ -448,13 +448,8 @@ async fn a_release_that_got_no_answer_is_sent_again_once_redis_is_reachable() {
 async fn a_lost_release_of_a_reentry_is_not_sent_again() {
     let (server, proxy) = server_and_proxy();
     let client = client_with_long_lease(&proxy).await;
-    let me = client.holder();
-    let outer = client
-        .lock("twice")
-        .holder(&me)
-        .acquire()
-        .await
-        .expect("outer");
+    let outer = client.acquire("twice").await.expect("outer");
+    let me = outer.holder().clone();
     let inner = client
         .lock("twice")
         .holder(&me)
@@ -472,8 +467,8 @@ async fn a_lost_release_of_a_reentry_is_not_sent_again() {
         .expect("HGET");
     assert_eq!(count.as_deref(), Some("1"), "the outer hold is kept");
     assert!(!outer.is_lost());
-    // The first command after the reset may fail; the outer release, the hold's last
-    // guard, is then sent again: freed either way.
+    // The first command after the reset may fail; the outer release, the last guard of
+    // a holder made for it, is then sent again: freed either way.
     let released = outer.release().await;
     assert!(
         matches!(released, Ok(()) | Err(LockError::Backend(_))),
