@@ -22,6 +22,15 @@ use common::{finishes, spawn_timed};
 use lockwarden_core::{BackendError, Claim, KeyLayout, LockClient, LockClientBuilder, LockError};
 use lockwarden_testkit::{eventually, RedisServer};
 
+/// Every lock kind, in the order the tests try them.
+const KINDS: [Kind; 5] = [
+    Kind::Plain,
+    Kind::Fair,
+    Kind::Read,
+    Kind::Write,
+    Kind::Multi,
+];
+
 /// The commands lockwarden sends or its scripts call, every lock kind included; see the
 /// README's "ACL users" section for what each one is for.
 const COMMANDS: &str = "+evalsha +script|load +subscribe +unsubscribe +publish +time \
@@ -246,13 +255,7 @@ async fn every_lock_kind_works_with_exactly_the_documented_rules() {
     let url = user(&server, "locks", &rules(&[TAGGED, COMMANDS]));
     let a = connect(&url, |b| b).await;
     let b = connect(&url, |b| b).await;
-    for kind in [
-        Kind::Plain,
-        Kind::Fair,
-        Kind::Read,
-        Kind::Write,
-        Kind::Multi,
-    ] {
+    for kind in KINDS {
         exercise(kind, &a, &b, &format!("invoice:{kind:?}"), &server).await;
     }
     let renewing = connect(&url, |b| b.watchdog_timeout(Duration::from_millis(600))).await;
@@ -266,13 +269,7 @@ async fn every_lock_kind_works_with_the_redisson_rules() {
     let redisson = |b: LockClientBuilder| b.layout(KeyLayout::Redisson);
     let a = connect(&url, redisson).await;
     let b = connect(&url, redisson).await;
-    for kind in [
-        Kind::Plain,
-        Kind::Fair,
-        Kind::Read,
-        Kind::Write,
-        Kind::Multi,
-    ] {
+    for kind in KINDS {
         exercise(kind, &a, &b, &format!("invoice:{kind:?}"), &server).await;
     }
     let renewing = connect(&url, |b| {
@@ -336,13 +333,7 @@ async fn wait_for_replicas_needs_wait() {
 /// Returns the refusals' texts.
 async fn every_kind_refused(client: &LockClient, command: &str) -> Vec<String> {
     let mut texts = Vec::new();
-    for kind in [
-        Kind::Plain,
-        Kind::Fair,
-        Kind::Read,
-        Kind::Write,
-        Kind::Multi,
-    ] {
+    for kind in KINDS {
         let wait = Duration::from_millis(500);
         let refused = kind
             .try_acquire(client, "invoice:1", &Opts::default(), wait)
