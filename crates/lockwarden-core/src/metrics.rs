@@ -109,25 +109,31 @@ fn kind_index(kind: &str) -> usize {
     KINDS.iter().position(|k| *k == kind).unwrap_or(0)
 }
 
-/// The label set of every combination of two labels' values, made once per metric.
-struct Labels2 {
+/// Label sets made once per metric, for every combination of the values of its labels
+/// (`names`, one list of `values` per name), handed out by index without allocating.
+struct Labels<N, V> {
     cells: OnceLock<Vec<&'static [Label]>>,
-    names: (&'static str, &'static str),
-    values: (&'static [&'static str], &'static [&'static str]),
+    names: N,
+    values: V,
 }
 
-impl Labels2 {
-    const fn new(
-        names: (&'static str, &'static str),
-        values: (&'static [&'static str], &'static [&'static str]),
-    ) -> Self {
+impl<N, V> Labels<N, V> {
+    const fn new(names: N, values: V) -> Self {
         Self {
             cells: OnceLock::new(),
             names,
             values,
         }
     }
+}
 
+/// Two labels.
+type Labels2 =
+    Labels<(&'static str, &'static str), (&'static [&'static str], &'static [&'static str])>;
+/// One label.
+type Labels1 = Labels<&'static str, &'static [&'static str]>;
+
+impl Labels2 {
     fn get(&'static self, a: usize, b: usize) -> &'static [Label] {
         let cells = self.cells.get_or_init(|| {
             let (first, second) = self.values;
@@ -148,26 +154,11 @@ impl Labels2 {
     }
 }
 
-/// The label set of each value of one label, made once per metric.
-struct Labels1 {
-    cells: OnceLock<Vec<&'static [Label]>>,
-    name: &'static str,
-    values: &'static [&'static str],
-}
-
 impl Labels1 {
-    const fn new(name: &'static str, values: &'static [&'static str]) -> Self {
-        Self {
-            cells: OnceLock::new(),
-            name,
-            values,
-        }
-    }
-
     fn get(&'static self, at: usize) -> &'static [Label] {
         let cells = self.cells.get_or_init(|| {
             let label = |value| -> &'static [Label] {
-                Box::leak(Box::new([Label::from_static_parts(self.name, value)]))
+                Box::leak(Box::new([Label::from_static_parts(self.names, value)]))
             };
             self.values.iter().copied().map(label).collect()
         });
