@@ -69,6 +69,28 @@ fn all_over_tls(server: &RedisServer) -> Vec<ClientInfo> {
     clients
 }
 
+/// Spawns `waiter`'s wait for `name` and returns once it is subscribed to `channel` on
+/// `server` (the node that owns the channel's slot); the task yields the outcome and
+/// when it came.
+async fn subscribed_waiter(
+    waiter: &LockClient,
+    name: &str,
+    server: &RedisServer,
+    channel: &str,
+) -> tokio::task::JoinHandle<(Result<lockwarden_core::LockGuard, LockError>, Instant)> {
+    let waiting = spawn_timed({
+        let (waiter, name) = (waiter.clone(), name.to_owned());
+        async move { waiter.try_acquire(&name, LEASE - SERVED).await }
+    });
+    eventually(
+        SETTLE,
+        format!("the waiter subscribed to {channel}"),
+        || async { server.subscribers(channel) == 1 },
+    )
+    .await;
+    waiting
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_over_tls_excludes_and_every_connection_is_tls() {
     let certs = certs();
@@ -122,14 +144,7 @@ async fn a_waiter_is_woken_by_a_release_notice_over_tls() {
         .unwrap();
     let channel = guard.key().channel().to_owned();
 
-    let waiting = spawn_timed({
-        let waiter = waiter.clone();
-        async move { waiter.try_acquire("tls:notice", LEASE - SERVED).await }
-    });
-    eventually(SETTLE, "the waiter subscribed", || async {
-        server.subscribers(&channel) == 1
-    })
-    .await;
+    let waiting = subscribed_waiter(&waiter, "tls:notice", &server, &channel).await;
     // The subscription is on a connection that came in over TLS.
     let subscribed: Vec<ClientInfo> = all_over_tls(&server)
         .into_iter()
@@ -378,16 +393,8 @@ async fn a_cluster_over_tls_locks_and_wakes_on_every_master() {
             other => panic!("expected busy on master {node}, got {other:?}"),
         }
         let channel = guard.key().channel().to_owned();
-        let waiting = spawn_timed({
-            let (waiter, name) = (waiter.clone(), name.clone());
-            async move { waiter.try_acquire(&name, LEASE - SERVED).await }
-        });
-        eventually(
-            SETTLE,
-            "the waiter subscribed on the channel's master",
-            || async { cluster.nodes()[node].subscribers(&channel) == 1 },
-        )
-        .await;
+        let master = &cluster.nodes()[node];
+        let waiting = subscribed_waiter(&waiter, &name, master, &channel).await;
         let released = Instant::now();
         guard.release().await.unwrap();
         let (got, at) = finishes(SERVED * 2, "the woken waiter", waiting).await;
@@ -431,14 +438,7 @@ async fn sentinel_over_tls_names_the_primary_and_follows_a_failover() {
     let channel = guard.key().channel().to_owned();
     let primary = &sentinel.servers()[0];
     assert!(primary.pttl(guard.key().redis_key()) > 0);
-    let waiting = spawn_timed({
-        let waiter = waiter.clone();
-        async move { waiter.try_acquire("tls:sentinel", LEASE - SERVED).await }
-    });
-    eventually(SETTLE, "the waiter subscribed on the primary", || async {
-        primary.subscribers(&channel) == 1
-    })
-    .await;
+    let waiting = subscribed_waiter(&waiter, "tls:sentinel", primary, &channel).await;
     let released = Instant::now();
     guard.release().await.unwrap();
     let (got, at) = finishes(SERVED * 2, "the woken waiter", waiting).await;
