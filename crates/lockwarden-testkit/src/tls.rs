@@ -140,25 +140,15 @@ impl TlsCerts {
 
     /// A self-signed CA `<name>.crt` with its key `<name>.key`.
     fn make_ca(&self, name: &str, subject: &str) -> io::Result<()> {
-        openssl(
-            self.dir.path(),
+        let crt = format!("{name}.crt");
+        self.new_key(
+            name,
+            subject,
+            &crt,
             &[
-                "req",
                 "-x509",
-                "-new",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:prime256v1",
-                "-nodes",
-                "-keyout",
-                &format!("{name}.key"),
-                "-out",
-                &format!("{name}.crt"),
                 "-days",
                 DAYS,
-                "-subj",
-                &format!("/CN={subject}"),
                 "-addext",
                 "basicConstraints=critical,CA:TRUE",
                 "-addext",
@@ -167,29 +157,35 @@ impl TlsCerts {
         )
     }
 
+    /// A new P-256 key `<name>.key` and, in `out`, a request for `/CN=<subject>` (or with
+    /// `-x509` among `more`, a self-signed certificate).
+    fn new_key(&self, name: &str, subject: &str, out: &str, more: &[&str]) -> io::Result<()> {
+        let (key, subject) = (format!("{name}.key"), format!("/CN={subject}"));
+        let mut args = vec![
+            "req",
+            "-new",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            out,
+            "-subj",
+            &subject,
+        ];
+        args.extend_from_slice(more);
+        openssl(self.dir.path(), &args)
+    }
+
     /// `<name>.crt` and `<name>.key`, signed by `ca`, with `extensions`.
     fn make_leaf(&self, name: &str, subject: &str, extensions: &str) -> io::Result<()> {
         let dir = self.dir.path();
         let ext_file = format!("{name}.ext");
         fs::write(dir.join(&ext_file), extensions)?;
-        openssl(
-            dir,
-            &[
-                "req",
-                "-new",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:prime256v1",
-                "-nodes",
-                "-keyout",
-                &format!("{name}.key"),
-                "-out",
-                &format!("{name}.csr"),
-                "-subj",
-                &format!("/CN={subject}"),
-            ],
-        )?;
+        self.new_key(name, subject, &format!("{name}.csr"), &[])?;
         openssl(
             dir,
             &[
