@@ -128,6 +128,8 @@ pub struct Row {
     pub p99: Option<f64>,
     pub n: usize,
     pub ratio: Option<(f64, String)>,
+    /// Commands Redis ran per operation, script-inner calls included (`INFO commandstats`).
+    pub redis_commands: Option<f64>,
     pub notes: String,
 }
 
@@ -142,6 +144,7 @@ impl Row {
             p99: None,
             n: 0,
             ratio: None,
+            redis_commands: None,
             notes: String::new(),
         }
     }
@@ -162,6 +165,11 @@ impl Row {
     /// The median divided by `baseline`, described as `what`.
     pub fn ratio_to(mut self, baseline: f64, what: &str) -> Self {
         self.ratio = Some((self.median / baseline, what.to_owned()));
+        self
+    }
+
+    pub fn redis_commands(mut self, per_op: f64) -> Self {
+        self.redis_commands = Some(per_op);
         self
     }
 
@@ -195,8 +203,8 @@ impl Report {
 
     pub fn markdown(&self) -> String {
         let mut out = String::from(
-            "| workload | implementation | metric | median | p99 | ratio to baseline | notes |\n\
-             |---|---|---|---:|---:|---|---|\n",
+            "| workload | implementation | metric | median | p99 | ratio to baseline | Redis cmds/op | notes |\n\
+             |---|---|---|---:|---:|---|---:|---|\n",
         );
         for r in &self.rows {
             let ratio = r
@@ -205,13 +213,15 @@ impl Report {
                 .map_or(String::new(), |(x, what)| format!("{x:.2} ({what})"));
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} |",
                 r.workload,
                 r.implementation,
                 r.metric,
                 num(r.median, r.unit),
                 r.p99.map_or("-".into(), |p| num(p, r.unit)),
                 ratio,
+                r.redis_commands
+                    .map_or(String::new(), |c| format!("{c:.1}")),
                 r.notes,
             );
         }
@@ -233,6 +243,7 @@ impl Report {
                     "samples": r.n,
                     "ratio": r.ratio.as_ref().map(|(x, _)| *x),
                     "ratio_to": r.ratio.as_ref().map(|(_, what)| what.clone()),
+                    "redis_commands": r.redis_commands,
                     "notes": r.notes,
                 })
             })

@@ -22,10 +22,12 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
     let cpu = Cpu::start(ctx)?;
     let (raw, overall) = evalsha_throughput(&ctx.url, TASKS, run, max_cycles).await?;
     let raw = raw.summary();
-    let cpu = cpu.per_op(ctx, overall * run.as_secs_f64())?;
+    let ops = overall * run.as_secs_f64();
+    let (cpu, commands) = cpu.per_op(ctx, ops)?;
     report.push(
         Row::new(NAME, "raw EVALSHA (return 1)", "EVALSHA/s", "/s")
             .summary(raw)
+            .redis_commands(commands)
             .note(format!("{overall:.0}/s overall; {cpu}")),
     );
 
@@ -60,21 +62,23 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
             .into_iter()
             .sum();
         let elapsed = start.elapsed().as_secs_f64();
-        let cpu = cpu.per_op(ctx, cycles as f64)?;
+        let (cpu, commands) = cpu.per_op(ctx, cycles as f64)?;
         report.push(
             Row::new(NAME, kind.name(), "cycles/s", "/s")
                 .summary(windows.summary())
                 .ratio_to(raw.median, "÷ raw EVALSHA/s, ideal 0.5")
+                .redis_commands(commands)
                 .note(format!("{:.0}/s overall; {cpu}", cycles as f64 / elapsed)),
         );
     }
     Ok(())
 }
 
-/// Client and Redis CPU time over a run, per operation.
+/// Client and Redis CPU time and Redis commands over a run, per operation.
 struct Cpu {
     client: Duration,
     redis: Duration,
+    commands: u64,
 }
 
 impl Cpu {
@@ -82,14 +86,16 @@ impl Cpu {
         Ok(Self {
             client: cpu_time(),
             redis: ctx.redis_cpu()?,
+            commands: ctx.command_calls()?,
         })
     }
 
-    fn per_op(self, ctx: &Ctx, ops: f64) -> Result<String, BoxError> {
+    /// The CPU note and the Redis commands per operation.
+    fn per_op(self, ctx: &Ctx, ops: f64) -> Result<(String, f64), BoxError> {
         let client = (cpu_time() - self.client).as_secs_f64() * 1e6 / ops;
         let redis = (ctx.redis_cpu()? - self.redis).as_secs_f64() * 1e6 / ops;
-        Ok(format!(
-            "CPU per op: client {client:.1} µs, redis {redis:.1} µs"
-        ))
+        let commands = (ctx.command_calls()? - self.commands) as f64 / ops;
+        let note = format!("CPU per op: client {client:.1} µs, redis {redis:.1} µs");
+        Ok((note, commands))
     }
 }

@@ -49,6 +49,30 @@ impl Ctx {
             .map_or(Ok(0), str::parse)?)
     }
 
+    /// Commands Redis has run, script-inner calls included (the sum of `calls` in
+    /// `INFO commandstats`), leaving out the bench's own `INFO` and `CLIENT LIST`.
+    pub fn command_calls(&self) -> Result<u64, BoxError> {
+        let info: String = self.admin(&["INFO", "commandstats"])?;
+        let mut calls = 0;
+        for line in info.lines() {
+            let Some((name, stats)) = line
+                .strip_prefix("cmdstat_")
+                .and_then(|l| l.split_once(':'))
+            else {
+                continue;
+            };
+            if name == "info" || name == "client|list" {
+                continue;
+            }
+            calls += stats
+                .strip_prefix("calls=")
+                .and_then(|rest| rest.split(',').next())
+                .ok_or("unexpected INFO commandstats line")?
+                .parse::<u64>()?;
+        }
+        Ok(calls)
+    }
+
     /// `total_commands_processed` from `INFO stats` (every command, admin ones included).
     pub fn commands_processed(&self) -> Result<u64, BoxError> {
         let info: String = self.admin(&["INFO", "stats"])?;
