@@ -1,6 +1,7 @@
 //! The fair lock, [`FairLock`]: first come, first served across processes. Waiters queue
-//! in the store and only the head is woken; one round trip per attempt. Its promises,
-//! costs and Redis layout are documented on the type.
+//! in the store; a release hands the lock to the head and tells only the head, which then
+//! holds it without asking again. Its promises, costs and Redis layout are documented on
+//! the type.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,6 +17,7 @@ use crate::hold::{Exclusive, HoldKind};
 use crate::inspect::exclusive_inspection;
 use crate::key::Key;
 use crate::lock::checked;
+use crate::metrics::Acquired;
 use crate::options::{hold_options, HoldOptions};
 use crate::store::contract::{How, LockStore, Waiter};
 use crate::target::Target;
@@ -34,12 +36,23 @@ pub const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(5);
 /// is cut off stays silent and is dropped from the queue once its timeout has passed,
 /// wherever it stands, so it stalls the ones behind it for at most that long. A waiter
 /// that gives up (its wait budget is spent, or its acquire future is dropped) leaves the
-/// queue at once. On release only the head is woken, through a channel of its own.
+/// queue at once.
 ///
-/// What it costs: one round trip per attempt, as the plain lock; a waiting holder retries
-/// by itself every third of the queue timeout besides the wake-up on its turn; on Redis,
-/// one pub/sub subscription per waiting holder (not per lock) and two more keys per
-/// contended lock, which expire with the last waiter's deadline.
+/// On release the lock goes straight to the head of the queue: the release hands it over
+/// in the same step and tells the head its fencing token, through a channel of its own, so
+/// the head holds the lock without another round trip. The handover lasts what was left of
+/// the head's place (at most its queue timeout), and the head's watchdog renews it after a
+/// third of that: a head that died meanwhile frees the lock within its queue timeout. A
+/// head that misses the notice, holds with a fixed [`lease`](FairLock::lease) or was given
+/// its [`holder`](FairLock::holder) takes the handover up with its next attempt instead
+/// (a given holder may wait in several tasks, and each must count once). A head that gives
+/// up gives the lock on to the next waiter.
+///
+/// What it costs: one round trip per attempt, as the plain lock, and none to take a lock
+/// handed over; a waiting holder retries by itself every third of the queue timeout
+/// besides the notice of its turn; on Redis, one pub/sub subscription per waiting holder
+/// (not per lock) and two more keys per contended lock, which expire with the last
+/// waiter's deadline.
 ///
 /// The holder is also the waiter's place in the queue, so one holder waits in one place
 /// however many tasks wait as it (and when one of them gives up, the others join again at
@@ -49,14 +62,14 @@ pub const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(5);
 /// tokens, watchdog and [`LockGuard`]. Do not also take the same name with
 /// [`LockClient::lock`](crate::LockClient::lock): that still excludes, but barges past the queue.
 ///
-/// On Redis (6.0.6 or later, for `LPOS`), next to the lock hash and fencing key of
+/// On Redis, next to the lock hash and fencing key of
 /// [`Key`], all in the lock's slot ([`KeyLayout::Tagged`](crate::KeyLayout::Tagged) names):
 ///
 /// | what | Redis name |
 /// |---|---|
 /// | the queue: a list of holder ids, oldest first | `<lock key>:queue` |
-/// | each waiter's deadline: a zset of holder id to ms, server clock | `<lock key>:deadlines` |
-/// | the channel on which a waiter hears its turn | `<release channel>:<holder id>` |
+/// | each waiter's deadline: a zset of holder id to ms, server clock (a head handed the lock stays in it until it asks again or releases) | `<lock key>:deadlines` |
+/// | the channel on which a waiter hears its turn: `granted:<token>` | `<release channel>:<holder id>` |
 ///
 /// ```
 /// # use lockwarden_core::LockClient;
@@ -184,6 +197,7 @@ impl FairLock {
             queue_timeout: self.queue_timeout,
             queued: false,
             wake: None,
+            kept_at: None,
         };
         acquire::acquire(self.engine.waiters(), attempts, deadline).await
     }
@@ -215,22 +229,40 @@ struct FairAttempts<'a> {
     queued: bool,
     /// The channel of this holder's turn, made on the first wait.
     wake: Option<String>,
+    /// When the last attempt that kept the place was sent: a grant lasts a queue timeout
+    /// from the place's last refresh (by the server clock, so no earlier than this).
+    kept_at: Option<Instant>,
 }
 
 impl Attempts for FairAttempts<'_> {
     type Won = LockGuard;
 
     async fn attempt(&mut self, deadline: Option<Instant>) -> Answer<LockGuard> {
+        // Handed over on release: the lock is ours already, and the notice says its token.
+        let grant = self.wake.as_deref().and_then(|wake| {
+            let token = self.target.engine.waiters().take_grant(wake)?;
+            // Granted for what was left of the place the last attempt kept.
+            self.target
+                .granted(token, self.kept_at? + self.queue_timeout)
+        });
+        if let Some(guard) = grant {
+            return Ok(Tried::Won(guard, Acquired::Taken));
+        }
         // Join only while there is time left to wait: a last attempt (or a zero budget)
         // takes the lock in its turn but does not line up for another one.
         let join = deadline.is_none_or(|d| d > Instant::now());
         let how = How::Fair {
             queue_timeout: self.queue_timeout,
             join,
+            queued: self.queued,
         };
+        let sent = Instant::now();
         let tried = self.target.try_once(how).await?;
         if matches!(tried, Tried::Busy(_)) {
             self.queued |= join;
+            if join {
+                self.kept_at = Some(sent);
+            }
             let Target { key, holder, .. } = &self.target;
             self.wake.get_or_insert_with(|| key.wake_channel(holder));
         }
@@ -266,6 +298,7 @@ impl Attempts for FairAttempts<'_> {
         if forgot {
             self.queued = false;
             self.wake = None;
+            self.kept_at = None;
         }
         forgot
     }

@@ -17,6 +17,7 @@ use crate::metrics::{self, LostBecause, Operation};
 use crate::options::HoldOptions;
 use crate::settle::settle;
 use crate::store::contract::{LockStore, Outcome, Released, Renewal};
+use crate::watchdog::Watched;
 
 /// Proof that a lock is held. Dropping it releases the lock in the background; call
 /// [`release`](Self::release) to release it and learn whether that worked.
@@ -82,12 +83,41 @@ impl LockGuard {
         options: &HoldOptions,
         sent: Instant,
     ) -> Self {
-        let (watched, lost) = match options.lease {
-            Some(lease) => (None, LostSignal::expiring(sent + lease)),
-            None => {
-                let watched = engine.watchdog().register(&hold, sent, options.max_hold);
-                (Some(watched.generation), LostSignal::watched(watched.lost))
-            }
+        let watched = match options.lease {
+            Some(lease) => Err(LostSignal::expiring(sent + lease)),
+            None => Ok(engine.watchdog().register(&hold, sent, options.max_hold)),
+        };
+        Self::watched_or_not(engine, (hold, fresh), token, options, sent, watched)
+    }
+
+    /// The guard of a fair lock `hold` granted to its waiter on release with `token`,
+    /// held until `expires` unless renewed: the watchdog renews it in its next batch.
+    /// Only for holds the watchdog keeps (a fixed lease is set by taking the grant up).
+    pub(crate) fn granted(
+        engine: Arc<Engine>,
+        (hold, fresh): (Hold, bool),
+        token: u64,
+        options: &HoldOptions,
+        expires: Instant,
+    ) -> Self {
+        let watched = engine
+            .watchdog()
+            .register_granted(&hold, expires, options.max_hold);
+        let now = Instant::now();
+        Self::watched_or_not(engine, (hold, fresh), token, options, now, Ok(watched))
+    }
+
+    fn watched_or_not(
+        engine: Arc<Engine>,
+        (hold, fresh): (Hold, bool),
+        token: u64,
+        options: &HoldOptions,
+        sent: Instant,
+        watched: Result<Watched, LostSignal>,
+    ) -> Self {
+        let (watched, lost) = match watched {
+            Ok(watched) => (Some(watched.generation), LostSignal::watched(watched.lost)),
+            Err(expiring) => (None, expiring),
         };
         engine.live().enter(&hold);
         let lease = options.lease.unwrap_or_else(|| engine.watchdog().lease());

@@ -104,6 +104,29 @@ impl<'a> Target<'a> {
         }
     }
 
+    /// The guard of a fair lock granted on release to this waiter with `token`, which
+    /// holds until `expires` unless renewed; `None` if the grant must be taken up with an
+    /// attempt instead: a holder the caller gave may wait in several tasks at once (each
+    /// must count once), and a fixed lease is set by the attempt.
+    pub(crate) fn granted(&self, token: u64, expires: Instant) -> Option<LockGuard> {
+        if !self.fresh || self.options.lease.is_some() {
+            return None;
+        }
+        let hold = Hold {
+            kind: HoldKind::FAIR,
+            key: self.key.clone(),
+            holder: self.holder.clone(),
+        };
+        let (engine, options) = (self.engine.clone(), self.options);
+        Some(LockGuard::granted(
+            engine,
+            (hold, true),
+            token,
+            options,
+            expires,
+        ))
+    }
+
     /// Asks once in the way `how`.
     pub(crate) async fn try_once(&self, how: How) -> Answer<LockGuard> {
         let answer = self.ask(how).await?;

@@ -4,8 +4,9 @@
 //! The Redis store has one pub/sub connection per client (`store/redis/pubsub.rs`) that
 //! subscribes to a channel while it has waiters here and calls [`Waiters::notify_one`] for
 //! each release notice ([`Waiters::notify_all`] for a completed claim, whose outcome every
-//! waiter can use, and for a read-write lock open to readers, which all may enter); the
-//! in-process store calls them directly.
+//! waiter can use, and for a read-write lock open to readers, which all may enter;
+//! [`Waiters::grant`] for a fair lock handed to its waiter); the in-process store calls
+//! them directly.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -36,6 +37,8 @@ struct Channel {
     everyone: watch::Sender<()>,
     /// Whether release notices for this channel are being received.
     ready: watch::Sender<Readiness>,
+    /// The fencing token of a fair lock granted to this channel's waiter on release.
+    grant: Mutex<Option<u64>>,
 }
 
 /// Whether release notices for a channel are being received.
@@ -96,6 +99,7 @@ impl Waiters {
                     } else {
                         Readiness::Pending
                     }),
+                    grant: Mutex::new(None),
                 });
                 channels.insert(
                     name.clone(),
@@ -125,6 +129,31 @@ impl Waiters {
         if let Some(entry) = self.channels().get(channel) {
             entry.shared.notify.notify_one();
         }
+    }
+
+    /// Hands a fair lock granted on release to `channel`'s waiter (one waiter per
+    /// channel: the holder's own) with its fencing `token`, and wakes it.
+    pub(crate) fn grant(&self, channel: &str, token: u64) {
+        if let Some(entry) = self.channels().get(channel) {
+            *entry
+                .shared
+                .grant
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some(token);
+            entry.shared.notify.notify_one();
+        }
+    }
+
+    /// The token of a lock granted to `channel`'s waiter, once.
+    pub(crate) fn take_grant(&self, channel: &str) -> Option<u64> {
+        let channels = self.channels();
+        let mut grant = channels
+            .get(channel)?
+            .shared
+            .grant
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        grant.take()
     }
 
     /// Wakes every local waiter of `channel`, including one that is between attempts.

@@ -83,12 +83,40 @@ impl Watchdog {
         sent: Instant,
         max_hold: Option<Duration>,
     ) -> Watched {
+        let (due, expires) = (sent + self.holds.interval(), sent + self.lease());
+        self.watch(hold, due, expires, max_hold.map(|d| sent + d))
+    }
+
+    /// Watches a hold granted to this client on release (a fair lock's direct handoff),
+    /// which lasts until `expires` without a renewal: renewed after a third of that, as
+    /// a hold of the watchdog's own lease is (a short hold is released before).
+    pub(crate) fn register_granted(
+        &self,
+        hold: &Hold,
+        expires: Instant,
+        max_hold: Option<Duration>,
+    ) -> Watched {
+        let now = Instant::now();
+        let due = now + expires.saturating_duration_since(now) / 3;
+        let watched = self.watch(hold, due, expires, max_hold.map(|d| now + d));
+        // The task may sleep past `due` (until a later hold's renewal, or lingering).
+        self.holds.wake.notify_one();
+        watched
+    }
+
+    fn watch(
+        &self,
+        hold: &Hold,
+        due: Instant,
+        expires: Instant,
+        hold_until: Option<Instant>,
+    ) -> Watched {
         // Started on first use: an in-process client may be made outside a runtime.
         self.task.get_or_init(|| {
             let (holds, store) = (self.holds.clone(), self.store.clone());
             AbortOnDropHandle::new(tokio::spawn(async move { holds.run(store).await }))
         });
-        self.holds.register(hold, sent, max_hold)
+        self.holds.register(hold, due, expires, hold_until)
     }
 
     /// Stops watching for one guard; the hold is no longer renewed once its last guard goes.
@@ -112,15 +140,21 @@ impl Holds {
         self.lease / 3
     }
 
-    fn register(&self, hold: &Hold, sent: Instant, max_hold: Option<Duration>) -> Watched {
+    fn register(
+        &self,
+        hold: &Hold,
+        due: Instant,
+        expires: Instant,
+        hold_until: Option<Instant>,
+    ) -> Watched {
         let mut entries = self.entries();
         let was_empty = entries.is_empty();
-        let hold_until = max_hold.map(|d| sent + d);
         let entry = entries
             .entry(hold.clone())
             .and_modify(|e| {
                 e.guards += 1;
-                e.expires = e.expires.max(sent + self.lease);
+                e.due = e.due.min(due);
+                e.expires = e.expires.max(expires);
                 e.hold_until = match (e.hold_until, hold_until) {
                     (Some(a), Some(b)) => Some(a.max(b)),
                     _ => None,
@@ -130,8 +164,8 @@ impl Holds {
                 guards: 1,
                 generation: self.generations.fetch_add(1, Ordering::Relaxed),
                 lost: CancellationToken::new(),
-                due: sent + self.interval(),
-                expires: sent + self.lease,
+                due,
+                expires,
                 hold_until,
             });
         let registration = Watched {
@@ -168,7 +202,10 @@ impl Holds {
                     // Linger an interval before parking: a lock taken right after the last
                     // one was released (the common ping-pong) then needs no wake-up, and
                     // it cannot be due before the lingering ends.
-                    tokio::time::sleep(interval).await;
+                    tokio::select! {
+                        () = tokio::time::sleep(interval) => {}
+                        () = self.wake.notified() => continue,
+                    }
                     self.parked.store(true, Ordering::SeqCst);
                     if self.entries().is_empty() {
                         self.wake.notified().await;
@@ -176,7 +213,13 @@ impl Holds {
                     self.parked.store(false, Ordering::SeqCst);
                     continue;
                 }
-                Some(at) => tokio::time::sleep_until(at).await,
+                Some(at) => {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(at) => {}
+                        // A hold due sooner arrived (a granted one): look again.
+                        () = self.wake.notified() => continue,
+                    }
+                }
             }
 
             // Renew everything due within a third of the interval in one batch: renewing a

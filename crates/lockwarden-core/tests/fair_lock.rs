@@ -25,6 +25,9 @@ conformance!(
     reentry_fencing_and_watchdog,
     dropped_guard_hands_over_to_the_head,
     completing_a_fair_hold_stores_the_outcome_and_hands_over,
+    a_grant_taken_up_by_asking_counts_once,
+    a_grant_given_up_goes_to_the_next,
+    a_granted_hold_outlives_its_queue_timeout,
 );
 
 /// Long enough that no waiter's own retry (every third of it) falls inside a test.
@@ -90,23 +93,33 @@ async fn drive_until<F: Future + Unpin>(fut: &mut F, until: impl Future<Output =
     }
 }
 
-/// Promise: while a waiter is queued, a newcomer does not get the lock even in the
-/// moment it is free (neither with a zero budget nor by waiting), and the head does.
+/// Promise: a release hands the lock straight to the queued head, so a newcomer never
+/// finds it free (neither with a zero budget nor by waiting), and the head holds it
+/// without asking again, with the token the release gave it.
 ///
-/// The head is made slow on purpose (its acquire is queued, then not polled), so the
-/// lock is certainly free while the newcomers try: a lock that let them barge would fail
-/// here, not only lose a race.
+/// The head is made slow on purpose (its acquire is queued, then not polled): a lock that
+/// were merely free for the head to take would let the newcomers barge here, not only
+/// lose a race.
 async fn no_barging_past_a_queued_head(env: Env) {
     let owner = env.client().await;
     let head_client = env.client().await;
     let newcomer = env.client().await;
     let held = owner.fair_lock("barge").acquire().await.unwrap();
+    let released_token = held.fencing_token();
     let head_lock = head_client.fair_lock("barge").queue_timeout(PATIENT);
     let mut head = pin!(head_lock.try_acquire(Duration::from_secs(20)));
     drive_until(&mut head, queued(&head_lock, 1)).await;
 
     held.release().await.unwrap();
-    assert!(!owner.fair_lock("barge").is_locked().await.unwrap());
+    assert!(
+        owner.fair_lock("barge").is_locked().await.unwrap(),
+        "the release handed the lock to the head"
+    );
+    assert_eq!(
+        head_lock.queued().await.unwrap(),
+        0,
+        "the head left the queue"
+    );
     match newcomer
         .fair_lock("barge")
         .try_acquire(Duration::ZERO)
@@ -123,11 +136,10 @@ async fn no_barging_past_a_queued_head(env: Env) {
         Err(LockError::Timeout { .. }) => {}
         other => panic!("a waiting newcomer barged past the queue: {other:?}"),
     }
-    assert!(!owner.fair_lock("barge").is_locked().await.unwrap());
     assert_eq!(
         head_lock.queued().await.unwrap(),
-        1,
-        "only the head is queued"
+        0,
+        "the newcomer left the queue as it gave up"
     );
 
     let guard = tokio::time::timeout(Duration::from_secs(5), head)
@@ -135,7 +147,96 @@ async fn no_barging_past_a_queued_head(env: Env) {
         .expect("the head takes its turn")
         .unwrap();
     assert!(head_lock.is_held_by(guard.holder()).await.unwrap());
+    assert!(guard.fencing_token() > released_token);
+    assert_eq!(head_lock.hold_count(guard.holder()).await.unwrap(), 1);
     guard.release().await.unwrap();
+    assert!(!head_lock.is_locked().await.unwrap());
+}
+
+/// Promise: a waiter that takes its grant up by asking (a holder the caller gave may wait
+/// in several tasks, so it does not take it from the notice) holds it once: its count is 1
+/// and one release frees the lock.
+async fn a_grant_taken_up_by_asking_counts_once(env: Env) {
+    let owner = env.client().await;
+    let waiter = env.client().await;
+    let held = owner.fair_lock("grant-once").acquire().await.unwrap();
+    let me = waiter.holder();
+    let lock = waiter
+        .fair_lock("grant-once")
+        .queue_timeout(PATIENT)
+        .holder(&me);
+    let task = tokio::spawn({
+        let lock = lock.clone();
+        async move { lock.try_acquire(Duration::from_secs(20)).await }
+    });
+    queued(&lock, 1).await;
+    held.release().await.unwrap();
+    let guard = finishes(Duration::from_secs(5), "the head gets its turn", task)
+        .await
+        .unwrap();
+    assert_eq!(lock.hold_count(&me).await.unwrap(), 1);
+    guard.release().await.unwrap();
+    assert!(!lock.is_locked().await.unwrap(), "one release frees it");
+}
+
+/// Promise: a waiter handed the lock that gives up before it takes it (its acquire is
+/// dropped) gives it on to the next waiter at once, not after its queue timeout.
+async fn a_grant_given_up_goes_to_the_next(env: Env) {
+    let owner = env.client().await;
+    let waiters = env.client().await;
+    let lock = waiters.fair_lock("given-up").queue_timeout(PATIENT);
+    let held = owner.fair_lock("given-up").acquire().await.unwrap();
+    let mut head = Box::pin(lock.try_acquire(Duration::from_secs(20)));
+    drive_until(&mut head, queued(&lock, 1)).await;
+    let next = tokio::spawn({
+        let lock = lock.clone();
+        async move { lock.try_acquire(Duration::from_secs(20)).await }
+    });
+    queued(&lock, 2).await;
+    held.release().await.unwrap();
+    assert!(lock.is_locked().await.unwrap(), "handed to the head");
+    drop(head);
+    let guard = finishes(Duration::from_secs(5), "the next waiter gets it", next)
+        .await
+        .unwrap();
+    assert_eq!(lock.hold_count(guard.holder()).await.unwrap(), 1);
+    guard.release().await.unwrap();
+    eventually(
+        Duration::from_secs(5),
+        "no waiter queued and no lock held",
+        || async { lock.queued().await.unwrap() == 0 && !lock.is_locked().await.unwrap() },
+    )
+    .await;
+}
+
+/// Promise: a lock handed over on release lasts only what was left of the waiter's place
+/// (so a granted waiter that died frees it within its queue timeout), and the watchdog
+/// then keeps it for as long as the guard lives: held past that, not lost, excluding.
+async fn a_granted_hold_outlives_its_queue_timeout(env: Env) {
+    let queue_timeout = Duration::from_millis(300);
+    let owner = env.client().await;
+    let waiter = env.client().await;
+    let other = env.client().await;
+    let held = owner.fair_lock("granted").acquire().await.unwrap();
+    let lock = waiter.fair_lock("granted").queue_timeout(queue_timeout);
+    let task = tokio::spawn({
+        let lock = lock.clone();
+        async move { lock.try_acquire(Duration::from_secs(20)).await }
+    });
+    queued(&lock, 1).await;
+    held.release().await.unwrap();
+    let guard = finishes(Duration::from_secs(5), "the head gets its turn", task)
+        .await
+        .unwrap();
+    tokio::time::sleep(queue_timeout * 4).await;
+    assert!(!guard.is_lost());
+    assert!(lock.is_held_by(guard.holder()).await.unwrap());
+    match other.fair_lock("granted").try_acquire(Duration::ZERO).await {
+        Err(LockError::Timeout { .. }) => {}
+        other => panic!("the granted hold ran out under its guard: {other:?}"),
+    }
+    guard.release().await.unwrap();
+    assert!(!lock.is_locked().await.unwrap());
 }
 
 /// Promise: a waiter whose budget is spent has left the queue when `try_acquire`
@@ -383,6 +484,51 @@ async fn only_the_head_is_woken() {
         let (_, guard) = finishes(Duration::from_secs(5), "each waiter gets its turn", task).await;
         guard.release().await.unwrap();
     }
+}
+
+/// Promise: a release hands the lock to the head of the queue with its token, so the head
+/// holds it without another round trip: Redis is paused (SIGSTOP) right after the release
+/// and the head still gets its guard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_head_holds_a_handed_over_lock_without_asking() {
+    let env = Env::redis();
+    let server = env.server();
+    let owner = env.client().await;
+    let waiter = env.client().await;
+    let held = owner.fair_lock("handoff").acquire().await.unwrap();
+    let lock = waiter.fair_lock("handoff").queue_timeout(PATIENT);
+    let mut head = pin!(lock.try_acquire(Duration::from_secs(30)));
+    let listening = eventually(
+        Duration::from_secs(10),
+        "the head queued and listening for its turn",
+        || async {
+            lock.queued().await.unwrap() == 1
+                && server
+                    .channels()
+                    .iter()
+                    .any(|c| c.starts_with("lockwarden:{handoff}:released:"))
+        },
+    );
+    drive_until(&mut head, async {
+        listening.await;
+    })
+    .await;
+    let released_token = held.fencing_token();
+    held.release().await.unwrap();
+    // The notice is on its way before the release's reply; give it time to arrive.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    server.pause();
+    let guard = tokio::time::timeout(Duration::from_secs(3), head).await;
+    server.resume();
+    let guard = guard
+        .expect("the head holds the lock while Redis is paused")
+        .unwrap();
+    assert!(guard.fencing_token() > released_token);
+    assert!(lock.is_held_by(guard.holder()).await.unwrap());
+    assert_eq!(lock.hold_count(guard.holder()).await.unwrap(), 1);
+    assert!(!guard.is_lost());
+    guard.release().await.unwrap();
+    assert!(!lock.is_locked().await.unwrap());
 }
 
 /// Set (to a Redis URL) only in the re-executed child: it makes [`waiter_child`] act as a

@@ -120,7 +120,14 @@ pub(crate) enum How {
     /// The plain lock, unless a stored outcome says the work is done.
     Claim,
     /// The fair lock; `join` queues a waiter that does not get it, for `queue_timeout`.
-    Fair { queue_timeout: Duration, join: bool },
+    /// `queued`: an earlier attempt of this acquisition queued, so finding the lock held
+    /// by its holder means the lock was granted to it on release (its notice was missed):
+    /// taken, not re-entered.
+    Fair {
+        queue_timeout: Duration,
+        join: bool,
+        queued: bool,
+    },
     /// The read side of a read-write lock.
     Read,
     /// The write side; a refused writer is registered as waiting for `register`, which

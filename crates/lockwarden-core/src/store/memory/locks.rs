@@ -80,18 +80,43 @@ impl Locks {
         match self.reenter(key, holder, lease, now) {
             Err(reentered) => reentered,
             Ok(Some(ttl)) => Attempt::Busy { ttl: Some(ttl) },
-            Ok(None) => {
-                let token = fresh_token(last_token);
-                let held = Held {
-                    holder: holder.clone(),
-                    count: 1,
-                    token,
-                    expires: now + lease,
-                };
-                self.held.insert(key.clone(), held);
-                Attempt::Taken { token }
-            }
+            Ok(None) => Attempt::Taken {
+                token: self.take_until(key, holder, now + lease, last_token),
+            },
         }
+    }
+
+    /// Takes the free lock `key` for `holder` until `expires`; its new token.
+    pub(super) fn take_until(
+        &mut self,
+        key: &Key,
+        holder: &Holder,
+        expires: Instant,
+        last_token: &mut u64,
+    ) -> u64 {
+        let token = fresh_token(last_token);
+        let held = Held {
+            holder: holder.clone(),
+            count: 1,
+            token,
+            expires,
+        };
+        self.held.insert(key.clone(), held);
+        token
+    }
+
+    /// Takes up a lock granted to `holder` (its count stays), for `lease` at least; its
+    /// token, or `None` if `holder` does not hold it.
+    pub(super) fn take_up(
+        &mut self,
+        key: &Key,
+        holder: &Holder,
+        lease: Duration,
+        now: Instant,
+    ) -> Option<u64> {
+        let held = self.live(key, now).filter(|h| h.holder == *holder)?;
+        held.expires = held.expires.max(now + lease);
+        Some(held.token)
     }
 
     /// Drops one re-entry of `holder`, storing `outcome` with it if given.

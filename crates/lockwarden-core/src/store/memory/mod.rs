@@ -23,7 +23,7 @@ use crate::store::contract::{
 };
 use crate::waiters::Waiters;
 use locks::Locks;
-use queue::Queues;
+use queue::{Ask, Grant, Queues};
 use rw::{Notices, RwLocks};
 
 /// Operations between sweeps of what has run out.
@@ -95,6 +95,13 @@ impl MemoryStore {
         }
     }
 
+    /// Tells the waiter a fair lock was handed to, with its token.
+    fn tell_grant(&self, key: &Key, grant: Option<Grant>) {
+        if let Some((holder, token)) = grant {
+            self.waiters.grant(&key.wake_channel(&holder), token);
+        }
+    }
+
     fn attempt(&self, ask: &Acquire<'_>) -> Attempt {
         let (key, holder, lease, how) = (ask.key, ask.holder, ask.lease, ask.how);
         let now = Instant::now();
@@ -121,19 +128,19 @@ impl MemoryStore {
             How::Fair {
                 queue_timeout,
                 join,
+                queued,
             } => {
-                let fair = queues.attempt(
-                    locks,
+                let ask = Ask {
                     key,
                     holder,
                     lease,
                     queue_timeout,
                     join,
-                    now,
-                    last_token,
-                );
+                    queued,
+                };
+                let fair = queues.attempt(locks, &ask, now, last_token);
                 drop(state);
-                self.wake_turn(key, fair.wake);
+                self.tell_grant(key, fair.grant);
                 fair.attempt
             }
             How::Read => rw.attempt(
@@ -162,9 +169,17 @@ impl MemoryStore {
         let mut state = self.state();
         match kind {
             HoldKind::Exclusive(kind) => {
-                let released = state.locks.release(key, holder, outcome, now);
-                let next = match (kind, released) {
-                    (Exclusive::Fair, Released::Freed) => state.queues.next(key, now),
+                let State {
+                    locks,
+                    queues,
+                    last_token,
+                    ..
+                } = &mut *state;
+                let released = locks.release(key, holder, outcome, now);
+                let grant = match (kind, released) {
+                    (Exclusive::Fair, Released::Freed) => {
+                        queues.released(locks, key, holder, now, last_token)
+                    }
                     _ => None,
                 };
                 drop(state);
@@ -174,7 +189,7 @@ impl MemoryStore {
                 } else if released == Released::Freed && kind == Exclusive::Plain {
                     self.waiters.notify_one(key.channel());
                 }
-                self.wake_turn(key, next);
+                self.tell_grant(key, grant);
                 released
             }
             HoldKind::ReadWrite(mode) => {
@@ -262,10 +277,15 @@ impl LockStore for MemoryStore {
         let mut state = self.state();
         match waiter {
             Waiter::Queued => {
-                let free = state.locks.live(key, now).is_none();
-                let next = state.queues.leave(key, holder, free);
+                let State {
+                    locks,
+                    queues,
+                    last_token,
+                    ..
+                } = &mut *state;
+                let grant = queues.leave(locks, key, holder, now, last_token);
                 drop(state);
-                self.wake_turn(key, next);
+                self.tell_grant(key, grant);
             }
             Waiter::Writer => {
                 let notices = state.rw.withdraw(key, holder, now);
@@ -282,7 +302,7 @@ impl LockStore for MemoryStore {
         let exclusive = state.locks.remove(key, now);
         let read_write = state.rw.remove(key, now);
         let next = (exclusive || read_write)
-            .then(|| state.queues.next(key, now))
+            .then(|| state.queues.head(key, now))
             .flatten();
         drop(state);
         if exclusive || read_write {

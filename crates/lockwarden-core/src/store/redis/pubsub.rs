@@ -239,7 +239,10 @@ impl Session<'_> {
                     Some(Event::Notice { channel, payload }) if matches!(&payload[..], b"completed" | b"read") => {
                         self.waiters.notify_all(&channel);
                     }
-                    Some(Event::Notice { channel, .. }) => self.waiters.notify_one(&channel),
+                    Some(Event::Notice { channel, payload }) => match granted(&payload) {
+                        Some(token) => self.waiters.grant(&channel, token),
+                        None => self.waiters.notify_one(&channel),
+                    },
                     Some(Event::Gap) => {
                         tracing::info!("a pub/sub node connection came back; waiters retry");
                         self.waiters.wake_all();
@@ -405,4 +408,13 @@ fn cluster_event(push: PushInfo) -> Option<Event> {
 
 fn tokio_stream<T>(mut rx: mpsc::UnboundedReceiver<T>) -> impl Stream<Item = T> {
     futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+/// The fencing token of a fair lock handed to the channel's waiter (`granted:<token>`,
+/// see `fair_prelude.lua`).
+fn granted(payload: &[u8]) -> Option<u64> {
+    std::str::from_utf8(payload.strip_prefix(b"granted:")?)
+        .ok()?
+        .parse()
+        .ok()
 }

@@ -73,9 +73,10 @@ static RENEW: LazyLock<Lua> = script!("renew.lua");
 static RELEASE: LazyLock<Lua> = script!("release.lua");
 static FORCE_RELEASE: LazyLock<Lua> = script!("force_release.lua");
 static MULTI_ACQUIRE: LazyLock<Lua> = script!("multi_acquire.lua");
-static FAIR_ACQUIRE: LazyLock<Lua> = script!("fair_acquire.lua");
-static FAIR_RELEASE: LazyLock<Lua> = script!("fair_release.lua");
-static FAIR_LEAVE: LazyLock<Lua> = script!("fair_leave.lua");
+// Each fair script runs after its prelude (layout, clock, pruning, the handoff).
+static FAIR_ACQUIRE: LazyLock<Lua> = script!("fair_prelude.lua", "fair_acquire.lua");
+static FAIR_RELEASE: LazyLock<Lua> = script!("fair_prelude.lua", "fair_release.lua");
+static FAIR_LEAVE: LazyLock<Lua> = script!("fair_prelude.lua", "fair_leave.lua");
 // Each read-write script runs after the shared prelude (layout, clock, pruning).
 static READ_ACQUIRE: LazyLock<Lua> = script!("rw_prelude.lua", "rw_read_acquire.lua");
 static WRITE_ACQUIRE: LazyLock<Lua> = script!("rw_prelude.lua", "rw_write_acquire.lua");
@@ -202,9 +203,14 @@ fn rw_keys(key: &Key) -> [&str; 4] {
     ]
 }
 
-/// The three keys of the fair scripts that queue (`fair_acquire.lua` adds the fence).
-fn fair_keys(key: &Key) -> [&str; 3] {
-    [key.redis_key(), &key.names().queue, &key.names().deadlines]
+/// The four keys of every fair script, in the prelude's order.
+fn fair_keys(key: &Key) -> [&str; 4] {
+    [
+        key.redis_key(),
+        key.fence_key(),
+        &key.names().queue,
+        &key.names().deadlines,
+    ]
 }
 
 /// One acquire attempt (`{state, value}` reply, see [`attempted`]).
@@ -214,10 +220,7 @@ pub(super) fn acquire(ask: &Acquire<'_>) -> Call {
     let call = match how {
         How::Plain => Call::script(&ACQUIRE, &[lock, fence]),
         How::Claim => Call::script(&ACQUIRE, &[lock, fence, &key.names().outcome]),
-        How::Fair { .. } => Call::script(
-            &FAIR_ACQUIRE,
-            &[lock, fence, &key.names().queue, &key.names().deadlines],
-        ),
+        How::Fair { .. } => Call::script(&FAIR_ACQUIRE, &fair_keys(key)),
         How::Read => Call::script(&READ_ACQUIRE, &rw_keys(key)),
         How::Write { .. } => Call::script(&WRITE_ACQUIRE, &rw_keys(key)),
     };
@@ -226,10 +229,12 @@ pub(super) fn acquire(ask: &Acquire<'_>) -> Call {
         How::Fair {
             queue_timeout,
             join,
+            queued,
         } => call
             .arg(millis(queue_timeout))
             .arg(&*key.names().wake_prefix)
-            .arg(if join { "1" } else { "0" }),
+            .arg(if join { "1" } else { "0" })
+            .arg(if queued { "1" } else { "0" }),
         How::Write { register } => call.arg(millis(register)),
         How::Plain | How::Claim | How::Read => call,
     }
@@ -305,10 +310,10 @@ pub(super) fn complete(hold: &Hold<Exclusive>, outcome: Outcome<'_>) -> Call {
             .arg(outcome.bytes)
             .arg(millis(outcome.keep)),
         Exclusive::Fair => {
-            let [lock, queue, deadlines] = fair_keys(key);
+            let [lock, fence, queue, deadlines] = fair_keys(key);
             Call::script(
                 &FAIR_RELEASE,
-                &[lock, queue, deadlines, &key.names().outcome],
+                &[lock, fence, queue, deadlines, &key.names().outcome],
             )
             .arg(holder.id())
             .arg(&*key.names().wake_prefix)

@@ -1,0 +1,69 @@
+-- Prepended to every fair_*.lua script: the fair lock's layout, the server clock, the
+-- pruning of silent waiters and the direct handoff to the head of the queue.
+--
+-- KEYS[1] lock hash (same shape as acquire.lua, so renew.lua renews it)
+-- KEYS[2] fencing key
+-- KEYS[3] queue: list of waiting holder ids, oldest first
+-- KEYS[4] deadlines: zset holder id -> ms (server clock) after which a silent waiter is
+--         dropped. A waiter granted the lock stays here (out of the queue) until it takes
+--         the grant up: its entry is how it tells a grant from a re-entry.
+
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+
+-- %.0f: Lua's tostring would write large numbers as 1.7e+15.
+local function int(n)
+  return string.format('%.0f', n)
+end
+
+-- Waiters silent past their deadline leave, wherever they stand: a dead one in the
+-- middle must not keep its place for the ones behind it either.
+local function prune()
+  local gone = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
+  for _, id in ipairs(gone) do
+    redis.call('LREM', KEYS[3], 0, id)
+  end
+  if #gone > 0 then
+    redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+  end
+end
+
+-- Takes the free lock for `holder` until `until_ms` (server clock): a new fencing token
+-- from the server clock (µs), never at or below the last one.
+local function take(holder, until_ms)
+  local token = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+  local last = tonumber(redis.call('GET', KEYS[2]))
+  if last and last >= token then
+    token = last + 1
+  end
+  redis.call('HSET', KEYS[1], holder, 1)
+  redis.call('PEXPIREAT', KEYS[1], until_ms)
+  redis.call('SET', KEYS[2], int(token), 'PXAT', until_ms)
+  return token
+end
+
+-- The lock is free: it goes to the head of the queue, if any, for what is left of the
+-- head's deadline (a granted waiter that died frees it within its queue timeout), and the
+-- head is told on its own channel, with the token, so it holds the lock without asking.
+local function grant_head(prefix)
+  local head = redis.call('LPOP', KEYS[3])
+  while head do
+    local until_ms = tonumber(redis.call('ZSCORE', KEYS[4], head))
+    if until_ms then
+      local token = take(head, until_ms)
+      redis.call('PUBLISH', prefix .. head, 'granted:' .. int(token))
+      return
+    end
+    -- A place without a deadline (its keys were cut apart): no live waiter holds it.
+    head = redis.call('LPOP', KEYS[3])
+  end
+end
+
+-- Moves the lock's expiry to `ms` from now unless it is later already: a re-entry or a
+-- grant taken up never shortens the hold.
+local function lease_at_least(ms)
+  if redis.call('PTTL', KEYS[1]) < tonumber(ms) then
+    redis.call('PEXPIRE', KEYS[1], ms)
+    redis.call('PEXPIRE', KEYS[2], ms)
+  end
+end
