@@ -559,7 +559,7 @@ impl Task {
                         s.claims.witnesses[k].exit(marker, &s.violations());
                         let (lost, token) = (guard.is_lost(), guard.fencing_token());
                         let completed = guard.complete(token.to_string(), KEEP).await;
-                        self.finished(lost, completed);
+                        self.finished(s.claims.name(k), lost, completed);
                     }
                     Claim::Completed(outcome) => {
                         s.counts.outcomes_found.fetch_add(1, Ordering::Relaxed);
@@ -606,9 +606,11 @@ impl Task {
                 for (k, marker) in inside {
                     s.plain.witnesses[k].exit(marker, &s.violations());
                 }
+                let names: Vec<&str> = held.guards().iter().map(|g| g.key().name()).collect();
+                let names = names.join(", ");
                 let lost = held.is_lost();
                 let released = held.release().await;
-                self.finished(lost, released);
+                self.finished(&names, lost, released);
                 Ok(())
             }
         }
@@ -658,20 +660,20 @@ impl Task {
     }
 
     async fn release(&self, guard: LockGuard) {
-        let lost = guard.is_lost();
+        let (name, lost) = (guard.key().name().to_owned(), guard.is_lost());
         let released = guard.release().await;
-        self.finished(lost, released);
+        self.finished(&name, lost, released);
     }
 
-    /// Books the end of a hold: lost before its release, or refused by it.
-    fn finished(&self, lost: bool, released: Result<(), LockError>) {
+    /// Books the end of a hold of `name`: lost before its release, or refused by it.
+    fn finished(&self, name: &str, lost: bool, released: Result<(), LockError>) {
         let lost = match released {
             Ok(()) => lost,
             Err(LockError::Lost { .. } | LockError::NotHeld { .. }) => true,
             Err(e) => {
                 self.s
                     .checks
-                    .problem(format!("{NAME}: release failed: {e}"));
+                    .problem(format!("{NAME}: release of `{name}` failed: {e}"));
                 lost
             }
         };
@@ -679,7 +681,7 @@ impl Task {
             self.s.counts.lost.fetch_add(1, Ordering::SeqCst);
             self.s
                 .checks
-                .problem(format!("{NAME}: a lock was lost while held"));
+                .problem(format!("{NAME}: `{name}` was lost while held"));
         }
     }
 }
