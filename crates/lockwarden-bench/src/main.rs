@@ -5,7 +5,14 @@
 //!
 //! ```text
 //! cargo run --release -p lockwarden-bench -- [--quick] [--only 1,4] [--out FILE]
+//! cargo run --release -p lockwarden-bench -- --soak [SECONDS] [--out FILE]
 //! ```
+//!
+//! `--soak` runs the soak instead of the workloads (not in CI: it lasts SECONDS, 600 by
+//! default): every lock kind at once on 256 keys, with client RSS, open fds, Redis
+//! connections, subscriptions, keys and memory reported at its start and end (see
+//! `workloads::soak`). It writes `target/bench/soak.json` unless `--out` is given, so a
+//! soak leaves the workloads' `latest.json` alone.
 
 mod baselines;
 mod check;
@@ -15,7 +22,7 @@ mod workloads;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use lockwarden_testkit::RedisServer;
 use serde_json::json;
@@ -24,7 +31,7 @@ use crate::baselines::BoxError;
 use crate::check::Checks;
 use crate::stats::{Report, Row, Summary};
 use crate::workloads::{
-    family, handoff, held, http, many_keys, uncontended, waiters, watchdog, Ctx,
+    family, handoff, held, http, many_keys, soak, uncontended, waiters, watchdog, Ctx,
 };
 
 const WORKLOADS: [&str; 8] = [
@@ -38,9 +45,14 @@ const WORKLOADS: [&str; 8] = [
     "lock family handoffs (fair, read-write)",
 ];
 
+/// How long `--soak` runs when given no number of seconds.
+const SOAK_SECONDS: u64 = 600;
+
 struct Args {
     quick: bool,
     only: Option<Vec<usize>>,
+    /// Run the soak, for this long, instead of the workloads.
+    soak: Option<Duration>,
     out: PathBuf,
 }
 
@@ -48,12 +60,11 @@ fn args() -> Result<Args, BoxError> {
     let mut args = Args {
         quick: false,
         only: None,
-        out: PathBuf::from(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../target/bench/latest.json"
-        )),
+        soak: None,
+        out: PathBuf::new(),
     };
-    let mut it = std::env::args().skip(1);
+    let mut out = None;
+    let mut it = std::env::args().skip(1).peekable();
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--quick" => args.quick = true,
@@ -62,14 +73,43 @@ fn args() -> Result<Args, BoxError> {
                 let ids = list.split(',').map(str::parse).collect::<Result<_, _>>()?;
                 args.only = Some(ids);
             }
-            "--out" => args.out = it.next().ok_or("--out needs a file")?.into(),
+            "--soak" => {
+                // The number of seconds is optional.
+                let secs = match it.peek().map(|s| s.parse::<u64>()) {
+                    Some(Ok(secs)) => {
+                        it.next();
+                        secs
+                    }
+                    _ => SOAK_SECONDS,
+                };
+                if secs == 0 {
+                    return Err("--soak needs at least 1 second".into());
+                }
+                args.soak = Some(Duration::from_secs(secs));
+            }
+            "--out" => out = Some(it.next().ok_or("--out needs a file")?.into()),
             "-h" | "--help" => {
-                println!("usage: lockwarden-bench [--quick] [--only 1,2,...] [--out FILE]");
+                println!(
+                    "usage: lockwarden-bench [--quick] [--only 1,2,...] [--out FILE]\n       \
+                     lockwarden-bench --soak [SECONDS] [--out FILE]   \
+                     (mixed load for SECONDS, default {SOAK_SECONDS}; resources at start and end)"
+                );
                 std::process::exit(0);
             }
             other => return Err(format!("unknown argument `{other}` (try --help)").into()),
         }
     }
+    if args.soak.is_some() && (args.quick || args.only.is_some()) {
+        return Err("--soak runs alone: drop --quick and --only".into());
+    }
+    let file = if args.soak.is_some() {
+        "soak.json"
+    } else {
+        "latest.json"
+    };
+    args.out = out.unwrap_or_else(|| {
+        PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../target/bench")).join(file)
+    });
     Ok(args)
 }
 
@@ -86,7 +126,11 @@ async fn main() -> Result<ExitCode, BoxError> {
         .unwrap_or("?")
         .trim()
         .to_owned();
-    let mode = if args.quick { "quick" } else { "full" };
+    let mode = match (args.soak, args.quick) {
+        (Some(_), _) => "soak",
+        (None, true) => "quick",
+        (None, false) => "full",
+    };
     eprintln!("lockwarden-bench ({mode}), redis {redis_version} at {url}");
 
     let mut report = Report::default();
@@ -119,7 +163,20 @@ async fn main() -> Result<ExitCode, BoxError> {
         quick: args.quick,
         checks: Arc::new(Checks::default()),
     };
-    for (i, name) in WORKLOADS.iter().enumerate() {
+    if let Some(run) = args.soak {
+        eprintln!("soak: {} s of mixed load", run.as_secs());
+        let started = Instant::now();
+        if let Err(e) = soak::run(&ctx, &mut report, run).await {
+            ctx.checks.problem(format!("soak failed: {e}"));
+        }
+        eprintln!("  ({:.1} s)", started.elapsed().as_secs_f64());
+    }
+    let workloads = if args.soak.is_some() {
+        0
+    } else {
+        WORKLOADS.len()
+    };
+    for (i, name) in WORKLOADS.iter().take(workloads).enumerate() {
         let id = i + 1;
         if args.only.as_ref().is_some_and(|only| !only.contains(&id)) {
             continue;
@@ -154,6 +211,7 @@ async fn main() -> Result<ExitCode, BoxError> {
         "ping_median_us": ping.median,
         "evalsha_median_us": evalsha.median,
         "seconds": began.elapsed().as_secs_f64(),
+        "soak_seconds": args.soak.map(|run| run.as_secs()),
     });
     println!(
         "lockwarden-bench, {mode} run, {} UTC, redis-server {redis_version}, {} s\n",
