@@ -107,9 +107,12 @@ impl<'a> Target<'a> {
     /// The guard of a fair lock granted on release to this waiter with `token`, which
     /// holds until `expires` unless renewed; `None` if the grant must be taken up with an
     /// attempt instead: a holder the caller gave may wait in several tasks at once (each
-    /// must count once), and a fixed lease is set by the attempt.
+    /// must count once), a fixed lease is set by the attempt, and a grant past `expires`
+    /// may be gone.
     pub(crate) fn granted(&self, token: u64, expires: Instant) -> Option<LockGuard> {
-        if !self.fresh || self.options.lease.is_some() {
+        // A grant that may have run out already (a waiter kept from running that long) is
+        // checked with an attempt rather than believed.
+        if !self.fresh || self.options.lease.is_some() || expires <= Instant::now() {
             return None;
         }
         let hold = Hold {
