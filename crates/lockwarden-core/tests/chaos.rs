@@ -29,6 +29,10 @@ const COMMAND_TIMEOUT: Duration = Duration::from_millis(300);
 const CHAOS: Duration = Duration::from_secs(24);
 const KEYS: usize = 3;
 const WORKERS_PER_KIND: usize = 3;
+/// When Redis is restarted: at set times, not fault steps, which a loaded machine slows.
+const RESTARTS: [Duration; 2] = [Duration::from_secs(8), Duration::from_secs(16)];
+/// A bound on each worker's rounds besides `CHAOS`; a normal run stays far below it.
+const MAX_ROUNDS: usize = 5000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Kind {
@@ -121,9 +125,10 @@ impl Witness {
 
 /// Takes and releases locks of `kind` until `stop`.
 async fn worker(client: LockClient, witness: Arc<Witness>, kind: Kind, seed: usize, stop: Instant) {
-    let mut round = seed;
-    while Instant::now() < stop {
-        round += 1;
+    for round in seed + 1..=seed + MAX_ROUNDS {
+        if Instant::now() >= stop {
+            break;
+        }
         let name = kind.name(round % KEYS);
         let Ok(guard) = kind.try_acquire(&client, &name).await else {
             continue; // busy, or the store failed: both are expected here
@@ -152,11 +157,21 @@ async fn worker(client: LockClient, witness: Arc<Witness>, kind: Kind, seed: usi
 }
 
 /// Injects one fault after another until `stop`, and restarts the server twice.
-fn inject(proxy: &FaultProxy, server: &mut RedisServer, stop: Instant) -> u32 {
+fn inject(proxy: &FaultProxy, server: &mut RedisServer, stop: Instant) -> usize {
     let pause = |d: Duration| std::thread::sleep(d);
+    let started = Instant::now();
     let mut restarts = 0;
     let mut step = 0u32;
     while Instant::now() < stop {
+        if RESTARTS
+            .get(restarts)
+            .is_some_and(|&at| started.elapsed() >= at)
+        {
+            server.restart().expect("restart redis-server");
+            restarts += 1;
+            pause(Duration::from_millis(800));
+            continue;
+        }
         step += 1;
         match step % 6 {
             0 => {
@@ -175,10 +190,6 @@ fn inject(proxy: &FaultProxy, server: &mut RedisServer, stop: Instant) -> u32 {
             3 => {
                 proxy.reset();
                 pause(Duration::from_millis(100));
-            }
-            4 if restarts < 2 && step > 6 => {
-                server.restart().expect("restart redis-server");
-                restarts += 1;
             }
             _ => {
                 proxy.set_latency(Duration::from_millis(20));
