@@ -355,8 +355,13 @@ impl Drop for LockGuard {
         if self.released {
             return;
         }
-        self.end();
-        self.engine.store().release_later(self.hold.clone());
+        // As in `finish`: the last guard of a hold whose holder was made for it may have
+        // its release sent again, until the hold would have run out anyway.
+        let last = self.end() == 0 && self.fresh;
+        let resend_until = last.then(|| Instant::now() + self.lease);
+        self.engine
+            .store()
+            .release_later(self.hold.clone(), resend_until);
     }
 }
 

@@ -12,6 +12,8 @@
 //! again is exact too.
 //!
 //! Either way the release is sent in the background, retried until the store answers.
+//! (A dropped guard's release goes with the batch that releases dropped guards, which
+//! sends it again by the same rule: `store/redis`.)
 
 use std::time::Duration;
 

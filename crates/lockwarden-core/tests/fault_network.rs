@@ -445,6 +445,39 @@ async fn a_release_that_got_no_answer_is_sent_again_once_redis_is_reachable() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_guards_release_that_got_no_answer_is_sent_again() {
+    let (server, proxy) = server_and_proxy();
+    let client = client_with_long_lease(&proxy).await;
+    for kind in ["plain", "fair", "read", "write"] {
+        let name = format!("dropped-{kind}");
+        let guard = match kind {
+            "plain" => client.acquire(&name).await,
+            "fair" => client.fair_lock(&name).acquire().await,
+            "read" => client.rw_lock(&name).read().acquire().await,
+            _ => client.rw_lock(&name).write().acquire().await,
+        }
+        .expect("acquire");
+        // Its background release is held back until it times out, then thrown away with
+        // its connection: only sending it again can free the lock.
+        proxy.blackhole();
+        drop(guard);
+        tokio::time::sleep(COMMAND_TIMEOUT * 2).await;
+        proxy.reset();
+        assert!(
+            !left_on_server(&server, &name).is_empty(),
+            "{kind}: still held"
+        );
+        proxy.heal();
+        eventually(
+            Duration::from_secs(1),
+            format!("{kind}: released within a second of the heal"),
+            || async { left_on_server(&server, &name).is_empty() },
+        )
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_release_of_a_reentry_is_not_sent_again() {
     let (server, proxy) = server_and_proxy();
     let client = client_with_long_lease(&proxy).await;

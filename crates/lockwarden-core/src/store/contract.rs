@@ -4,6 +4,8 @@
 use std::future::Future;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use crate::error::BackendError;
 use crate::hold::{Exclusive, Hold, HoldKind, RwMode};
 use crate::holder::Holder;
@@ -43,8 +45,9 @@ pub(crate) trait LockStore {
     fn release(&self, hold: &Hold) -> impl Future<Output = Result<Released>> + Send;
 
     /// Releases a hold whose guard was dropped, without an answer: at once in-process,
-    /// batched with others on Redis.
-    fn release_later(&self, hold: Hold);
+    /// batched with others on Redis. `resend_until`: a release that gets no answer may
+    /// be sent again until then (its count was 1, see `settle.rs`).
+    fn release_later(&self, hold: Hold, resend_until: Option<Instant>);
 
     /// Completes a claim: releases one hold and, if the holder still held it, stores
     /// `outcome` for claims of the key to find, waking every waiter.

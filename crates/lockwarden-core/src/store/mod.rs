@@ -9,6 +9,8 @@ pub(crate) mod redis;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use self::redis::{ConnectOptions, Deployment, RedisStore};
 use crate::hold::{Exclusive, Hold};
 use crate::holder::Holder;
@@ -78,8 +80,8 @@ impl LockStore for Store {
         dispatch!(self, s => s.release(hold).await)
     }
 
-    fn release_later(&self, hold: Hold) {
-        dispatch!(self, s => s.release_later(hold))
+    fn release_later(&self, hold: Hold, resend_until: Option<Instant>) {
+        dispatch!(self, s => s.release_later(hold, resend_until))
     }
 
     async fn complete(&self, hold: &Hold<Exclusive>, outcome: Outcome<'_>) -> Result<Released> {

@@ -248,7 +248,7 @@ impl LockStore for MemoryStore {
         Ok(self.release_now(hold.kind, &hold.key, &hold.holder, None))
     }
 
-    fn release_later(&self, hold: Hold) {
+    fn release_later(&self, hold: Hold, _resend_until: Option<Instant>) {
         self.release_now(hold.kind, &hold.key, &hold.holder, None);
     }
 

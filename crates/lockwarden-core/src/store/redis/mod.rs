@@ -35,6 +35,7 @@ use std::time::Duration;
 use futures_util::future::Either;
 use redis::Value;
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::error::BackendError;
@@ -76,7 +77,7 @@ pub(crate) struct RedisStore {
     /// Set when acquisitions wait for replicas (`WAIT`).
     replicated: Option<Replicated>,
     /// Holds of dropped guards, released in batches by a task of their own.
-    dropped: mpsc::UnboundedSender<Hold>,
+    dropped: mpsc::UnboundedSender<(Hold, Option<Instant>)>,
     _listener: Arc<AbortOnDropHandle<()>>,
 }
 
@@ -166,10 +167,10 @@ impl LockStore for RedisStore {
         Ok(scripts::released(left))
     }
 
-    fn release_later(&self, hold: Hold) {
+    fn release_later(&self, hold: Hold, resend_until: Option<Instant>) {
         // Refused only once the release task has ended, which it does only after the
         // last clone of the store (this one included) is gone.
-        let _ = self.dropped.send(hold);
+        let _ = self.dropped.send((hold, resend_until));
     }
 
     async fn complete(&self, hold: &Hold<Exclusive>, outcome: Outcome<'_>) -> Result<Released> {
@@ -225,24 +226,57 @@ impl LockStore for RedisStore {
     }
 }
 
-/// Releases dropped guards' holds, all that queued up meanwhile in one pipeline.
-async fn release_dropped(commands: Commands, mut queue: mpsc::UnboundedReceiver<Hold>) {
+/// Releases dropped guards' holds, all that queued up meanwhile in one pipeline. A batch
+/// that gets no answer is sent again, after a backoff and with what queued up meanwhile,
+/// for the holds whose release may be resent (see `settle.rs`); the others expire with
+/// their leases.
+async fn release_dropped(
+    commands: Commands,
+    mut queue: mpsc::UnboundedReceiver<(Hold, Option<Instant>)>,
+) {
+    const MIN_BACKOFF: Duration = Duration::from_millis(20);
+    const MAX_BACKOFF: Duration = Duration::from_millis(500);
     let mut batch = Vec::new();
-    while queue.recv_many(&mut batch, 1024).await > 0 {
+    let mut backoff = MIN_BACKOFF;
+    loop {
+        if batch.is_empty() {
+            if queue.recv_many(&mut batch, 1024).await == 0 {
+                return;
+            }
+        } else {
+            tokio::time::sleep(backoff).await;
+            while let Ok(dropped) = queue.try_recv() {
+                batch.push(dropped);
+            }
+        }
         let replies = commands
-            .pipelined(&batch, |hold| hold.key.redis_key(), scripts::release)
+            .pipelined(
+                &batch,
+                |(hold, _)| hold.key.redis_key(),
+                |(hold, _)| scripts::release(hold),
+            )
             .await;
         match replies {
             Ok(replies) => {
-                for (hold, left) in batch.iter().zip(replies) {
+                for ((hold, _), left) in batch.iter().zip(replies) {
                     if scripts::released(left) == Released::NotHeld {
                         tracing::debug!(key = %hold.key, "dropped guard's lock was no longer held");
                     }
                 }
+                batch.clear();
+                backoff = MIN_BACKOFF;
             }
-            Err(error) => tracing::warn!(%error, locks = batch.len(),
-                "could not release dropped guards; their locks expire with their leases"),
+            Err(error) => {
+                let retry_by = Instant::now() + backoff;
+                let before = batch.len();
+                batch.retain(|(_, until)| {
+                    error.is_transient() && until.is_some_and(|until| retry_by < until)
+                });
+                tracing::warn!(%error, locks = before, resent = batch.len(),
+                    "could not release dropped guards; those that may be are sent again, \
+                     the others expire with their leases");
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
         }
-        batch.clear();
     }
 }
