@@ -1,4 +1,4 @@
--- Prepended to every fair_*.lua script: the fair lock's layout, the server clock, the
+-- Prepended to every fair_*.lua script (after clock.lua): the fair lock's layout, the
 -- pruning of silent waiters and the direct handoff to the head of the queue.
 --
 -- KEYS[1] lock hash (same shape as acquire.lua, so renew.lua renews it)
@@ -7,14 +7,6 @@
 -- KEYS[4] deadlines: zset holder id -> ms (server clock) after which a silent waiter is
 --         dropped. A waiter granted the lock stays here (out of the queue) until it takes
 --         the grant up: its entry is how it tells a grant from a re-entry.
-
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-
--- %.0f: Lua's tostring would write large numbers as 1.7e+15.
-local function int(n)
-  return string.format('%.0f', n)
-end
 
 -- Waiters silent past their deadline leave, wherever they stand: a dead one in the
 -- middle must not keep its place for the ones behind it either.

@@ -1,4 +1,4 @@
--- Prepended to every rw_*.lua script: the read-write lock's layout, the server clock and
+-- Prepended to every rw_*.lua script (after clock.lua): the read-write lock's layout and
 -- the pruning of holds whose lease ran out.
 --
 -- KEYS[1] lock hash: `mode` ('read' or 'write'), `token` (the fencing token of the
@@ -10,14 +10,6 @@
 -- KEYS[3] fencing key: the last token issued for this lock
 -- KEYS[4] waiting writers: zset, member = holder id, score = deadline (server ms) of its
 --         registration; while one is live, readers that hold nothing here are refused
-
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-
--- %.0f: Lua's tostring would write large numbers as 1.7e+15.
-local function int(n)
-  return string.format('%.0f', n)
-end
 
 -- Drops expired registrations and holds; returns the mode left: nil (free), 'read',
 -- 'write', or 'foreign' (a plain lock of the same name holds the hash: never touch it).

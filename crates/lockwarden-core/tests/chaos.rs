@@ -385,31 +385,7 @@ fn inject(proxy: &FaultProxy, server: &mut RedisServer, witness: &Witness, stop:
             continue;
         }
         step += 1;
-        match step % 6 {
-            0 => {
-                proxy.set_latency(2 * COMMAND_TIMEOUT);
-                pause(Duration::from_millis(600));
-            }
-            1 => {
-                proxy.drop_replies();
-                pause(Duration::from_millis(500));
-            }
-            2 => {
-                // Longer than the lease: the direct client takes the locks over.
-                proxy.blackhole();
-                pause(LEASE + Duration::from_millis(700));
-            }
-            3 => {
-                proxy.reset();
-                pause(Duration::from_millis(100));
-            }
-            _ => {
-                proxy.set_latency(Duration::from_millis(20));
-                pause(Duration::from_millis(400));
-            }
-        }
-        proxy.heal();
-        pause(Duration::from_millis(800));
+        proxy.chaos_step(step, COMMAND_TIMEOUT, LEASE);
     }
     restarts
 }

@@ -273,6 +273,17 @@ async fn client_with_long_lease(proxy: &FaultProxy) -> LockClient {
     client
 }
 
+/// `name` taken as a lock of `kind`: plain, fair, read or write.
+async fn acquire_kind(client: &LockClient, kind: &str, name: &str) -> LockGuard {
+    match kind {
+        "plain" => client.acquire(name).await,
+        "fair" => client.fair_lock(name).acquire().await,
+        "read" => client.rw_lock(name).read().acquire().await,
+        _ => client.rw_lock(name).write().acquire().await,
+    }
+    .expect("acquire")
+}
+
 /// The hash and queue of every lock kind's key `name`, read directly.
 fn left_on_server(server: &RedisServer, name: &str) -> Vec<String> {
     server
@@ -406,13 +417,7 @@ async fn a_release_that_got_no_answer_is_sent_again_once_redis_is_reachable() {
     let rival = connect_with(&server.url(), |b| b).await;
     for kind in ["plain", "fair", "read", "write"] {
         let name = format!("unreleased-{kind}");
-        let guard = match kind {
-            "plain" => client.acquire(&name).await,
-            "fair" => client.fair_lock(&name).acquire().await,
-            "read" => client.rw_lock(&name).read().acquire().await,
-            _ => client.rw_lock(&name).write().acquire().await,
-        }
-        .expect("acquire");
+        let guard = acquire_kind(&client, kind, &name).await;
         // Held back, then thrown away with its connection: the release never ran, so
         // only sending it again can free the lock.
         proxy.blackhole();
@@ -450,13 +455,7 @@ async fn a_dropped_guards_release_that_got_no_answer_is_sent_again() {
     let client = client_with_long_lease(&proxy).await;
     for kind in ["plain", "fair", "read", "write"] {
         let name = format!("dropped-{kind}");
-        let guard = match kind {
-            "plain" => client.acquire(&name).await,
-            "fair" => client.fair_lock(&name).acquire().await,
-            "read" => client.rw_lock(&name).read().acquire().await,
-            _ => client.rw_lock(&name).write().acquire().await,
-        }
-        .expect("acquire");
+        let guard = acquire_kind(&client, kind, &name).await;
         // Its background release is held back until it times out, then thrown away with
         // its connection: only sending it again can free the lock.
         proxy.blackhole();

@@ -187,6 +187,39 @@ impl FaultProxy {
         self.shared.accepted.load(Ordering::SeqCst)
     }
 
+    /// Step `step` of a chaos run's fault cycle, blocking (run it on a thread of its
+    /// own): latency of twice `command_timeout`, lost replies, a blackhole longer than
+    /// `lease`, a reset, then light latency; each held for a while, then healed and left
+    /// healthy for 800 ms.
+    pub fn chaos_step(&self, step: u32, command_timeout: Duration, lease: Duration) {
+        let pause = std::thread::sleep;
+        match step % 5 {
+            0 => {
+                self.set_latency(2 * command_timeout);
+                pause(Duration::from_millis(600));
+            }
+            1 => {
+                self.drop_replies();
+                pause(Duration::from_millis(500));
+            }
+            2 => {
+                // Longer than the lease: clients that reach Redis directly take over.
+                self.blackhole();
+                pause(lease + Duration::from_millis(700));
+            }
+            3 => {
+                self.reset();
+                pause(Duration::from_millis(100));
+            }
+            _ => {
+                self.set_latency(Duration::from_millis(20));
+                pause(Duration::from_millis(400));
+            }
+        }
+        self.heal();
+        pause(Duration::from_millis(800));
+    }
+
     fn change(&self, edit: impl FnOnce(&mut Faults)) {
         self.shared.faults.send_modify(edit);
     }

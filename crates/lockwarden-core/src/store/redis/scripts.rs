@@ -73,17 +73,18 @@ static RENEW: LazyLock<Lua> = script!("renew.lua");
 static RELEASE: LazyLock<Lua> = script!("release.lua");
 static FORCE_RELEASE: LazyLock<Lua> = script!("force_release.lua");
 static MULTI_ACQUIRE: LazyLock<Lua> = script!("multi_acquire.lua");
-// Each fair script runs after its prelude (layout, clock, pruning, the handoff).
-static FAIR_ACQUIRE: LazyLock<Lua> = script!("fair_prelude.lua", "fair_acquire.lua");
-static FAIR_RELEASE: LazyLock<Lua> = script!("fair_prelude.lua", "fair_release.lua");
-static FAIR_LEAVE: LazyLock<Lua> = script!("fair_prelude.lua", "fair_leave.lua");
-// Each read-write script runs after the shared prelude (layout, clock, pruning).
-static READ_ACQUIRE: LazyLock<Lua> = script!("rw_prelude.lua", "rw_read_acquire.lua");
-static WRITE_ACQUIRE: LazyLock<Lua> = script!("rw_prelude.lua", "rw_write_acquire.lua");
-static RW_RELEASE: LazyLock<Lua> = script!("rw_prelude.lua", "rw_release.lua");
-static RW_RENEW: LazyLock<Lua> = script!("rw_prelude.lua", "rw_renew.lua");
-static RW_WITHDRAW: LazyLock<Lua> = script!("rw_prelude.lua", "rw_withdraw.lua");
-static RW_COUNT: LazyLock<Lua> = script!("rw_prelude.lua", "rw_count.lua");
+// Each fair script runs after the clock and its prelude (layout, pruning, the handoff).
+static FAIR_ACQUIRE: LazyLock<Lua> = script!("clock.lua", "fair_prelude.lua", "fair_acquire.lua");
+static FAIR_RELEASE: LazyLock<Lua> = script!("clock.lua", "fair_prelude.lua", "fair_release.lua");
+static FAIR_LEAVE: LazyLock<Lua> = script!("clock.lua", "fair_prelude.lua", "fair_leave.lua");
+// Each read-write script runs after the clock and its prelude (layout, pruning).
+static READ_ACQUIRE: LazyLock<Lua> = script!("clock.lua", "rw_prelude.lua", "rw_read_acquire.lua");
+static WRITE_ACQUIRE: LazyLock<Lua> =
+    script!("clock.lua", "rw_prelude.lua", "rw_write_acquire.lua");
+static RW_RELEASE: LazyLock<Lua> = script!("clock.lua", "rw_prelude.lua", "rw_release.lua");
+static RW_RENEW: LazyLock<Lua> = script!("clock.lua", "rw_prelude.lua", "rw_renew.lua");
+static RW_WITHDRAW: LazyLock<Lua> = script!("clock.lua", "rw_prelude.lua", "rw_withdraw.lua");
+static RW_COUNT: LazyLock<Lua> = script!("clock.lua", "rw_prelude.lua", "rw_count.lua");
 static FENCED_WRITE: LazyLock<Lua> = script!("fenced_write.lua");
 // Not a lock operation: the connect-time check of the user's permissions.
 static PERMISSIONS: LazyLock<Lua> = script!("permissions.lua");
