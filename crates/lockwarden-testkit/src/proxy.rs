@@ -100,12 +100,21 @@ impl FaultProxy {
     /// Starts a proxy on a free loopback port that forwards to the Redis server on
     /// `127.0.0.1:upstream_port` (connecting to it once per client connection).
     pub fn start(upstream_port: u16) -> io::Result<FaultProxy> {
+        let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+        Self::start_on(listener, upstream_port)
+    }
+
+    /// Like [`start`](Self::start), serving on `listener`, bound beforehand: a cluster
+    /// node must be told the proxy's port before the node's own port is known.
+    pub(crate) fn start_on(
+        listener: std::net::TcpListener,
+        upstream_port: u16,
+    ) -> io::Result<FaultProxy> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("fault-proxy")
             .enable_all()
             .build()?;
-        let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
         listener.set_nonblocking(true)?;
         let port = listener.local_addr()?.port();
         let listener = {
