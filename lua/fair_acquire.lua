@@ -5,7 +5,8 @@
 -- KEYS[4] deadlines: zset holder id -> ms (server clock) after which a silent waiter is dropped
 -- ARGV[1] holder id, ARGV[2] lease in ms, ARGV[3] queue timeout in ms,
 -- ARGV[4] wake channel prefix (a waiter hears its turn on prefix .. its id),
--- ARGV[5] '1' to join (or keep) a place in the queue, '0' for a single try that never queues
+-- ARGV[5] '1' to join (or keep) a place in the queue, '0' for a single try that never queues,
+-- ARGV[6] '1' if the holder was made for this acquisition (it held nothing before)
 -- Returns {1, token} taken, {2, token} re-entered,
 -- {0, ms} not yours: retry by yourself after ms at the latest (a notice may come sooner);
 -- ms is -1 if the lock has no expiry and nobody is ahead.
@@ -14,6 +15,10 @@ local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 
 if redis.call('HEXISTS', KEYS[1], me) == 1 then
+  -- Only this very call, sent again, can have taken it for a new holder (see acquire.lua).
+  if ARGV[6] == '1' then
+    return {1, tonumber(redis.call('GET', KEYS[2])) or 0}
+  end
   redis.call('HINCRBY', KEYS[1], me, 1)
   -- A re-entry never shortens the hold (see acquire.lua).
   if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then

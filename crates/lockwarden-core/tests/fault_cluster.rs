@@ -6,15 +6,17 @@
 //!
 //! The promises of `fault_network.rs`, on a cluster node: a short re-entry never cuts the
 //! hold; an acquire whose reply was lost is given back soon after the node is reachable
-//! again; a release that got no answer is sent again. And the cluster client's own way
-//! with a reset: it connects again and sends the call that met it again.
+//! again, and a retry holds the lock once; a release that got no answer is sent again.
+//! And one of the cluster client's own: it sends a call whose connection broke again on
+//! a new connection, which must not count an acquisition twice.
 
 mod common;
 
 use std::time::{Duration, Instant};
 
+use common::finishes;
 use common::kinds::{Kind, Opts};
-use lockwarden_core::{LockClient, LockError};
+use lockwarden_core::{Holder, LockClient, LockError};
 use lockwarden_testkit::{eventually, FaultProxy, RedisCluster};
 
 /// The node whose network breaks.
@@ -123,6 +125,31 @@ fn left(cluster: &RedisCluster, client: &LockClient, kind: Kind, name: &str) -> 
         .collect()
 }
 
+/// Each count `holder` has in the lock `name` of `kind`, read from the keys' own masters
+/// (a multi-lock has one per part).
+fn counts(
+    cluster: &RedisCluster,
+    client: &LockClient,
+    kind: Kind,
+    name: &str,
+    holder: &Holder,
+) -> Vec<Option<String>> {
+    let field = match kind {
+        Kind::Read => format!("{}:r", holder.id()),
+        Kind::Write => format!("{}:w", holder.id()),
+        _ => holder.id().to_owned(),
+    };
+    kind.redis_keys(client, name)
+        .iter()
+        .map(|key| {
+            let owner = cluster.owner(key).expect("owner");
+            cluster.nodes()[owner]
+                .query(&["HGET", key, &field])
+                .expect("HGET")
+        })
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_reentry_with_latency_on_a_cluster_node_keeps_the_outer_hold() {
     let cluster = cluster();
@@ -223,6 +250,81 @@ async fn an_acquire_whose_reply_a_cluster_node_lost_is_given_back_once_it_is_rea
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_a_reply_a_cluster_node_lost_holds_the_lock_once() {
+    let cluster = cluster();
+    let client = warm_client(&cluster, COMMAND_TIMEOUT).await;
+    let name = name_on(&cluster, &client, NODE, Kind::Plain, "retried");
+    let key = client.key(&name).unwrap().redis_key().to_owned();
+    proxy(&cluster).drop_replies();
+    let waiting = tokio::spawn({
+        let (client, name) = (client.clone(), name.clone());
+        async move { client.try_acquire(&name, Duration::from_secs(10)).await }
+    });
+    // Let the first attempt run on the node and time out, then let the retries through.
+    tokio::time::sleep(2 * COMMAND_TIMEOUT).await;
+    proxy(&cluster).heal();
+    let guard = finishes(Duration::from_secs(10), "the retried acquire", waiting).await;
+    let guard = guard.expect("the retry takes the lock");
+    // One holder with one count: the guard's; the lost attempts' holders were given back.
+    let node = &cluster.nodes()[NODE];
+    eventually(Duration::from_secs(1), "only the guard's hold", || async {
+        let hash: Vec<String> = node.query(&["HGETALL", &key]).expect("HGETALL");
+        hash == [guard.holder().id().to_owned(), "1".to_owned()]
+    })
+    .await;
+    guard.release().await.expect("release");
+    assert!(!cluster.exists_on(NODE, &key), "released in one release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_sent_again_after_its_connection_broke_is_held_once() {
+    let cluster = cluster();
+    // Patient: the call still waits for its reply when the connection breaks.
+    let client = warm_client(&cluster, PATIENT).await;
+    let proxy = proxy(&cluster);
+    let node = &cluster.nodes()[NODE];
+    for kind in EVERY_KIND {
+        let name = name_on(&cluster, &client, NODE, kind, &format!("resent-{kind:?}"));
+        let fence = fence_on_node(&cluster, &client, kind, &name);
+        let scripts_before = node.command_calls("evalsha");
+        let lost_before = proxy.lost_replies();
+        proxy.drop_replies();
+        let acquiring = tokio::spawn({
+            let (client, name) = (client.clone(), name.clone());
+            async move {
+                let patience = Duration::from_secs(5);
+                kind.try_acquire(&client, &name, &Opts::default(), patience)
+                    .await
+            }
+        });
+        // The script ran on the node, its reply is lost; the heal resets the connection
+        // while the call waits, and the cluster client sends it again.
+        eventually(Duration::from_secs(1), "the reply is lost", || async {
+            proxy.lost_replies() > lost_before
+        })
+        .await;
+        assert!(cluster.exists_on(NODE, &fence), "{kind:?}: the acquire ran");
+        proxy.heal();
+        let held = finishes(Duration::from_secs(5), "the acquire", acquiring).await;
+        let held = held.unwrap_or_else(|e| panic!("{kind:?}: {e:?}"));
+        assert!(
+            node.command_calls("evalsha") >= scripts_before + 2,
+            "{kind:?}: the script ran twice on the node"
+        );
+        let counts = counts(&cluster, &client, kind, &name, held.holder());
+        assert!(
+            counts.iter().all(|c| c.as_deref() == Some("1")),
+            "{kind:?}: held once, not {counts:?}"
+        );
+        held.release().await.expect("release");
+        assert!(
+            left(&cluster, &client, kind, &name).is_empty(),
+            "{kind:?}: released in one release"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_a_cluster_node_never_got_is_sent_again_once_it_is_reachable() {
     let cluster = cluster();
     let client = warm_client(&cluster, COMMAND_TIMEOUT).await;
@@ -278,7 +380,8 @@ async fn a_cluster_node_whose_connections_were_reset_answers_the_next_call() {
     // Let the resets reach the client.
     tokio::time::sleep(Duration::from_millis(100)).await;
     // Unlike one server's connection, the cluster client connects again and sends the
-    // call that met the reset again, so it does not fail.
+    // call that met the reset again, so it does not fail (which is also why an acquire
+    // sent twice must hold once, see above).
     guard.release().await.expect("the release after the reset");
     assert!(!cluster.exists_on(NODE, &key));
     assert!(

@@ -101,6 +101,11 @@ pub(crate) struct Acquire<'a> {
     pub(crate) holder: &'a Holder,
     pub(crate) lease: Duration,
     pub(crate) how: How,
+    /// Whether `holder` was made for this acquisition (see `settle.rs`). It then holds
+    /// the lock only if this very attempt ran before: a cluster client sends a call again
+    /// when its connection broke before the reply. Redis answers that as taken, without
+    /// counting a re-entry; the in-process store runs each attempt once.
+    pub(crate) fresh: bool,
 }
 
 /// One attempt to take several locks as one.
@@ -110,6 +115,9 @@ pub(crate) struct AcquireAll<'a> {
     pub(crate) keys: &'a [Key],
     pub(crate) holder: &'a Holder,
     pub(crate) lease: Duration,
+    /// As for [`Acquire::fresh`]; on a cluster also what an earlier attempt of this
+    /// acquisition took in one slot and could not give back is held once, not twice.
+    pub(crate) fresh: bool,
 }
 
 /// The way of an acquire attempt, per kind of lock.
