@@ -6,7 +6,8 @@
 //!
 //! The promises of `fault_network.rs`, on a cluster node: a short re-entry never cuts the
 //! hold; an acquire whose reply was lost is given back soon after the node is reachable
-//! again, and a retry holds the lock once; a release that got no answer is sent again.
+//! again, and a retry holds the lock once; a release that got no answer is sent again;
+//! renewals lost for longer than the lease are reported lost, for that node's locks only.
 //! And one of the cluster client's own: it sends a call whose connection broke again on
 //! a new connection, which must not count an acquisition twice.
 
@@ -16,11 +17,13 @@ use std::time::{Duration, Instant};
 
 use common::finishes;
 use common::kinds::{Kind, Opts};
-use lockwarden_core::{Holder, LockClient, LockError};
+use lockwarden_core::{Holder, LockClient, LockError, LockGuard};
 use lockwarden_testkit::{eventually, FaultProxy, RedisCluster};
 
 /// The node whose network breaks.
 const NODE: usize = 1;
+/// The node whose network stays whole.
+const OTHER: usize = 0;
 /// A short watchdog lease (renewed every 500 ms) so faults outlast it in a test's time.
 const LEASE: Duration = Duration::from_millis(1500);
 /// Shorter than the lease, so a renewal without a reply times out and is retried.
@@ -391,4 +394,86 @@ async fn a_cluster_node_whose_connections_were_reset_answers_the_next_call() {
     let again = client.try_acquire(&name, Duration::ZERO).await;
     let again = again.expect("taken at once");
     again.release().await.expect("release");
+}
+
+/// Names of `count` plain locks on `node`.
+fn names_on(cluster: &RedisCluster, client: &LockClient, node: usize, count: usize) -> Vec<String> {
+    (0..count)
+        .map(|i| {
+            name_on(
+                cluster,
+                client,
+                node,
+                Kind::Plain,
+                &format!("kept-{node}-{i}"),
+            )
+        })
+        .collect()
+}
+
+/// Takes every lock of `names` with the watchdog, all at once.
+async fn hold_all(client: &LockClient, names: &[String]) -> Vec<LockGuard> {
+    let taken = futures_util::future::try_join_all(names.iter().map(|n| client.acquire(n)));
+    taken.await.expect("acquire")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_a_cluster_node_never_answers_lose_its_locks_and_no_other() {
+    let cluster = cluster();
+    let client = client(&cluster, LEASE, COMMAND_TIMEOUT).await;
+    let (on_node, on_other) = (
+        names_on(&cluster, &client, NODE, 4),
+        names_on(&cluster, &client, OTHER, 4),
+    );
+    // Taken together, so that the watchdog renews the two nodes' locks in one round.
+    let (cut_off, whole) = tokio::join!(hold_all(&client, &on_node), hold_all(&client, &on_other));
+
+    // The renewals reach the node and run, their replies never come back: after a lease
+    // without a reply the client must report each of its holds there lost.
+    proxy(&cluster).drop_replies();
+    for guard in &cut_off {
+        let lost = guard.lost_signal();
+        finishes(2 * LEASE, &format!("{} reported lost", guard.key()), {
+            tokio::spawn(async move { lost.wait().await })
+        })
+        .await;
+    }
+    // The other node's holds are renewed all along, in the same renewal rounds.
+    for guard in &whole {
+        assert!(!guard.is_lost(), "{} reported lost", guard.key());
+    }
+    proxy(&cluster).heal();
+    let healed = Instant::now();
+
+    // What the node still has (the last renewals that reached it) is released now or
+    // runs out within a lease. The cluster client connects again and sends a release
+    // again on its own, so one may find the hold still there and free it.
+    let keys: Vec<String> = cut_off
+        .iter()
+        .map(|g| g.key().redis_key().to_owned())
+        .collect();
+    for guard in cut_off {
+        let name = guard.key().name().to_owned();
+        let key = guard.key().redis_key().to_owned();
+        match guard.release().await {
+            Ok(()) => assert!(!cluster.exists_on(NODE, &key), "{name}: freed"),
+            Err(LockError::Lost { key } | LockError::NotHeld { key }) => assert_eq!(key, name),
+            Err(LockError::Backend(_)) => {}
+            Err(other) => panic!("{name}: unexpected {other:?}"),
+        }
+    }
+    eventually(
+        LEASE + Duration::from_millis(500),
+        "nothing held on the node",
+        || async { keys.iter().all(|key| !cluster.exists_on(NODE, key)) },
+    )
+    .await;
+    assert!(healed.elapsed() <= LEASE + Duration::from_millis(500));
+    // More than two leases after the fault began, the other node's holds are still held.
+    for guard in whole {
+        assert!(!guard.is_lost(), "{} reported lost", guard.key());
+        let key = guard.key().redis_key().to_owned();
+        guard.release().await.expect("still held, released");
+        assert!(!cluster.exists_on(OTHER, &key));
+    }
 }

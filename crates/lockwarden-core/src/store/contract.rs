@@ -54,8 +54,8 @@ pub(crate) trait LockStore {
         outcome: Outcome<'_>,
     ) -> impl Future<Output = Result<Released>> + Send;
 
-    /// Renews each hold whose holder still has it; `false` for one that is gone.
-    fn renew_all(&self, renewals: &[Renewal]) -> impl Future<Output = Result<Vec<bool>>> + Send;
+    /// Renews each hold whose holder still has it (see [`Renewed`]).
+    fn renew_all(&self, renewals: &[Renewal]) -> impl Future<Output = Renewed> + Send;
 
     /// A waiter gives up: leaves a fair lock's queue, or withdraws a waiting writer.
     fn withdraw(
@@ -197,6 +197,17 @@ pub(crate) struct Outcome<'a> {
 pub(crate) struct Renewal {
     pub(crate) hold: Hold,
     pub(crate) lease: Duration,
+}
+
+/// What a bulk renewal answers.
+#[derive(Debug)]
+pub(crate) struct Renewed {
+    /// Per renewal, in order: whether its holder still had it (`false`: gone), or `None`
+    /// if its call failed. On a cluster a node that does not answer fails only the
+    /// renewals of its slots.
+    pub(crate) held: Vec<Option<bool>>,
+    /// The first failure, if any.
+    pub(crate) error: Option<BackendError>,
 }
 
 /// A waiter that leaves something in the store while it waits.

@@ -43,8 +43,8 @@ use crate::hold::{Exclusive, Hold};
 use crate::holder::Holder;
 use crate::key::Key;
 use crate::store::contract::{
-    Acquire, AcquireAll, Attempt, LockStore, MultiAttempt, Outcome, Released, Renewal, Result,
-    Waiter,
+    Acquire, AcquireAll, Attempt, LockStore, MultiAttempt, Outcome, Released, Renewal, Renewed,
+    Result, Waiter,
 };
 use crate::waiters::Waiters;
 use commands::Commands;
@@ -177,12 +177,16 @@ impl LockStore for RedisStore {
         Ok(scripts::released(self.commands.run(call).await?))
     }
 
-    async fn renew_all(&self, renewals: &[Renewal]) -> Result<Vec<bool>> {
-        let replies = self
+    async fn renew_all(&self, renewals: &[Renewal]) -> Renewed {
+        let piped = self
             .commands
             .pipelined(renewals, |r| r.hold.key.redis_key(), scripts::renew)
-            .await?;
-        Ok(replies.into_iter().map(|renewed| renewed == 1).collect())
+            .await;
+        let held = piped.replies.into_iter();
+        Renewed {
+            held: held.map(|renewed| renewed.map(|n| n == 1)).collect(),
+            error: piped.error,
+        }
     }
 
     async fn withdraw(&self, waiter: Waiter, key: &Key, holder: &Holder) -> Result<()> {
@@ -229,19 +233,18 @@ impl LockStore for RedisStore {
 async fn release_dropped(commands: Commands, mut queue: mpsc::UnboundedReceiver<Hold>) {
     let mut batch = Vec::new();
     while queue.recv_many(&mut batch, 1024).await > 0 {
-        let replies = commands
+        let piped = commands
             .pipelined(&batch, |hold| hold.key.redis_key(), scripts::release)
             .await;
-        match replies {
-            Ok(replies) => {
-                for (hold, left) in batch.iter().zip(replies) {
-                    if scripts::released(left) == Released::NotHeld {
-                        tracing::debug!(key = %hold.key, "dropped guard's lock was no longer held");
-                    }
-                }
+        for (hold, left) in batch.iter().zip(&piped.replies) {
+            if left.map(scripts::released) == Some(Released::NotHeld) {
+                tracing::debug!(key = %hold.key, "dropped guard's lock was no longer held");
             }
-            Err(error) => tracing::warn!(%error, locks = batch.len(),
-                "could not release dropped guards; their locks expire with their leases"),
+        }
+        if let Some(error) = piped.error {
+            let failed = piped.replies.iter().filter(|left| left.is_none()).count();
+            tracing::warn!(%error, locks = failed,
+                "could not release dropped guards; their locks expire with their leases");
         }
         batch.clear();
     }
