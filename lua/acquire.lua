@@ -3,7 +3,7 @@
 -- KEYS[2] fencing key (last token issued for this lock; lives as long as the lock)
 -- KEYS[3] optional: the outcome key of a claim (see release.lua); when it exists the
 --         work is done already and its outcome is returned instead of the lock
--- ARGV[1] holder id, ARGV[2] lease in ms
+-- ARGV[1] holder id, ARGV[2] lease in ms, ARGV[3] '1' for a holder made for this call
 -- Returns {1, token} taken, {2, token} re-entered, {0, pttl} held by another,
 -- {3, outcome} completed before.
 if KEYS[3] then
@@ -29,6 +29,12 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
   return {1, token}
 end
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
+  -- A holder made for this acquisition holds the lock only if this very call ran before
+  -- (a cluster client sends a call again when its connection broke before the reply):
+  -- taken once, not re-entered.
+  if ARGV[3] == '1' then
+    return {1, tonumber(redis.call('GET', KEYS[2])) or 0}
+  end
   redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
   -- A re-entry never shortens the hold: one with a short lease inside a longer (or
   -- watchdog) hold would otherwise let the lock expire under its outer holder.

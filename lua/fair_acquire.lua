@@ -5,14 +5,18 @@
 -- ARGV[5] '1' to join (or keep) a place in the queue, '0' for a single try that never queues
 -- ARGV[6] '1' if an earlier attempt of this acquisition queued: holding the lock then means
 --         it was granted (its notice missed), not a re-entry
+-- ARGV[7] '1' if the holder was made for this acquisition (it held nothing before)
 -- Returns {1, token} taken, {2, token} re-entered,
 -- {0, ms} not yours: retry by yourself after ms at the latest (a notice may come sooner);
 -- ms is -1 if the lock has no expiry and nobody is ahead.
 local me = ARGV[1]
 
 if redis.call('HEXISTS', KEYS[1], me) == 1 then
-  if ARGV[6] == '1' and redis.call('ZREM', KEYS[4], me) == 1 then
-    -- Granted while waiting: taken up now, with this waiter's own lease.
+  -- Not a re-entry: granted while this acquisition waited (its notice missed), or, for a
+  -- holder made for this acquisition, this very call ran before (sent again by a cluster
+  -- client whose connection broke; see acquire.lua). Taken, with this caller's lease.
+  local granted = ARGV[6] == '1' and redis.call('ZREM', KEYS[4], me) == 1
+  if granted or ARGV[7] == '1' then
     lease_at_least(ARGV[2])
     return {1, tonumber(redis.call('GET', KEYS[2])) or 0}
   end

@@ -1,6 +1,6 @@
 -- Take (or re-enter) several locks at once, all or nothing.
 -- KEYS: lock hash and fencing key of each lock, in pairs: lock1, fence1, lock2, fence2, ...
--- ARGV[1] holder id, ARGV[2] lease in ms
+-- ARGV[1] holder id, ARGV[2] lease in ms, ARGV[3] '1' for a holder made for this call
 -- Returns {1, token1, token2, ...} when every lock is now held by this holder (each
 -- token as acquire.lua gives it), or {0, i, pttl} when lock i (1-based) is held by
 -- another holder; then nothing was changed.
@@ -16,7 +16,11 @@ local clock = tonumber(now[1]) * 1000000 + tonumber(now[2])
 local out = {1}
 for i = 1, n do
   local lock, fence = KEYS[2 * i - 1], KEYS[2 * i]
-  if redis.call('HINCRBY', lock, ARGV[1], 1) == 1 then
+  -- What a holder made for this acquisition holds here it took in this acquisition (this
+  -- very call, run before and sent again, see acquire.lua, or an earlier attempt that
+  -- could not give it back): it holds it once.
+  local again = ARGV[3] == '1' and redis.call('HEXISTS', lock, ARGV[1]) == 1
+  if not again and redis.call('HINCRBY', lock, ARGV[1], 1) == 1 then
     -- Fresh: a new token, above the last one even if the clock stepped back.
     local token = clock
     local last = tonumber(redis.call('SET', fence, string.format('%.0f', token), 'PX', ARGV[2], 'GET'))
@@ -27,7 +31,7 @@ for i = 1, n do
     out[i + 1] = token
     redis.call('PEXPIRE', lock, ARGV[2])
   else
-    -- A re-entry never shortens the hold (see acquire.lua).
+    -- A re-entry (or a hold taken again) never shortens the hold (see acquire.lua).
     if redis.call('PTTL', lock) < tonumber(ARGV[2]) then
       redis.call('PEXPIRE', lock, ARGV[2])
       redis.call('PEXPIRE', fence, ARGV[2])

@@ -1,5 +1,6 @@
 -- Take or re-enter a read hold (after rw_prelude.lua).
--- ARGV[1] holder id, ARGV[2] lease in ms
+-- ARGV[1] holder id, ARGV[2] lease in ms, ARGV[3] '1' if the holder was made for this
+-- acquisition (it held nothing before)
 -- Returns {1, token} a new read hold, {2, token} re-entered, {0, ms} refused: retry on a
 -- notice or after ms. A holder's first read hold while it holds the write lock (a
 -- downgrade) is a new hold with the write's token.
@@ -21,6 +22,10 @@ if not mode then
   return {1, token}
 end
 local token = tonumber(redis.call('HGET', KEYS[1], 'token')) or 0
+-- Only this very call, sent again, can have taken it for a new holder (see acquire.lua).
+if ARGV[3] == '1' and redis.call('HEXISTS', KEYS[1], field) == 1 then
+  return {1, token}
+end
 -- What this holder already holds it may always read (re-entry, downgrade): refusing it
 -- for a waiting writer would deadlock, as the writer waits for this holder.
 if redis.call('HEXISTS', KEYS[1], field) == 1

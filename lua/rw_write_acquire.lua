@@ -1,6 +1,7 @@
 -- Take or re-enter the write hold (after rw_prelude.lua); a refused writer registers as
 -- waiting, which keeps new readers out until it gets the lock, gives up or dies.
--- ARGV[1] holder id, ARGV[2] lease in ms, ARGV[3] how long the registration lasts (ms)
+-- ARGV[1] holder id, ARGV[2] lease in ms, ARGV[3] how long the registration lasts (ms),
+-- ARGV[4] '1' if the holder was made for this acquisition (it held nothing before)
 -- Returns {1, token} taken, {2, token} re-entered, {3, 0} refused for good: this holder
 -- holds a read hold and no write hold (an upgrade would wait for itself), {0, ms} refused:
 -- retry on a notice or after ms.
@@ -17,6 +18,10 @@ if not mode then
   return {1, token}
 end
 if redis.call('HEXISTS', KEYS[1], field) == 1 then
+  -- Only this very call, sent again, can have taken it for a new holder (see acquire.lua).
+  if ARGV[4] == '1' then
+    return {1, tonumber(redis.call('HGET', KEYS[1], 'token')) or 0}
+  end
   redis.call('HINCRBY', KEYS[1], field, 1)
   lease_at_least(field, ARGV[2])
   return {2, tonumber(redis.call('HGET', KEYS[1], 'token')) or 0}

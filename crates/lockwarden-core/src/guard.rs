@@ -270,8 +270,11 @@ impl LockGuard {
             hold: self.hold.clone(),
             lease,
         }];
-        let renewed = self.engine.store().renew_all(&renewal).await?;
-        if renewed.first() == Some(&true) && self.lost.extend_to(sent + lease) {
+        let renewed = self.engine.store().renew_all(&renewal).await;
+        if let Some(error) = renewed.error {
+            return Err(error.into());
+        }
+        if renewed.held.first() == Some(&Some(true)) && self.lost.extend_to(sent + lease) {
             return Ok(());
         }
         self.lost.mark_lost();

@@ -175,6 +175,7 @@ impl Attempts for MultiAttempts<'_> {
             keys: &self.keys,
             holder: &self.holder,
             lease: self.lease,
+            fresh: self.fresh,
         };
         match self.engine.store().acquire_all(&ask).await? {
             MultiAttempt::Taken { tokens } => {

@@ -71,6 +71,7 @@ impl<'a> Target<'a> {
             holder: &self.holder,
             lease: self.lease,
             how,
+            fresh: self.fresh,
         };
         Ok((self.engine.store().acquire(&ask).await?, sent))
     }

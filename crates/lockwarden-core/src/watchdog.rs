@@ -17,7 +17,7 @@ use tokio_util::task::AbortOnDropHandle;
 
 use crate::hold::Hold;
 use crate::metrics::{self, LostBecause, Operation, RenewalOutcome};
-use crate::store::contract::{LockStore, Renewal};
+use crate::store::contract::{LockStore, Renewal, Renewed};
 use crate::store::Store;
 
 pub(crate) struct Watchdog {
@@ -266,7 +266,7 @@ impl Holds {
                 due.into_iter().map(|(_, r, g)| (r, g)).unzip();
 
             let sent = Instant::now();
-            let outcome = store.renew_all(&batch).await;
+            let Renewed { held, error } = store.renew_all(&batch).await;
             let after = Instant::now();
             metrics::renewal_batch(after - sent, after - sent > interval);
             if after - sent > interval {
@@ -277,45 +277,36 @@ impl Holds {
                      or the watchdog lease is too short for this many locks"
                 );
             }
+            let count = |outcome: Option<bool>| held.iter().filter(|h| **h == outcome).count();
+            metrics::renewals(RenewalOutcome::Extended, count(Some(true)));
+            metrics::renewals(RenewalOutcome::Lost, count(Some(false)));
+            if let Some(error) = &error {
+                let failed = count(None);
+                metrics::backend_error(Operation::Renew, error);
+                metrics::renewals(RenewalOutcome::Failed, failed);
+                tracing::warn!(%error, locks = failed, "lock renewal failed; retrying until the lease runs out");
+            }
+            // Each hold by its own answer: on a cluster, one node that does not answer
+            // leaves the others' renewals standing.
             let mut entries = self.entries();
-            match outcome {
-                Ok(renewed) => {
-                    let gone = renewed.iter().filter(|ok| !**ok).count();
-                    metrics::renewals(RenewalOutcome::Extended, renewed.len() - gone);
-                    metrics::renewals(RenewalOutcome::Lost, gone);
-                    for ((r, generation), ok) in batch.iter().zip(generations).zip(renewed) {
-                        let Some(e) = entries
-                            .get_mut(&r.hold)
-                            .filter(|e| e.generation == generation)
-                        else {
-                            continue; // released meanwhile
-                        };
-                        if ok {
-                            e.expires = sent + r.lease;
-                            e.due = (sent + interval).min(e.expires);
-                            tracing::trace!(key = %r.hold.key, "renewed");
-                        } else {
-                            mark_lost(&mut entries, &r.hold, LostBecause::Gone);
-                        }
+            for ((r, generation), held) in batch.iter().zip(generations).zip(held) {
+                let Some(e) = entries
+                    .get_mut(&r.hold)
+                    .filter(|e| e.generation == generation)
+                else {
+                    continue; // released meanwhile
+                };
+                match held {
+                    Some(true) => {
+                        e.expires = sent + r.lease;
+                        e.due = (sent + interval).min(e.expires);
+                        tracing::trace!(key = %r.hold.key, "renewed");
                     }
-                }
-                Err(error) => {
-                    metrics::backend_error(Operation::Renew, &error);
-                    metrics::renewals(RenewalOutcome::Failed, batch.len());
-                    tracing::warn!(%error, locks = batch.len(), "lock renewal failed; retrying until the lease runs out");
-                    for (r, generation) in batch.iter().zip(generations) {
-                        let Some(e) = entries
-                            .get_mut(&r.hold)
-                            .filter(|e| e.generation == generation)
-                        else {
-                            continue;
-                        };
-                        if after >= e.expires {
-                            mark_lost(&mut entries, &r.hold, LostBecause::RenewalsFailed);
-                        } else {
-                            e.due = (after + retry).min(e.expires);
-                        }
+                    Some(false) => mark_lost(&mut entries, &r.hold, LostBecause::Gone),
+                    None if after >= e.expires => {
+                        mark_lost(&mut entries, &r.hold, LostBecause::RenewalsFailed)
                     }
+                    None => e.due = (after + retry).min(e.expires),
                 }
             }
         }

@@ -1,12 +1,15 @@
 //! The [`RedisCluster`] handle: a Redis Cluster of master-only
-//! [`RedisServer`]s on loopback, its formation (slot assignment, `MEET`,
-//! convergence) and live resharding of single slots.
+//! [`RedisServer`]s on loopback (each behind a [`FaultProxy`] if asked), its
+//! formation (slot assignment, `MEET`, convergence) and live resharding of
+//! single slots.
 
 use std::io;
+use std::net::{Ipv4Addr, TcpListener};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::proxy::FaultProxy;
 use crate::server::{free_port, RedisServer};
 use crate::tls::TlsCerts;
 
@@ -68,6 +71,9 @@ pub struct RedisCluster {
     nodes: Vec<RedisServer>,
     /// Cluster node id (`CLUSTER MYID`) of each node, by index.
     ids: Vec<String>,
+    /// The proxy in front of each node, by index, in a cluster started with
+    /// [`RedisCluster::start_proxied`]; empty otherwise.
+    proxies: Vec<FaultProxy>,
 }
 
 /// One entry of `CLUSTER SLOTS`: a slot range and its master's port.
@@ -101,7 +107,30 @@ impl RedisCluster {
     /// `TimedOut` if the cluster does not converge, quoting the last state
     /// seen and the node logs.
     pub fn start(masters: usize) -> io::Result<RedisCluster> {
-        Self::start_inner(masters, None)
+        Self::start_inner(masters, None, false)
+    }
+
+    /// Like [`RedisCluster::start`], with every node behind a
+    /// [`FaultProxy`] of its own that the node announces as its address
+    /// (`--cluster-announce-ip 127.0.0.1 --cluster-announce-port <proxy>`;
+    /// `--cluster-announce-bus-port` keeps the cluster bus direct). So
+    /// `CLUSTER SLOTS`, `CLUSTER SHARDS` and `MOVED` name the proxies, and a
+    /// cluster client, whichever node it is given first, sends every command
+    /// through them: [`proxy`](RedisCluster::proxy) breaks one node's
+    /// network. [`urls`](RedisCluster::urls) are the proxies'; the testkit's
+    /// probes, the nodes' own [`url`](RedisServer::url)s and the cluster bus
+    /// bypass them. A [restarted](RedisServer::restart) node announces its
+    /// proxy again.
+    ///
+    /// Returns once, besides what [`RedisCluster::start`] waits for, every
+    /// node's `CLUSTER NODES` names every node at its proxy's port and real
+    /// bus port.
+    ///
+    /// # Errors
+    ///
+    /// As for [`RedisCluster::start`], or if a proxy cannot start.
+    pub fn start_proxied(masters: usize) -> io::Result<RedisCluster> {
+        Self::start_inner(masters, None, true)
     }
 
     /// Like [`RedisCluster::start`], over TLS with `certs`: every node is a
@@ -116,10 +145,14 @@ impl RedisCluster {
     ///
     /// As for [`RedisCluster::start`].
     pub fn start_tls(masters: usize, certs: &Arc<TlsCerts>) -> io::Result<RedisCluster> {
-        Self::start_inner(masters, Some(certs))
+        Self::start_inner(masters, Some(certs), false)
     }
 
-    fn start_inner(masters: usize, tls: Option<&Arc<TlsCerts>>) -> io::Result<RedisCluster> {
+    fn start_inner(
+        masters: usize,
+        tls: Option<&Arc<TlsCerts>>,
+        proxied: bool,
+    ) -> io::Result<RedisCluster> {
         if masters == 0 || masters > SLOTS {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -128,8 +161,22 @@ impl RedisCluster {
         }
         let mut nodes = Vec::with_capacity(masters);
         let mut bus_ports = Vec::with_capacity(masters);
+        let mut proxies = Vec::new();
         for _ in 0..masters {
-            let (node, bus_port) = start_node(tls)?;
+            // The proxy's port is bound first: the node announces it from its start (and
+            // again after a restart), before the node's own port is known.
+            let listener = match proxied {
+                true => Some(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?),
+                false => None,
+            };
+            let announce = match &listener {
+                Some(listener) => Some(listener.local_addr()?.port()),
+                None => None,
+            };
+            let (node, bus_port) = start_node(tls, announce)?;
+            if let Some(listener) = listener {
+                proxies.push(FaultProxy::start_on(listener, node.port())?);
+            }
             nodes.push(node);
             bus_ports.push(bus_port);
         }
@@ -165,17 +212,29 @@ impl RedisCluster {
             )?;
         }
 
-        let cluster = RedisCluster { nodes, ids };
+        let cluster = RedisCluster {
+            nodes,
+            ids,
+            proxies,
+        };
         let expected: Vec<SlotRange> = (0..masters)
             .map(|i| {
                 let (start, end) = slot_range(i, masters);
                 SlotRange {
                     start,
                     end,
-                    port: cluster.nodes[i].port(),
+                    port: cluster.announced_port(i),
                 }
             })
             .collect();
+        let mut addresses: Vec<NodeAddress> = (0..masters)
+            .map(|i| NodeAddress {
+                id: cluster.ids[i].clone(),
+                port: cluster.announced_port(i),
+                bus_port: bus_ports[i],
+            })
+            .collect();
+        addresses.sort();
         cluster.wait_until("form", FORM_TIMEOUT, |node| {
             let info: String = run(node, &["CLUSTER", "INFO"])?;
             if !info.lines().any(|l| l.trim() == "cluster_state:ok") {
@@ -187,9 +246,22 @@ impl RedisCluster {
             }
             let mut slots = cluster_slots(node)?;
             slots.sort_by_key(|r| r.start);
-            Ok((slots != expected).then(|| {
-                format!(
+            if slots != expected {
+                return Ok(Some(format!(
                     "127.0.0.1:{} sees slots {slots:?}, expected {expected:?}",
+                    node.port()
+                )));
+            }
+            // Only announced addresses are checked: a node that announces none learns its
+            // own IP from a peer, some time after the slots agree.
+            if !proxied {
+                return Ok(None);
+            }
+            let mut seen = cluster_nodes(node)?;
+            seen.sort();
+            Ok((seen != addresses).then(|| {
+                format!(
+                    "127.0.0.1:{} sees nodes {seen:?}, expected {addresses:?}",
                     node.port()
                 )
             }))
@@ -198,9 +270,28 @@ impl RedisCluster {
     }
 
     /// The nodes' connection URLs, `redis://127.0.0.1:PORT/` (`rediss://` and
-    /// their TLS ports in a [TLS cluster](RedisCluster::start_tls)), by index.
+    /// their TLS ports in a [TLS cluster](RedisCluster::start_tls); their
+    /// proxies' in a [proxied cluster](RedisCluster::start_proxied)), by
+    /// index.
     pub fn urls(&self) -> Vec<String> {
-        self.nodes.iter().map(RedisServer::url).collect()
+        match self.proxies.is_empty() {
+            true => self.nodes.iter().map(RedisServer::url).collect(),
+            false => self.proxies.iter().map(FaultProxy::url).collect(),
+        }
+    }
+
+    /// The [`FaultProxy`] in front of node `i` of a
+    /// [proxied cluster](RedisCluster::start_proxied); `None` in another
+    /// cluster, or for an index out of range.
+    pub fn proxy(&self, i: usize) -> Option<&FaultProxy> {
+        self.proxies.get(i)
+    }
+
+    /// The port node `i` announces: its proxy's, or its own.
+    fn announced_port(&self, i: usize) -> u16 {
+        self.proxies
+            .get(i)
+            .map_or_else(|| self.nodes[i].port(), FaultProxy::port)
     }
 
     /// Creates (or resets) the ACL user `user` with `password` and exactly
@@ -363,9 +454,10 @@ impl RedisCluster {
         })
     }
 
-    /// Node index listening on `port`.
+    /// Index of the node announced at `port` (listening on it, or behind a
+    /// proxy there).
     fn index_of_port(&self, port: u16) -> Option<usize> {
-        self.nodes.iter().position(|n| n.port() == port)
+        (0..self.nodes.len()).find(|&i| self.announced_port(i) == port)
     }
 
     /// Runs `f` on the nodes that have a process, in order, and returns the
@@ -430,12 +522,17 @@ impl RedisCluster {
 }
 
 /// Starts one cluster-enabled node with a fresh bus port, retrying with
-/// another bus port if the chosen one was taken meanwhile.
-fn start_node(tls: Option<&Arc<TlsCerts>>) -> io::Result<(RedisServer, u16)> {
+/// another bus port if the chosen one was taken meanwhile. With `announce`,
+/// the node gives that port as its own to peers and clients.
+fn start_node(
+    tls: Option<&Arc<TlsCerts>>,
+    announce: Option<u16>,
+) -> io::Result<(RedisServer, u16)> {
+    let announce = announce.map(|port| port.to_string());
     let mut last_err = None;
     for _ in 0..BUS_PORT_ATTEMPTS {
         let bus_port = free_port()?.to_string();
-        let args = [
+        let mut args = vec![
             "--cluster-enabled",
             "yes",
             "--cluster-config-file",
@@ -445,9 +542,19 @@ fn start_node(tls: Option<&Arc<TlsCerts>>) -> io::Result<(RedisServer, u16)> {
             "--cluster-port",
             &bus_port,
         ];
+        if let Some(port) = &announce {
+            // The bus port is announced too: peers must still reach the node itself.
+            args.extend([
+                "--cluster-announce-ip",
+                "127.0.0.1",
+                "--cluster-announce-port",
+                port,
+                "--cluster-announce-bus-port",
+                &bus_port,
+            ]);
+        }
         let started = match tls {
             Some(certs) => {
-                let mut args = args.to_vec();
                 args.extend(["--tls-cluster", "yes"]);
                 RedisServer::start_tls(certs, &args)
             }
@@ -494,6 +601,46 @@ fn cluster_slots(node: &RedisServer) -> io::Result<Vec<SlotRange>> {
             "unexpected CLUSTER SLOTS reply from 127.0.0.1:{}: {reply:?}",
             node.port()
         ))
+    })
+}
+
+/// One node as a node's `CLUSTER NODES` names it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct NodeAddress {
+    id: String,
+    port: u16,
+    bus_port: u16,
+}
+
+/// `node`'s `CLUSTER NODES`, reduced to ids and ports (every address must be
+/// `127.0.0.1`).
+fn cluster_nodes(node: &RedisServer) -> io::Result<Vec<NodeAddress>> {
+    let reply: String = run(node, &["CLUSTER", "NODES"])?;
+    reply
+        .lines()
+        .filter(|line| !line.trim().is_empty())
+        .map(|line| {
+            parse_node_line(line).ok_or_else(|| {
+                io::Error::other(format!(
+                    "unexpected CLUSTER NODES line from 127.0.0.1:{}: {line:?}",
+                    node.port()
+                ))
+            })
+        })
+        .collect()
+}
+
+/// Parses `<id> 127.0.0.1:<port>@<bus port>[,<hostname>] <flags> ...`.
+fn parse_node_line(line: &str) -> Option<NodeAddress> {
+    let mut fields = line.split_whitespace();
+    let id = fields.next()?.to_owned();
+    let address = fields.next()?;
+    let (port, bus) = address.strip_prefix("127.0.0.1:")?.split_once('@')?;
+    let bus = bus.split(',').next()?;
+    Some(NodeAddress {
+        id,
+        port: port.parse().ok()?,
+        bus_port: bus.parse().ok()?,
     })
 }
 
@@ -685,6 +832,85 @@ mod tests {
         assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
         let err = cluster.move_slot(0, 3).expect_err("node out of range");
         assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+    }
+
+    #[test]
+    fn a_proxied_cluster_is_reached_through_the_proxies_it_announces() {
+        let mut cluster = RedisCluster::start_proxied(2).expect("start a proxied cluster");
+        let proxies: Vec<u16> = (0..2)
+            .map(|i| cluster.proxy(i).expect("a proxy").port())
+            .collect();
+        assert!(cluster.proxy(2).is_none());
+        let urls: Vec<String> = proxies
+            .iter()
+            .map(|port| format!("redis://127.0.0.1:{port}/"))
+            .collect();
+        assert_eq!(cluster.urls(), urls);
+        for node in cluster.nodes() {
+            let ports: Vec<u16> = sorted_slots(node).iter().map(|r| r.port).collect();
+            assert_eq!(ports, proxies, "as seen by 127.0.0.1:{}", node.port());
+        }
+        // A redirect names the proxy too.
+        let key = key_owned_by(&cluster, 1, "proxied");
+        let err = cluster.nodes()[0]
+            .query::<Option<String>>(&["GET", &key])
+            .expect_err("node 0 redirects");
+        let proxy_address = format!("127.0.0.1:{}", proxies[1]);
+        let slot = cluster.slot(&key).expect("slot");
+        assert_eq!(
+            err.redirect_node(),
+            Some((proxy_address.as_str(), slot)),
+            "{err}"
+        );
+
+        // A cluster client's commands for node 1 go through its proxy.
+        // (The testkit itself never connects through a proxy.)
+        assert_eq!(cluster.proxy(1).expect("proxy").accepted_connections(), 0);
+        let client = redis::cluster::ClusterClient::new(cluster.urls()).expect("client");
+        let mut con = client.get_connection().expect("connect");
+        let _: () = redis::cmd("SET")
+            .arg(&key)
+            .arg("v")
+            .query(&mut con)
+            .expect("SET");
+        assert!(cluster.exists_on(1, &key));
+        assert!(cluster.proxy(1).expect("proxy").open_connections() > 0);
+
+        // Restarted, node 1 announces its proxy again, to clients and peers.
+        cluster.nodes_mut()[1].restart().expect("restart");
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while cluster.nodes().iter().any(|n| {
+            cluster_slots(n).ok().map(|mut s| {
+                s.sort_by_key(|r| r.start);
+                s.iter().map(|r| r.port).collect::<Vec<_>>()
+            }) != Some(proxies.clone())
+        }) {
+            assert!(
+                Instant::now() < deadline,
+                "the restarted node lost its proxy"
+            );
+            thread::sleep(POLL_INTERVAL);
+        }
+        let mine: Vec<NodeAddress> = cluster_nodes(&cluster.nodes()[1]).expect("NODES");
+        assert!(
+            mine.iter()
+                .any(|a| a.id == cluster.ids[1] && a.port == proxies[1]),
+            "{mine:?}"
+        );
+    }
+
+    #[test]
+    fn node_lines_parse_with_and_without_a_hostname() {
+        let line = "07c3 127.0.0.1:30004@31004 myself,master - 0 0 1 connected 0-5460";
+        let expected = NodeAddress {
+            id: "07c3".to_owned(),
+            port: 30004,
+            bus_port: 31004,
+        };
+        assert_eq!(parse_node_line(line), Some(expected.clone()));
+        let line = "07c3 127.0.0.1:30004@31004,host-a master - 0 0 1 connected";
+        assert_eq!(parse_node_line(line), Some(expected));
+        assert_eq!(parse_node_line("07c3 :30004@31004 myself,master"), None);
     }
 
     #[test]

@@ -15,7 +15,9 @@
 //!
 //! * [`RedisCluster`] forms a master-only Redis Cluster (slots split evenly,
 //!   converged before it is returned) and can move a slot, keys included,
-//!   from one node to another while the cluster is live.
+//!   from one node to another while the cluster is live;
+//!   [`RedisCluster::start_proxied`] puts each node behind a [`FaultProxy`]
+//!   that the node announces, so a cluster client goes through the proxies.
 //! * [`RedisSentinel`] runs a primary/replica pair watched by one Sentinel
 //!   (quorum 1, 400 ms down-after) and waits for a failover.
 //!

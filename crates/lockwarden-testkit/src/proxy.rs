@@ -57,6 +57,8 @@ struct Shared {
     faults: watch::Sender<Faults>,
     open: AtomicUsize,
     accepted: AtomicUsize,
+    /// Reads from Redis thrown away by [`FaultProxy::drop_replies`].
+    lost: AtomicUsize,
 }
 
 /// The faults in force. A change is seen at once by every connection.
@@ -100,12 +102,21 @@ impl FaultProxy {
     /// Starts a proxy on a free loopback port that forwards to the Redis server on
     /// `127.0.0.1:upstream_port` (connecting to it once per client connection).
     pub fn start(upstream_port: u16) -> io::Result<FaultProxy> {
+        let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+        Self::start_on(listener, upstream_port)
+    }
+
+    /// Like [`start`](Self::start), serving on `listener`, bound beforehand: a cluster
+    /// node must be told the proxy's port before the node's own port is known.
+    pub(crate) fn start_on(
+        listener: std::net::TcpListener,
+        upstream_port: u16,
+    ) -> io::Result<FaultProxy> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("fault-proxy")
             .enable_all()
             .build()?;
-        let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
         listener.set_nonblocking(true)?;
         let port = listener.local_addr()?.port();
         let listener = {
@@ -116,6 +127,7 @@ impl FaultProxy {
             faults: watch::Sender::new(Faults::default()),
             open: AtomicUsize::new(0),
             accepted: AtomicUsize::new(0),
+            lost: AtomicUsize::new(0),
         });
         let upstream = SocketAddr::from((Ipv4Addr::LOCALHOST, upstream_port));
         runtime.spawn(serve(listener, upstream, Arc::clone(&shared)));
@@ -220,6 +232,13 @@ impl FaultProxy {
         pause(Duration::from_millis(800));
     }
 
+    /// How often replies were lost to [`drop_replies`](Self::drop_replies) since the
+    /// proxy started (once per read from Redis, which may hold several replies). A test
+    /// that heals only once this went up knows its reply was lost, not still on its way.
+    pub fn lost_replies(&self) -> usize {
+        self.shared.lost.load(Ordering::SeqCst)
+    }
+
     fn change(&self, edit: impl FnOnce(&mut Faults)) {
         self.shared.faults.send_modify(edit);
     }
@@ -284,14 +303,14 @@ async fn connection(client: TcpStream, upstream: SocketAddr, shared: Arc<Shared>
             &mut server_write,
             Way::Requests,
             faults.clone(),
-            &lost,
+            (&lost, &shared.lost),
         );
         let replies = forward(
             &mut server_read,
             &mut client_write,
             Way::Replies,
             faults.clone(),
-            &lost,
+            (&lost, &shared.lost),
         );
         let reset_due = async {
             loop {
@@ -324,13 +343,14 @@ async fn connection(client: TcpStream, upstream: SocketAddr, shared: Arc<Shared>
 }
 
 /// Copies bytes from `from` to `to` one way, applying the faults in force when each chunk
-/// is due; passes the end of the stream on.
+/// is due; passes the end of the stream on. A dropped chunk marks the connection `lost`
+/// and counts in `all_lost`.
 async fn forward(
     from: &mut OwnedReadHalf,
     to: &mut OwnedWriteHalf,
     way: Way,
     faults: watch::Receiver<Faults>,
-    lost: &AtomicBool,
+    (lost, all_lost): (&AtomicBool, &AtomicUsize),
 ) {
     // Reading goes on while a chunk waits, so latency delays each chunk from its own
     // arrival rather than adding up.
@@ -356,6 +376,7 @@ async fn forward(
                     }
                     Flow::Drop => {
                         lost.store(true, Ordering::SeqCst);
+                        all_lost.fetch_add(1, Ordering::SeqCst);
                         break;
                     }
                     Flow::Pass if Instant::now() < arrived + now.latency => {
@@ -497,12 +518,15 @@ mod tests {
         let (server, proxy) = server_and_proxy();
         let mut stream = ran_without_reply(&server, &proxy, FaultProxy::stall_replies);
         assert_eq!(read_reply(&mut stream).expect("reply"), "+OK\r\n");
+        assert_eq!(proxy.lost_replies(), 0, "held back, not lost");
     }
 
     #[test]
     fn dropped_replies_are_lost_and_the_connection_is_reset_when_healed() {
         let (server, proxy) = server_and_proxy();
+        assert_eq!(proxy.lost_replies(), 0);
         let mut stream = ran_without_reply(&server, &proxy, FaultProxy::drop_replies);
+        assert_eq!(proxy.lost_replies(), 1);
         let error = read_reply(&mut stream).expect_err("the connection is reset");
         assert_eq!(error.kind(), ErrorKind::ConnectionReset, "{error}");
         a_new_connection_works(&proxy);

@@ -57,8 +57,8 @@ pub(crate) trait LockStore {
         outcome: Outcome<'_>,
     ) -> impl Future<Output = Result<Released>> + Send;
 
-    /// Renews each hold whose holder still has it; `false` for one that is gone.
-    fn renew_all(&self, renewals: &[Renewal]) -> impl Future<Output = Result<Vec<bool>>> + Send;
+    /// Renews each hold whose holder still has it (see [`Renewed`]).
+    fn renew_all(&self, renewals: &[Renewal]) -> impl Future<Output = Renewed> + Send;
 
     /// A waiter gives up: leaves a fair lock's queue, or withdraws a waiting writer.
     fn withdraw(
@@ -104,6 +104,11 @@ pub(crate) struct Acquire<'a> {
     pub(crate) holder: &'a Holder,
     pub(crate) lease: Duration,
     pub(crate) how: How,
+    /// Whether `holder` was made for this acquisition (see `settle.rs`). It then holds
+    /// the lock only if this very attempt ran before: a cluster client sends a call again
+    /// when its connection broke before the reply. Redis answers that as taken, without
+    /// counting a re-entry; the in-process store runs each attempt once.
+    pub(crate) fresh: bool,
 }
 
 /// One attempt to take several locks as one.
@@ -113,6 +118,9 @@ pub(crate) struct AcquireAll<'a> {
     pub(crate) keys: &'a [Key],
     pub(crate) holder: &'a Holder,
     pub(crate) lease: Duration,
+    /// As for [`Acquire::fresh`]; on a cluster also what an earlier attempt of this
+    /// acquisition took in one slot and could not give back is held once, not twice.
+    pub(crate) fresh: bool,
 }
 
 /// The way of an acquire attempt, per kind of lock.
@@ -199,6 +207,17 @@ pub(crate) struct Outcome<'a> {
 pub(crate) struct Renewal {
     pub(crate) hold: Hold,
     pub(crate) lease: Duration,
+}
+
+/// What a bulk renewal answers.
+#[derive(Debug)]
+pub(crate) struct Renewed {
+    /// Per renewal, in order: whether its holder still had it (`false`: gone), or `None`
+    /// if its call failed. On a cluster a node that does not answer fails only the
+    /// renewals of its slots.
+    pub(crate) held: Vec<Option<bool>>,
+    /// The first failure, if any.
+    pub(crate) error: Option<BackendError>,
 }
 
 /// A waiter that leaves something in the store while it waits.

@@ -17,8 +17,8 @@ use crate::holder::Holder;
 use crate::key::Key;
 use crate::waiters::Waiters;
 use contract::{
-    Acquire, AcquireAll, Attempt, LockStore, MultiAttempt, Outcome, Released, Renewal, Result,
-    Waiter,
+    Acquire, AcquireAll, Attempt, LockStore, MultiAttempt, Outcome, Released, Renewal, Renewed,
+    Result, Waiter,
 };
 use memory::MemoryStore;
 
@@ -88,7 +88,7 @@ impl LockStore for Store {
         dispatch!(self, s => s.complete(hold, outcome).await)
     }
 
-    async fn renew_all(&self, renewals: &[Renewal]) -> Result<Vec<bool>> {
+    async fn renew_all(&self, renewals: &[Renewal]) -> Renewed {
         dispatch!(self, s => s.renew_all(renewals).await)
     }
 

@@ -18,8 +18,8 @@ use crate::hold::{Exclusive, Hold, HoldKind, RwMode};
 use crate::holder::Holder;
 use crate::key::Key;
 use crate::store::contract::{
-    Acquire, AcquireAll, Attempt, How, LockStore, MultiAttempt, Outcome, Released, Renewal, Result,
-    Waiter,
+    Acquire, AcquireAll, Attempt, How, LockStore, MultiAttempt, Outcome, Released, Renewal,
+    Renewed, Result, Waiter,
 };
 use crate::waiters::Waiters;
 use locks::Locks;
@@ -257,10 +257,10 @@ impl LockStore for MemoryStore {
         Ok(self.release_now(HoldKind::Exclusive(*kind), key, holder, Some(outcome)))
     }
 
-    async fn renew_all(&self, renewals: &[Renewal]) -> Result<Vec<bool>> {
+    async fn renew_all(&self, renewals: &[Renewal]) -> Renewed {
         let now = Instant::now();
         let mut state = self.state();
-        Ok(renewals
+        let held = renewals
             .iter()
             .map(|Renewal { hold, lease }| match hold.kind {
                 // A fair lock is held as a plain one is; its queue needs no renewal.
@@ -269,7 +269,9 @@ impl LockStore for MemoryStore {
                     state.rw.renew(mode, &hold.key, &hold.holder, *lease, now)
                 }
             })
-            .collect())
+            .map(Some)
+            .collect();
+        Renewed { held, error: None }
     }
 
     async fn withdraw(&self, waiter: Waiter, key: &Key, holder: &Holder) -> Result<()> {

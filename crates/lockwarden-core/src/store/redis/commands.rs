@@ -17,8 +17,15 @@ use crate::error::BackendError;
 
 /// Commands per pipeline when renewing or releasing in bulk.
 const BATCH: usize = 1024;
-/// Pipelines sent before the first reply is awaited.
+/// Pipelines to one server sent before the first reply is awaited.
 const PIPELINES_IN_FLIGHT: usize = 4;
+
+/// What [`Commands::pipelined`] answers: each item's reply, `None` where its pipeline
+/// failed (or was not sent), and the first failure.
+pub(super) struct Piped {
+    pub(super) replies: Vec<Option<i64>>,
+    pub(super) error: Option<BackendError>,
+}
 
 /// The connection the store's commands go over, with their timeout; cheap to clone.
 #[derive(Clone)]
@@ -62,12 +69,17 @@ impl Commands {
     /// Runs one call per item, pipelined in batches, and returns their integer replies in
     /// the items' order. `slot_key` names a key of each call: on a cluster a pipeline may
     /// only hold commands of one slot, so calls are grouped by slot first.
+    ///
+    /// On one server the pipelines go a few at a time, and none after one fails (the
+    /// others would fail alike). On a cluster they go all at once and each stands alone:
+    /// a node that does not answer must neither hold back nor fail the other nodes'
+    /// calls (a watchdog would lose their locks with it).
     pub(super) async fn pipelined<'a, T: 'a>(
         &self,
         items: &'a [T],
         slot_key: impl Fn(&'a T) -> &'a str,
         call: impl Fn(&'a T) -> Call,
-    ) -> Result<Vec<i64>, BackendError> {
+    ) -> Piped {
         // Each pipeline with the positions of its items (and its first call, for errors).
         let mut pipes: Vec<(redis::Pipeline, Vec<usize>, What)> = Vec::new();
         let mut open: HashMap<Option<Slot>, usize> = HashMap::new();
@@ -89,28 +101,47 @@ impl Commands {
             pipes[pipe].1.push(at);
         }
         // A few pipelines in flight keep Redis busy while replies are decoded.
-        let mut out = vec![0; items.len()];
-        for group in pipes.chunks(PIPELINES_IN_FLIGHT) {
-            let replies = futures_util::future::try_join_all(
+        let cluster = self.conn.is_cluster();
+        let in_flight = match cluster {
+            true => pipes.len().max(1),
+            false => PIPELINES_IN_FLIGHT,
+        };
+        let mut piped = Piped {
+            replies: vec![None; items.len()],
+            error: None,
+        };
+        for group in pipes.chunks(in_flight) {
+            let replies = futures_util::future::join_all(
                 group
                     .iter()
                     .map(|(pipe, _, what)| self.run_pipeline(pipe, *what)),
             )
-            .await?;
+            .await;
             for ((_, positions, _), reply) in group.iter().zip(replies) {
-                if reply.len() != positions.len() {
-                    return Err(BackendError::Protocol(format!(
+                let reply = reply.and_then(|reply| match reply.len() == positions.len() {
+                    true => Ok(reply),
+                    false => Err(BackendError::Protocol(format!(
                         "{} replies to a pipeline of {}",
                         reply.len(),
                         positions.len()
-                    )));
-                }
-                for (&at, value) in positions.iter().zip(reply) {
-                    out[at] = value;
+                    ))),
+                });
+                match reply {
+                    Ok(reply) => {
+                        for (&at, value) in positions.iter().zip(reply) {
+                            piped.replies[at] = Some(value);
+                        }
+                    }
+                    Err(error) => {
+                        piped.error.get_or_insert(error);
+                    }
                 }
             }
+            if piped.error.is_some() && !cluster {
+                break;
+            }
         }
-        Ok(out)
+        piped
     }
 
     async fn run_pipeline(

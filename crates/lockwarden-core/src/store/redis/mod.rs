@@ -44,8 +44,8 @@ use crate::hold::{Exclusive, Hold};
 use crate::holder::Holder;
 use crate::key::Key;
 use crate::store::contract::{
-    Acquire, AcquireAll, Attempt, LockStore, MultiAttempt, Outcome, Released, Renewal, Result,
-    Waiter,
+    Acquire, AcquireAll, Attempt, LockStore, MultiAttempt, Outcome, Released, Renewal, Renewed,
+    Result, Waiter,
 };
 use crate::waiters::Waiters;
 use commands::Commands;
@@ -178,12 +178,16 @@ impl LockStore for RedisStore {
         Ok(scripts::released(self.commands.run(call).await?))
     }
 
-    async fn renew_all(&self, renewals: &[Renewal]) -> Result<Vec<bool>> {
-        let replies = self
+    async fn renew_all(&self, renewals: &[Renewal]) -> Renewed {
+        let piped = self
             .commands
             .pipelined(renewals, |r| r.hold.key.redis_key(), scripts::renew)
-            .await?;
-        Ok(replies.into_iter().map(|renewed| renewed == 1).collect())
+            .await;
+        let held = piped.replies.into_iter();
+        Renewed {
+            held: held.map(|renewed| renewed.map(|n| n == 1)).collect(),
+            error: piped.error,
+        }
     }
 
     async fn withdraw(&self, waiter: Waiter, key: &Key, holder: &Holder) -> Result<()> {
@@ -249,34 +253,33 @@ async fn release_dropped(
                 batch.push(dropped);
             }
         }
-        let replies = commands
+        let piped = commands
             .pipelined(
                 &batch,
                 |(hold, _)| hold.key.redis_key(),
                 |(hold, _)| scripts::release(hold),
             )
             .await;
-        match replies {
-            Ok(replies) => {
-                for ((hold, _), left) in batch.iter().zip(replies) {
-                    if scripts::released(left) == Released::NotHeld {
-                        tracing::debug!(key = %hold.key, "dropped guard's lock was no longer held");
-                    }
-                }
-                batch.clear();
-                backoff = MIN_BACKOFF;
-            }
-            Err(error) => {
-                let retry_by = Instant::now() + backoff;
-                let before = batch.len();
-                batch.retain(|(_, until)| {
-                    error.is_transient() && until.is_some_and(|until| retry_by < until)
-                });
-                tracing::warn!(%error, locks = before, resent = batch.len(),
-                    "could not release dropped guards; those that may be are sent again, \
-                     the others expire with their leases");
-                backoff = (backoff * 2).min(MAX_BACKOFF);
+        for ((hold, _), left) in batch.iter().zip(&piped.replies) {
+            if left.map(scripts::released) == Some(Released::NotHeld) {
+                tracing::debug!(key = %hold.key, "dropped guard's lock was no longer held");
             }
         }
+        let Some(error) = piped.error else {
+            batch.clear();
+            backoff = MIN_BACKOFF;
+            continue;
+        };
+        // Only the releases that got no answer are left to settle.
+        let mut answered = piped.replies.iter().map(Option::is_some);
+        batch.retain(|_| !answered.next().unwrap_or(false));
+        let (failed, retry_by) = (batch.len(), Instant::now() + backoff);
+        batch.retain(|(_, until)| {
+            error.is_transient() && until.is_some_and(|until| retry_by < until)
+        });
+        tracing::warn!(%error, locks = failed, resent = batch.len(),
+            "could not release dropped guards; those that may be are sent again, \
+             the others expire with their leases");
+        backoff = (backoff * 2).min(MAX_BACKOFF);
     }
 }

@@ -29,12 +29,20 @@ pub(super) async fn acquire_all(
         keys,
         holder,
         lease,
+        fresh,
     }: &AcquireAll<'_>,
 ) -> Result<MultiAttempt, BackendError> {
     let groups = slot_groups(commands.conn.is_cluster(), keys);
     let rounds = u32::try_from(groups.len()).unwrap_or(u32::MAX);
     let (owned, who) = (keys.to_vec(), holder.clone());
-    let take = take_groups(commands.clone(), owned.clone(), groups, who.clone(), lease);
+    let take = take_groups(
+        commands.clone(),
+        owned.clone(),
+        groups,
+        who.clone(),
+        lease,
+        fresh,
+    );
     // If the caller goes away while a script is in flight, whatever was taken is
     // released once the replies are in.
     let undo_with = commands.clone();
@@ -97,11 +105,12 @@ async fn take_groups(
     groups: Vec<Vec<usize>>,
     holder: Holder,
     lease: Duration,
+    fresh: bool,
 ) -> redis::RedisResult<Vec<Value>> {
     let mut out = vec![Value::Int(1); keys.len() + 1];
     let mut taken: Vec<Key> = Vec::new();
     for group in &groups {
-        let call = scripts::acquire_all(group.iter().map(|&at| &keys[at]), &holder, lease);
+        let call = scripts::acquire_all(group.iter().map(|&at| &keys[at]), &holder, lease, fresh);
         let reply = commands.send::<Vec<Value>>(call).await;
         match reply.as_deref() {
             Ok([Value::Int(1), tokens @ ..]) if tokens.len() == group.len() => {

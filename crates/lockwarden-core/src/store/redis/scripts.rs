@@ -226,7 +226,7 @@ pub(super) fn acquire(ask: &Acquire<'_>) -> Call {
         How::Write { .. } => Call::script(&WRITE_ACQUIRE, &rw_keys(key)),
     };
     let call = call.arg(ask.holder.id()).arg(millis(ask.lease));
-    match how {
+    let call = match how {
         How::Fair {
             queue_timeout,
             join,
@@ -238,6 +238,16 @@ pub(super) fn acquire(ask: &Acquire<'_>) -> Call {
             .arg(if queued { "1" } else { "0" }),
         How::Write { register } => call.arg(millis(register)),
         How::Plain | How::Claim | How::Read => call,
+    };
+    call.arg(flag(ask.fresh))
+}
+
+/// A script's yes/no argument.
+fn flag(yes: bool) -> &'static str {
+    if yes {
+        "1"
+    } else {
+        "0"
     }
 }
 
@@ -270,6 +280,7 @@ pub(super) fn acquire_all<'k>(
     keys: impl Iterator<Item = &'k Key>,
     holder: &Holder,
     lease: Duration,
+    fresh: bool,
 ) -> Call {
     let names: Vec<&str> = keys
         .flat_map(|key| [key.redis_key(), key.fence_key()])
@@ -277,6 +288,7 @@ pub(super) fn acquire_all<'k>(
     Call::script(&MULTI_ACQUIRE, &names)
         .arg(holder.id())
         .arg(millis(lease))
+        .arg(flag(fresh))
 }
 
 /// Releases one hold (`-1`, `0` or the count left, see [`released`]).
