@@ -9,9 +9,8 @@ use std::task::{ready, Context, Poll};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
-use tokio::task::JoinHandle;
 
-use super::held::Held;
+use super::held::{Held, Release};
 
 pin_project! {
     /// The response body of [`LockService`](super::LockService): the inner service's body,
@@ -38,7 +37,7 @@ pin_project! {
         kind: Kind<B>,
         held: Option<Held>,
         // The release in progress, and the last frame, handed on when it is done.
-        finishing: Option<JoinHandle<()>>,
+        finishing: Option<Release>,
         last: Option<Option<Result<Frame<B::Data>, B::Error>>>,
     }
 }
@@ -104,8 +103,8 @@ where
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let this = self.project();
         if let Some(finishing) = this.finishing.as_mut() {
-            // A failed release task was logged by itself; the frame goes on regardless.
-            let _ = ready!(Pin::new(finishing).poll(cx));
+            // A failed release was logged by itself; the frame goes on regardless.
+            ready!(Pin::new(finishing).poll(cx));
             *this.finishing = None;
             return Poll::Ready(this.last.take().flatten());
         }
@@ -131,7 +130,7 @@ where
         let finishing = this.held.take().and_then(|held| held.finish(completed));
         match finishing {
             Some(mut finishing) => match Pin::new(&mut finishing).poll(cx) {
-                Poll::Ready(_) => Poll::Ready(frame),
+                Poll::Ready(()) => Poll::Ready(frame),
                 Poll::Pending => {
                     *this.finishing = Some(finishing);
                     *this.last = Some(frame);

@@ -19,7 +19,7 @@ use tracing::Span;
 use super::body::LockedBody;
 use super::client::{default_client, ready_default_client};
 use super::config::{Config, MissingKey};
-use super::held::Held;
+use super::held::{Held, Release};
 use super::key::Extracted;
 use super::metrics::{self, Answered, Route};
 use super::rejection::LockRejection;
@@ -28,7 +28,6 @@ use super::remember::recording::Recording;
 use super::remember::stored::Stored;
 use super::trace;
 use crate::{BackendError, Claim, LockClient, LockError, Scoped};
-use tokio::task::JoinHandle;
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
@@ -78,7 +77,7 @@ pin_project! {
         },
         Locked { #[pin] fut: Scoped<Fut> },
         Unlocked { #[pin] fut: Fut },
-        Finishing { release: JoinHandle<()> },
+        Finishing { release: Release },
         Done,
     }
 }
@@ -256,8 +255,8 @@ where
                     return Poll::Ready(result.map(|response| response.map(LockedBody::new)));
                 }
                 StateProj::Finishing { release } => {
-                    // A failed release task was logged by itself; the answer stands.
-                    let _ = ready!(Pin::new(release).poll(cx));
+                    // A failed release was logged by itself; the answer stands.
+                    ready!(Pin::new(release).poll(cx));
                     this.state.set(State::Done);
                     return match this.finished.take() {
                         Some(response) => Poll::Ready(Ok(response.map(LockedBody::new))),
