@@ -42,6 +42,7 @@ pin_project! {
     pub struct ResponseFuture<F, S, RB>
     where
         S: Service<Request<RB>>,
+        S::Response: Answer,
     {
         #[pin]
         state: State<F, S::Future, RB>,
@@ -52,10 +53,10 @@ pin_project! {
         started: Instant,
         held: Option<Held>,
         lost: Option<BoxFuture<()>>,
-        // Remembering layers: the request's fingerprint (from its extracted key), and a
-        // response with an empty body waiting for its lock's release (and storage) to finish.
+        // Remembering layers: the request's fingerprint (from its extracted key).
         fingerprint: Option<RequestFingerprint>,
-        finished: Option<S::Response>,
+        // A response whose body has ended, waiting for its lock's release (and storage).
+        finished: Option<<S::Response as Answer>::Locked>,
         // For the metrics: the route, where the router names it.
         route: Route,
     }
@@ -82,9 +83,25 @@ pin_project! {
     }
 }
 
+mod sealed {
+    /// A response of the inner service (an `http::Response`), naming the response the
+    /// layer answers with in its place.
+    pub trait Answer {
+        /// The same response, its body holding the lock.
+        type Locked;
+    }
+}
+
+use sealed::Answer;
+
+impl<B: Body> Answer for Response<B> {
+    type Locked = Response<LockedBody<B>>;
+}
+
 impl<F, S, RB> ResponseFuture<F, S, RB>
 where
     S: Service<Request<RB>>,
+    S::Response: Answer,
 {
     pub(crate) fn new(
         extract: F,
@@ -112,6 +129,7 @@ where
 impl<F, S, RB> fmt::Debug for ResponseFuture<F, S, RB>
 where
     S: Service<Request<RB>>,
+    S::Response: Answer,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture")
@@ -222,15 +240,11 @@ where
                         {
                             held.record(Recording::start(&head, fingerprint, remembering));
                         }
+                        let (body, release) = LockedBody::read_ahead(body, held, cx);
                         let response = Response::from_parts(head, body);
-                        if !response.body().is_end_stream() {
-                            return Poll::Ready(Ok(
-                                response.map(|b| LockedBody::locked(b, Some(held)))
-                            ));
-                        }
-                        // Nothing to stream: finish (store, release) before answering.
-                        let Some(release) = held.finish(true) else {
-                            return Poll::Ready(Ok(response.map(LockedBody::new)));
+                        // A body that has ended already: finish (store, release) first.
+                        let Some(release) = release else {
+                            return Poll::Ready(Ok(response));
                         };
                         *this.finished = Some(response);
                         this.state.set(State::Finishing { release });
@@ -259,7 +273,7 @@ where
                     ready!(Pin::new(release).poll(cx));
                     this.state.set(State::Done);
                     return match this.finished.take() {
-                        Some(response) => Poll::Ready(Ok(response.map(LockedBody::new))),
+                        Some(response) => Poll::Ready(Ok(response)),
                         None => panic!("ResponseFuture polled after completion"),
                     };
                 }
