@@ -50,7 +50,8 @@ pin_project! {
         config: Arc<Config>,
         missing: Arc<LockRejection>,
         span: Span,
-        started: Instant,
+        // When the acquisition started, if the span records it.
+        started: Option<Instant>,
         held: Option<Held>,
         lost: Option<BoxFuture<()>>,
         // Remembering layers: the request's fingerprint (from its extracted key).
@@ -116,7 +117,7 @@ where
             config,
             missing,
             span: trace::request_span(),
-            started: Instant::now(),
+            started: None,
             held: None,
             lost: None,
             fingerprint: None,
@@ -158,7 +159,7 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
-        let span = this.span.clone();
+        let span: &Span = this.span;
         let _entered = span.enter();
         loop {
             let next = match this.state.as_mut().project() {
@@ -166,7 +167,7 @@ where
                     Err(rejection) => Next::Reject(rejection),
                     Ok(extracted) => {
                         *this.fingerprint = extracted.fingerprint;
-                        route(extracted, this.config, this.missing, &span, this.route)
+                        route(extracted, this.config, this.missing, span, this.route)
                     }
                 },
                 StateProj::Connect { fut, request, name } => {
@@ -175,7 +176,7 @@ where
                     match connected {
                         Ok(client) => Next::Acquire(request, client, std::mem::take(name)),
                         Err(error) => {
-                            backend_failed(&error, request, this.config, &span, this.route)
+                            backend_failed(&error, request, this.config, span, this.route)
                         }
                     }
                 }
@@ -186,7 +187,9 @@ where
                 } => {
                     let acquired = ready!(fut.as_mut().poll(cx));
                     let mut request = take_request(request);
-                    span.record("wait_ms", trace::millis(this.started.elapsed()));
+                    if let Some(started) = this.started {
+                        span.record("wait_ms", trace::millis(started.elapsed()));
+                    }
                     match acquired {
                         Ok(Claim::Completed(stored)) => {
                             match Stored::for_request(stored, *this.fingerprint) {
@@ -220,7 +223,7 @@ where
                             ))
                         }
                         Err(error) => {
-                            backend_failed(&error, request, this.config, &span, this.route)
+                            backend_failed(&error, request, this.config, span, this.route)
                         }
                     }
                 }
@@ -315,7 +318,7 @@ where
                     });
                 }
                 Next::Acquire(request, client, name) => {
-                    *this.started = Instant::now();
+                    *this.started = trace::clock(span);
                     // No holder given: the core makes one for this request (or takes an
                     // enclosing request's), and can then settle an acquire whose reply was
                     // lost without holding the key for a whole lease.

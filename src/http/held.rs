@@ -44,14 +44,17 @@ impl Held {
 
     fn take_guard(&mut self) -> Option<LockGuard> {
         let guard = self.guard.take()?;
-        let hold_ms = trace::millis(self.acquired.elapsed());
-        self.span.record("hold_ms", hold_ms);
-        if guard.is_lost() {
-            tracing::warn!(
-                parent: &self.span,
-                hold_ms,
-                "the request's lock was lost before the request finished; another request may have run concurrently"
-            );
+        let lost = guard.is_lost();
+        if lost || !self.span.is_disabled() {
+            let hold_ms = trace::millis(self.acquired.elapsed());
+            self.span.record("hold_ms", hold_ms);
+            if lost {
+                tracing::warn!(
+                    parent: &self.span,
+                    hold_ms,
+                    "the request's lock was lost before the request finished; another request may have run concurrently"
+                );
+            }
         }
         Some(guard)
     }
