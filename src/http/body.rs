@@ -236,3 +236,14 @@ impl<B: Body> fmt::Debug for LockedBody<B> {
             .finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// The body stays `Send + Sync` (hyper needs `Send`; `BoxBody` users need `Sync`)
+    /// while it drives a release future that is only `Send`.
+    #[test]
+    fn locked_body_is_send_and_sync() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<super::LockedBody<http_body_util::Full<bytes::Bytes>>>();
+    }
+}
