@@ -4,8 +4,11 @@
 mod common;
 
 use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
@@ -16,9 +19,10 @@ use axum::Router;
 use common::web::{req, send};
 use common::Env;
 use futures_util::FutureExt;
-use http_body_util::BodyExt;
+use http_body::{Body as _, Frame, SizeHint};
+use http_body_util::{BodyExt, Full};
 use lockwarden::{LockClient, LockInfo, LockLayer, MissingKey};
-use tokio::sync::Notify;
+use tokio::sync::{oneshot, Notify};
 use tower::{Layer, ServiceExt};
 
 conformance!(
@@ -27,6 +31,8 @@ conformance!(
     wait_budget_lets_a_queued_request_through,
     lock_held_while_body_streams_and_released_at_its_end,
     released_when_last_frame_is_known_from_is_end_stream,
+    a_body_complete_at_once_is_released_before_the_response,
+    released_when_body_is_dropped_while_releasing,
     released_when_body_is_dropped_mid_stream,
     released_when_response_future_is_dropped_mid_handler,
     released_when_handler_panics,
@@ -253,16 +259,68 @@ async fn lock_held_while_body_streams_and_released_at_its_end(env: Env) {
     );
 }
 
-async fn released_when_last_frame_is_known_from_is_end_stream(env: Env) {
-    let client = env.client().await;
-    // A plain tower service (no axum): the response body is a `LockedBody<Full<Bytes>>`.
+/// A `Full` body held back until its gate opens: the response is handed on before the
+/// body has a frame, and its one frame is known to be the last from `is_end_stream` alone.
+struct Gated {
+    gate: Option<oneshot::Receiver<()>>,
+    body: Full<Bytes>,
+}
+
+impl http_body::Body for Gated {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if let Some(gate) = self.gate.as_mut() {
+            let _ = ready!(Pin::new(gate).poll(cx));
+            self.gate = None;
+        }
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.gate.is_none() && self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// A plain tower service (no axum) answering one request with a `Gated` "payload", and
+/// the gate's opener.
+fn gated_service(
+    client: &LockClient,
+) -> (
+    impl tower::Service<
+        Request<Body>,
+        Response = axum::http::Response<lockwarden::LockedBody<Gated>>,
+        Error = Infallible,
+    >,
+    oneshot::Sender<()>,
+) {
+    let (open, gate) = oneshot::channel();
+    let gate = Arc::new(std::sync::Mutex::new(Some(gate)));
     let service = LockLayer::by_header("Idempotency-Key")
         .client(client.clone())
-        .layer(tower::service_fn(|_req: Request<Body>| async {
-            Ok::<_, Infallible>(axum::http::Response::new(http_body_util::Full::new(
-                Bytes::from("payload"),
-            )))
+        .layer(tower::service_fn(move |_req: Request<Body>| {
+            let gate = gate.lock().expect("gate").take();
+            async move {
+                Ok::<_, Infallible>(axum::http::Response::new(Gated {
+                    gate,
+                    body: Full::new(Bytes::from("payload")),
+                }))
+            }
         }));
+    (service, open)
+}
+
+async fn released_when_last_frame_is_known_from_is_end_stream(env: Env) {
+    let client = env.client().await;
+    let (service, open) = gated_service(&client);
     let response = service
         .oneshot(req("/", Some("full")))
         .await
@@ -270,12 +328,61 @@ async fn released_when_last_frame_is_known_from_is_end_stream(env: Env) {
     let mut body = response.into_body();
     assert!(body.holds_lock());
     assert!(locked(&client, "http:full").await);
+    open.send(()).expect("the body waits");
     let frame = body.frame().await.expect("a frame").expect("data");
     assert_eq!(frame.into_data().expect("data"), "payload");
     // No `None` polled yet: the length told the body it had ended, and it let go.
     assert!(!body.holds_lock());
     assert!(freed(&client, "http:full", Duration::from_millis(500)).await);
     drop(body);
+}
+
+async fn a_body_complete_at_once_is_released_before_the_response(env: Env) {
+    let client = env.client().await;
+    let service = LockLayer::by_header("Idempotency-Key")
+        .client(client.clone())
+        .layer(tower::service_fn(|_req: Request<Body>| async {
+            Ok::<_, Infallible>(axum::http::Response::new(Full::new(Bytes::from("payload"))))
+        }));
+    let response = service
+        .oneshot(req("/", Some("at-once")))
+        .await
+        .expect("infallible");
+    // Its one frame was ready and the last: released (not just being released) already,
+    // so the head can go out together with the body.
+    let mut body = response.into_body();
+    assert!(!body.holds_lock());
+    assert!(!locked(&client, "http:at-once").await);
+    assert_eq!(
+        body.size_hint().exact(),
+        Some(7),
+        "the frame read ahead counts"
+    );
+    assert!(!body.is_end_stream());
+    let frame = body.frame().await.expect("a frame").expect("data");
+    assert_eq!(frame.into_data().expect("data"), "payload");
+    assert!(body.is_end_stream());
+    assert!(body.frame().await.is_none());
+}
+
+async fn released_when_body_is_dropped_while_releasing(env: Env) {
+    let client = env.client().await;
+    let (service, open) = gated_service(&client);
+    let response = service
+        .oneshot(req("/", Some("cut")))
+        .await
+        .expect("infallible");
+    let mut body = response.into_body();
+    open.send(()).expect("the body waits");
+    // One poll: the last frame is read and its release sent; on Redis the answer is not
+    // back yet, so the frame is held back. The client goes away at that moment.
+    let polled = body.frame().now_or_never();
+    if env.is_redis() {
+        assert!(polled.is_none(), "the frame waits for the release");
+        assert!(body.holds_lock());
+    }
+    drop(body);
+    assert!(freed(&client, "http:cut", Duration::from_millis(500)).await);
 }
 
 async fn released_when_body_is_dropped_mid_stream(env: Env) {

@@ -19,7 +19,7 @@ use tracing::Span;
 use super::body::LockedBody;
 use super::client::{default_client, ready_default_client};
 use super::config::{Config, MissingKey};
-use super::held::Held;
+use super::held::{Held, Release};
 use super::key::Extracted;
 use super::metrics::{self, Answered, Route};
 use super::rejection::LockRejection;
@@ -28,7 +28,6 @@ use super::remember::recording::Recording;
 use super::remember::stored::Stored;
 use super::trace;
 use crate::{BackendError, Claim, LockClient, LockError, Scoped};
-use tokio::task::JoinHandle;
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
@@ -43,6 +42,7 @@ pin_project! {
     pub struct ResponseFuture<F, S, RB>
     where
         S: Service<Request<RB>>,
+        S::Response: Answer,
     {
         #[pin]
         state: State<F, S::Future, RB>,
@@ -50,13 +50,14 @@ pin_project! {
         config: Arc<Config>,
         missing: Arc<LockRejection>,
         span: Span,
-        started: Instant,
+        // When the acquisition started, if the span records it.
+        started: Option<Instant>,
         held: Option<Held>,
         lost: Option<BoxFuture<()>>,
-        // Remembering layers: the request's fingerprint (from its extracted key), and a
-        // response with an empty body waiting for its lock's release (and storage) to finish.
+        // Remembering layers: the request's fingerprint (from its extracted key).
         fingerprint: Option<RequestFingerprint>,
-        finished: Option<S::Response>,
+        // A response whose body has ended, waiting for its lock's release (and storage).
+        finished: Option<<S::Response as Answer>::Locked>,
         // For the metrics: the route, where the router names it.
         route: Route,
     }
@@ -78,14 +79,30 @@ pin_project! {
         },
         Locked { #[pin] fut: Scoped<Fut> },
         Unlocked { #[pin] fut: Fut },
-        Finishing { release: JoinHandle<()> },
+        Finishing { release: Release },
         Done,
     }
+}
+
+mod sealed {
+    /// A response of the inner service (an `http::Response`), naming the response the
+    /// layer answers with in its place.
+    pub trait Answer {
+        /// The same response, its body holding the lock.
+        type Locked;
+    }
+}
+
+use sealed::Answer;
+
+impl<B: Body> Answer for Response<B> {
+    type Locked = Response<LockedBody<B>>;
 }
 
 impl<F, S, RB> ResponseFuture<F, S, RB>
 where
     S: Service<Request<RB>>,
+    S::Response: Answer,
 {
     pub(crate) fn new(
         extract: F,
@@ -100,7 +117,7 @@ where
             config,
             missing,
             span: trace::request_span(),
-            started: Instant::now(),
+            started: None,
             held: None,
             lost: None,
             fingerprint: None,
@@ -113,6 +130,7 @@ where
 impl<F, S, RB> fmt::Debug for ResponseFuture<F, S, RB>
 where
     S: Service<Request<RB>>,
+    S::Response: Answer,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture")
@@ -141,7 +159,7 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
-        let span = this.span.clone();
+        let span: &Span = this.span;
         let _entered = span.enter();
         loop {
             let next = match this.state.as_mut().project() {
@@ -149,7 +167,7 @@ where
                     Err(rejection) => Next::Reject(rejection),
                     Ok(extracted) => {
                         *this.fingerprint = extracted.fingerprint;
-                        route(extracted, this.config, this.missing, &span, this.route)
+                        route(extracted, this.config, this.missing, span, this.route)
                     }
                 },
                 StateProj::Connect { fut, request, name } => {
@@ -158,7 +176,7 @@ where
                     match connected {
                         Ok(client) => Next::Acquire(request, client, std::mem::take(name)),
                         Err(error) => {
-                            backend_failed(&error, request, this.config, &span, this.route)
+                            backend_failed(&error, request, this.config, span, this.route)
                         }
                     }
                 }
@@ -169,7 +187,9 @@ where
                 } => {
                     let acquired = ready!(fut.as_mut().poll(cx));
                     let mut request = take_request(request);
-                    span.record("wait_ms", trace::millis(this.started.elapsed()));
+                    if let Some(started) = this.started {
+                        span.record("wait_ms", trace::millis(started.elapsed()));
+                    }
                     match acquired {
                         Ok(Claim::Completed(stored)) => {
                             match Stored::for_request(stored, *this.fingerprint) {
@@ -203,7 +223,7 @@ where
                             ))
                         }
                         Err(error) => {
-                            backend_failed(&error, request, this.config, &span, this.route)
+                            backend_failed(&error, request, this.config, span, this.route)
                         }
                     }
                 }
@@ -223,15 +243,11 @@ where
                         {
                             held.record(Recording::start(&head, fingerprint, remembering));
                         }
+                        let (body, release) = LockedBody::read_ahead(body, held, cx);
                         let response = Response::from_parts(head, body);
-                        if !response.body().is_end_stream() {
-                            return Poll::Ready(Ok(
-                                response.map(|b| LockedBody::locked(b, Some(held)))
-                            ));
-                        }
-                        // Nothing to stream: finish (store, release) before answering.
-                        let Some(release) = held.finish(true) else {
-                            return Poll::Ready(Ok(response.map(LockedBody::new)));
+                        // A body that has ended already: finish (store, release) first.
+                        let Some(release) = release else {
+                            return Poll::Ready(Ok(response));
                         };
                         *this.finished = Some(response);
                         this.state.set(State::Finishing { release });
@@ -256,11 +272,11 @@ where
                     return Poll::Ready(result.map(|response| response.map(LockedBody::new)));
                 }
                 StateProj::Finishing { release } => {
-                    // A failed release task was logged by itself; the answer stands.
-                    let _ = ready!(Pin::new(release).poll(cx));
+                    // A failed release was logged by itself; the answer stands.
+                    ready!(Pin::new(release).poll(cx));
                     this.state.set(State::Done);
                     return match this.finished.take() {
-                        Some(response) => Poll::Ready(Ok(response.map(LockedBody::new))),
+                        Some(response) => Poll::Ready(Ok(response)),
                         None => panic!("ResponseFuture polled after completion"),
                     };
                 }
@@ -302,7 +318,7 @@ where
                     });
                 }
                 Next::Acquire(request, client, name) => {
-                    *this.started = Instant::now();
+                    *this.started = trace::clock(span);
                     // No holder given: the core makes one for this request (or takes an
                     // enclosing request's), and can then settle an acquire whose reply was
                     // lost without holding the key for a whole lease.

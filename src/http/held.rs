@@ -2,9 +2,12 @@
 //! being recorded; it ends in order (store the response, then release) or, dropped
 //! unfinished, releases in the background.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Instant;
 
-use tokio::task::JoinHandle;
+use sync_wrapper::SyncFuture;
 use tracing::{Instrument, Span};
 
 use super::remember::recording::Recording;
@@ -41,30 +44,31 @@ impl Held {
 
     fn take_guard(&mut self) -> Option<LockGuard> {
         let guard = self.guard.take()?;
-        let hold_ms = trace::millis(self.acquired.elapsed());
-        self.span.record("hold_ms", hold_ms);
-        if guard.is_lost() {
-            tracing::warn!(
-                parent: &self.span,
-                hold_ms,
-                "the request's lock was lost before the request finished; another request may have run concurrently"
-            );
+        let lost = guard.is_lost();
+        if lost || !self.span.is_disabled() {
+            let hold_ms = trace::millis(self.acquired.elapsed());
+            self.span.record("hold_ms", hold_ms);
+            if lost {
+                tracing::warn!(
+                    parent: &self.span,
+                    hold_ms,
+                    "the request's lock was lost before the request finished; another request may have run concurrently"
+                );
+            }
         }
         Some(guard)
     }
 
     /// Releases the lock, storing the recorded response first if the body `completed`
-    /// (ended without an error) and fit. The release runs as its own task, so a client
-    /// that goes away meanwhile cannot cut it short; the handle resolves when it is done.
-    pub(crate) fn finish(mut self, completed: bool) -> Option<JoinHandle<()>> {
+    /// (ended without an error) and fit; the returned future resolves when that is done.
+    pub(crate) fn finish(mut self, completed: bool) -> Option<Release> {
         let guard = self.take_guard()?;
         let stored = self
             .recording
             .take()
             .filter(|_| completed)
             .and_then(Recording::finish);
-        let runtime = tokio::runtime::Handle::try_current().ok()?;
-        let task = async move {
+        let release = async move {
             let remembered = stored.is_some();
             let result = match stored {
                 Some((bytes, keep)) => guard.complete(bytes, keep).await,
@@ -77,7 +81,9 @@ impl Held {
                 }
             }
         };
-        Some(runtime.spawn(task.instrument(self.span.clone())))
+        Some(Release(SyncFuture::new(Box::pin(
+            release.instrument(self.span.clone()),
+        ))))
     }
 }
 
@@ -88,5 +94,20 @@ impl Drop for Held {
         if self.take_guard().is_some() {
             tracing::debug!(parent: &self.span, "lock released (response not completed)");
         }
+    }
+}
+
+/// A release (and the storing of the response) in progress, driven inline by the body or
+/// the response future that waits for it: no task of its own. Dropped before it is done
+/// (the client went away), it still completes: once polled, the core finishes a release
+/// whose caller stopped waiting in the background, and a guard never polled releases
+/// when dropped.
+pub(crate) struct Release(SyncFuture<Pin<Box<dyn Future<Output = ()> + Send>>>);
+
+impl Future for Release {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        Pin::new(&mut self.0).poll(cx)
     }
 }

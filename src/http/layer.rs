@@ -18,7 +18,7 @@ use super::key::FromPathParam;
 use super::key::{FromFn, FromHeader, FromJsonField, FromPath, KeySource};
 use super::remember::config::Remembering;
 use super::remember::{Fingerprint, Remember};
-use super::service::LockService;
+use super::service::{LockService, Missing};
 use crate::LockClient;
 
 /// A tower layer that holds a distributed lock, keyed by something in the request, for
@@ -56,6 +56,9 @@ use crate::LockClient;
 pub struct LockLayer<K> {
     pub(crate) source: K,
     pub(crate) config: Arc<Config>,
+    /// The source's answer to a request without a key, shared by every service the layer
+    /// makes: axum may make one per request.
+    missing: Missing,
 }
 
 impl<K: fmt::Debug> fmt::Debug for LockLayer<K> {
@@ -147,7 +150,7 @@ impl LockLayer<FromJsonField> {
     /// # let _ = layer;
     /// ```
     pub fn body_limit(mut self, bytes: usize) -> Self {
-        self.source.set_limit(bytes);
+        self.source_mut().set_limit(bytes);
         self
     }
 }
@@ -184,11 +187,18 @@ impl<K> LockLayer<K> {
         Self {
             source,
             config: Arc::new(Config::default()),
+            missing: Missing::default(),
         }
     }
 
     fn config(&mut self) -> &mut Config {
         Arc::make_mut(&mut self.config)
+    }
+
+    /// The source, to change it: the answer made from the old one no longer applies.
+    fn source_mut(&mut self) -> &mut K {
+        self.missing = Missing::default();
+        &mut self.source
     }
 
     /// Uses `client` for the locks (default: [`default_client`](super::default_client)).
@@ -384,6 +394,7 @@ impl<K> LockLayer<K> {
         LockLayer {
             source: Remember::new(self.source, limit),
             config: self.config,
+            missing: Missing::default(),
         }
     }
 }
@@ -407,7 +418,7 @@ impl<K> LockLayer<Remember<K>> {
     /// # let _ = layer;
     /// ```
     pub fn fingerprint(mut self, fingerprint: Fingerprint) -> Self {
-        self.source.set_fingerprint(fingerprint);
+        self.source_mut().set_fingerprint(fingerprint);
         self
     }
 
@@ -424,7 +435,7 @@ impl<K> LockLayer<Remember<K>> {
     /// # let _ = layer;
     /// ```
     pub fn body_limit(mut self, bytes: usize) -> Self {
-        self.source.set_limit(bytes);
+        self.source_mut().set_limit(bytes);
         self
     }
 
@@ -485,6 +496,11 @@ impl<S, K: Clone> Layer<S> for LockLayer<K> {
     type Service = LockService<S, K>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        LockService::from_parts(inner, self.source.clone(), self.config.clone())
+        LockService::from_parts(
+            inner,
+            self.source.clone(),
+            self.config.clone(),
+            self.missing.clone(),
+        )
     }
 }

@@ -4,11 +4,37 @@
 //! matched path, where known: never the raw path or key), the outcome, and the status
 //! the layer answered with (`handler` when the handler answered).
 
+use std::cell::Cell;
+use std::sync::{Mutex, OnceLock, PoisonError};
+
 use http::Request;
+use metrics::{Key, Label, Level, Metadata};
 
 use super::rejection::LockRejection;
 
 const REQUESTS: &str = "lockwarden_http_requests_total";
+
+static METADATA: Metadata<'static> =
+    Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
+
+/// The `outcome` label values, indexed by [`Answered::labels`].
+const OUTCOMES: [&str; 12] = [
+    "locked",
+    "replayed",
+    "passed_unlocked",
+    "failed_open",
+    "busy",
+    "missing_key",
+    "invalid_key",
+    "invalid_body",
+    "body_too_large",
+    "unavailable",
+    "lost",
+    "key_reused",
+];
+
+/// The `status` label values (the handler's answer, or the layer's status).
+const STATUSES: [&str; 8] = ["handler", "400", "409", "413", "422", "423", "503", "other"];
 
 /// The route of a request, where the router says it (axum's `MatchedPath`).
 #[derive(Clone, Debug, Default)]
@@ -50,43 +76,116 @@ pub(crate) enum Answered<'a> {
     Rejected(&'a LockRejection),
 }
 
-/// Counts one request on `route`, answered as `how`.
+impl Answered<'_> {
+    /// The indices of its `outcome` and `status` labels.
+    fn labels(self) -> (usize, usize) {
+        match self {
+            Answered::Locked => (0, 0),
+            Answered::Replayed => (1, 0),
+            Answered::PassedUnlocked => (2, 0),
+            Answered::FailedOpen => (3, 0),
+            Answered::Rejected(rejection) => (outcome(rejection), status(rejection)),
+        }
+    }
+}
+
+/// Counts one request on `route`, answered as `how`. Allocates nothing once the route
+/// has been counted before: its keys are made once and kept (see [`RouteKeys`]).
 pub(crate) fn answered(route: &Route, how: Answered<'_>) {
-    let (outcome, status) = match how {
-        Answered::Locked => ("locked", "handler"),
-        Answered::Replayed => ("replayed", "handler"),
-        Answered::PassedUnlocked => ("passed_unlocked", "handler"),
-        Answered::FailedOpen => ("failed_open", "handler"),
-        Answered::Rejected(rejection) => (outcome(rejection), status(rejection)),
-    };
-    match route.as_str() {
-        Some(route) => metrics::counter!(REQUESTS, "route" => route.to_owned(), "outcome" => outcome, "status" => status).increment(1),
-        None => metrics::counter!(REQUESTS, "outcome" => outcome, "status" => status).increment(1),
+    let (outcome, status) = how.labels();
+    let key = RouteKeys::of(route.as_str()).key(outcome, status);
+    metrics::with_recorder(|recorder| recorder.register_counter(key, &METADATA).increment(1));
+}
+
+/// The counter keys of one route (or of requests without one), each made on first use
+/// and kept for the life of the process, like the engine's label sets. Routes are the
+/// router's templates (never raw paths), so there are few; they are leaked on purpose.
+struct RouteKeys {
+    route: Option<Box<str>>,
+    keys: [OnceLock<Key>; OUTCOMES.len() * STATUSES.len()],
+}
+
+static NO_ROUTE: RouteKeys = RouteKeys::new(None);
+static ROUTES: Mutex<Vec<&'static RouteKeys>> = Mutex::new(Vec::new());
+
+thread_local! {
+    /// The route this thread counted last: consecutive requests mostly share one.
+    static LAST: Cell<Option<&'static RouteKeys>> = const { Cell::new(None) };
+}
+
+impl RouteKeys {
+    const fn new(route: Option<Box<str>>) -> Self {
+        Self {
+            route,
+            keys: [const { OnceLock::new() }; OUTCOMES.len() * STATUSES.len()],
+        }
+    }
+
+    fn of(route: Option<&str>) -> &'static Self {
+        let Some(route) = route else {
+            return &NO_ROUTE;
+        };
+        if let Some(last) = LAST
+            .get()
+            .filter(|last| last.route.as_deref() == Some(route))
+        {
+            return last;
+        }
+        let mut routes = ROUTES.lock().unwrap_or_else(PoisonError::into_inner);
+        let keys = match routes.iter().find(|r| r.route.as_deref() == Some(route)) {
+            Some(keys) => *keys,
+            None => {
+                let keys: &'static Self = Box::leak(Box::new(Self::new(Some(route.into()))));
+                routes.push(keys);
+                keys
+            }
+        };
+        LAST.set(Some(keys));
+        keys
+    }
+
+    fn key(&'static self, outcome: usize, status: usize) -> &'static Key {
+        self.keys[outcome * STATUSES.len() + status].get_or_init(|| {
+            let (outcome, status) = (OUTCOMES[outcome], STATUSES[status]);
+            let labels: &'static [Label] = match &self.route {
+                Some(route) => Box::leak(Box::new([
+                    Label::new("route", route.to_string()),
+                    Label::from_static_parts("outcome", outcome),
+                    Label::from_static_parts("status", status),
+                ])),
+                None => Box::leak(Box::new([
+                    Label::from_static_parts("outcome", outcome),
+                    Label::from_static_parts("status", status),
+                ])),
+            };
+            Key::from_static_parts(REQUESTS, labels)
+        })
     }
 }
 
-fn outcome(rejection: &LockRejection) -> &'static str {
+/// The index of a rejection's `outcome` label.
+fn outcome(rejection: &LockRejection) -> usize {
     match rejection {
-        LockRejection::Busy { .. } => "busy",
-        LockRejection::MissingKey { .. } => "missing_key",
-        LockRejection::InvalidKey { .. } => "invalid_key",
-        LockRejection::InvalidBody { .. } => "invalid_body",
-        LockRejection::BodyTooLarge { .. } => "body_too_large",
-        LockRejection::Unavailable { .. } => "unavailable",
-        LockRejection::Lost => "lost",
-        LockRejection::KeyReused => "key_reused",
+        LockRejection::Busy { .. } => 4,
+        LockRejection::MissingKey { .. } => 5,
+        LockRejection::InvalidKey { .. } => 6,
+        LockRejection::InvalidBody { .. } => 7,
+        LockRejection::BodyTooLarge { .. } => 8,
+        LockRejection::Unavailable { .. } => 9,
+        LockRejection::Lost => 10,
+        LockRejection::KeyReused => 11,
     }
 }
 
-/// The status as a static label (the layer answers only these).
-fn status(rejection: &LockRejection) -> &'static str {
+/// The index of a rejection's `status` label (the layer answers only these).
+fn status(rejection: &LockRejection) -> usize {
     match rejection.status().as_u16() {
-        400 => "400",
-        409 => "409",
-        413 => "413",
-        422 => "422",
-        423 => "423",
-        503 => "503",
-        _ => "other",
+        400 => 1,
+        409 => 2,
+        413 => 3,
+        422 => 4,
+        423 => 5,
+        503 => 6,
+        _ => 7,
     }
 }

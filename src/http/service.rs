@@ -1,7 +1,7 @@
 //! [`LockService`]: the middleware a [`LockLayer`](super::LockLayer) wraps around a service.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -44,17 +44,20 @@ pub struct LockService<S, K> {
     inner: S,
     source: K,
     config: Arc<Config>,
-    /// The answer to a request without a key, made on first use.
-    missing: Option<Arc<LockRejection>>,
+    missing: Missing,
 }
 
+/// The answer to a request without a key, made on first use and shared by the services
+/// of one layer (and their clones).
+pub(crate) type Missing = Arc<OnceLock<Arc<LockRejection>>>;
+
 impl<S, K> LockService<S, K> {
-    pub(crate) fn from_parts(inner: S, source: K, config: Arc<Config>) -> Self {
+    pub(crate) fn from_parts(inner: S, source: K, config: Arc<Config>, missing: Missing) -> Self {
         Self {
             inner,
             source,
             config,
-            missing: None,
+            missing,
         }
     }
 
@@ -137,7 +140,7 @@ where
         let inner = std::mem::replace(&mut self.inner, clone);
         let missing = self
             .missing
-            .get_or_insert_with(|| Arc::new(self.source.missing()))
+            .get_or_init(|| Arc::new(self.source.missing()))
             .clone();
         let route = Route::of(&request);
         ResponseFuture::new(

@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::OnceLock;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tracing::field::Empty;
 use tracing::Span;
@@ -29,6 +29,12 @@ pub(crate) fn record_key(span: &Span, name: &str, redact: bool) {
     } else {
         span.record("key", name);
     }
+}
+
+/// The time now if `span` records durations (a subscriber wants it), else `None`: no
+/// clock reads for a span nobody listens to.
+pub(crate) fn clock(span: &Span) -> Option<Instant> {
+    (!span.is_disabled()).then(Instant::now)
 }
 
 /// A duration as whole milliseconds, for the span's `wait_ms` and `hold_ms`.
