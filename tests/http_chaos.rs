@@ -34,7 +34,7 @@ use common::connect_with;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
 use lockwarden::{LockClient, LockInfo, LockLayer};
-use lockwarden_testkit::{eventually, FaultProxy, RedisServer};
+use lockwarden_testkit::{eventually, ChaosRun, FaultProxy, RedisServer};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Subscriber};
@@ -329,30 +329,18 @@ async fn client(replicas: [SocketAddr; 2], tally: Arc<Tally>, seed: usize, stop:
 /// Injects one fault after another until `stop`, and restarts the server twice, each
 /// time while a handler is inside a long hold, so the restart takes it over.
 fn inject(proxy: &FaultProxy, server: &mut RedisServer, witness: &Witness, stop: Instant) -> usize {
-    let pause = |d: Duration| std::thread::sleep(d);
-    let started = Instant::now();
-    let mut restarts = 0;
-    let mut step = 0u32;
-    while Instant::now() < stop {
-        if RESTARTS
-            .get(restarts)
-            .is_some_and(|&at| started.elapsed() >= at)
-        {
-            for _ in 0..40 {
-                if witness.long.load(Ordering::SeqCst) > 0 {
-                    break;
-                }
-                pause(Duration::from_millis(100));
-            }
-            server.restart().expect("restart redis-server");
-            restarts += 1;
-            pause(Duration::from_millis(800));
-            continue;
-        }
-        step += 1;
-        proxy.chaos_step(step, COMMAND_TIMEOUT, LEASE);
-    }
-    restarts
+    let run = ChaosRun {
+        stop,
+        restarts_at: &RESTARTS,
+        command_timeout: COMMAND_TIMEOUT,
+        lease: LEASE,
+    };
+    run.inject(
+        proxy,
+        server,
+        || witness.long.load(Ordering::SeqCst) > 0,
+        || {},
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

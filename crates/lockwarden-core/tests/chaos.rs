@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use common::connect_with;
 use lockwarden_core::{Claim, LockClient, LockError, LockGuard};
-use lockwarden_testkit::{eventually, FaultProxy, RedisServer};
+use lockwarden_testkit::{eventually, ChaosRun, FaultProxy, RedisServer};
 
 const LEASE: Duration = Duration::from_millis(1500);
 const COMMAND_TIMEOUT: Duration = Duration::from_millis(300);
@@ -359,35 +359,23 @@ async fn claim(client: &LockClient, name: &str, stop: Instant) -> Option<Claim> 
     None
 }
 
-/// Injects one fault after another until `stop`, and restarts the server twice.
+/// Injects one fault after another until `stop`, and restarts the server twice, each
+/// time with a claim held long, so its waiting claimants take it over.
 fn inject(proxy: &FaultProxy, server: &mut RedisServer, witness: &Witness, stop: Instant) -> usize {
-    let pause = |d: Duration| std::thread::sleep(d);
-    let started = Instant::now();
-    let mut restarts = 0;
-    let mut step = 0u32;
-    while Instant::now() < stop {
-        if RESTARTS
-            .get(restarts)
-            .is_some_and(|&at| started.elapsed() >= at)
-        {
-            // With a claim held long, so its waiting claimants take it over (bounded:
-            // a restart is due either way).
-            for _ in 0..40 {
-                if witness.long_claims.load(Ordering::SeqCst) > 0 {
-                    break;
-                }
-                pause(Duration::from_millis(100));
-            }
+    let run = ChaosRun {
+        stop,
+        restarts_at: &RESTARTS,
+        command_timeout: COMMAND_TIMEOUT,
+        lease: LEASE,
+    };
+    run.inject(
+        proxy,
+        server,
+        || witness.long_claims.load(Ordering::SeqCst) > 0,
+        || {
             witness.restarts.fetch_add(1, Ordering::SeqCst);
-            server.restart().expect("restart redis-server");
-            restarts += 1;
-            pause(Duration::from_millis(800));
-            continue;
-        }
-        step += 1;
-        proxy.chaos_step(step, COMMAND_TIMEOUT, LEASE);
-    }
-    restarts
+        },
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -60,6 +60,7 @@
 
 #![warn(missing_docs)]
 
+mod chaos;
 mod child;
 mod cluster;
 mod eventually;
@@ -69,6 +70,7 @@ mod sentinel;
 mod server;
 mod tls;
 
+pub use chaos::ChaosRun;
 pub use child::{run_child, TestProcess};
 pub use cluster::RedisCluster;
 pub use eventually::{eventually, POLL_INTERVAL};
