@@ -32,6 +32,9 @@ struct Holds {
     /// Woken when the first entry arrives while the task is parked.
     wake: Notify,
     parked: AtomicBool,
+    /// When the task wakes next if nothing wakes it sooner (`None`: parked). Written and
+    /// read with `entries` locked, so a hold due sooner never misses the wake-up.
+    asleep_until: Mutex<Option<Instant>>,
     lease: Duration,
     generations: AtomicU64,
 }
@@ -63,6 +66,7 @@ impl Watchdog {
                 entries: Mutex::default(),
                 wake: Notify::new(),
                 parked: AtomicBool::new(false),
+                asleep_until: Mutex::new(None),
                 lease,
                 generations: AtomicU64::new(0),
             }),
@@ -98,10 +102,7 @@ impl Watchdog {
     ) -> Watched {
         let now = Instant::now();
         let due = now + expires.saturating_duration_since(now) / 3;
-        let watched = self.watch(hold, due, expires, max_hold.map(|d| now + d));
-        // The task may sleep past `due` (until a later hold's renewal, or lingering).
-        self.holds.wake.notify_one();
-        watched
+        self.watch(hold, due, expires, max_hold.map(|d| now + d))
     }
 
     fn watch(
@@ -140,6 +141,12 @@ impl Holds {
         self.lease / 3
     }
 
+    fn asleep_until(&self) -> MutexGuard<'_, Option<Instant>> {
+        self.asleep_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn register(
         &self,
         hold: &Hold,
@@ -149,6 +156,8 @@ impl Holds {
     ) -> Watched {
         let mut entries = self.entries();
         let was_empty = entries.is_empty();
+        // Due before the task wakes (a granted hold's short grant): wake it.
+        let sooner = self.asleep_until().is_some_and(|at| due < at);
         let entry = entries
             .entry(hold.clone())
             .and_modify(|e| {
@@ -173,7 +182,7 @@ impl Holds {
             lost: entry.lost.clone(),
         };
         drop(entries);
-        if was_empty && self.parked.load(Ordering::SeqCst) {
+        if sooner || (was_empty && self.parked.load(Ordering::SeqCst)) {
             self.wake.notify_one();
         }
         registration
@@ -196,7 +205,12 @@ impl Holds {
         let interval = self.interval();
         let retry = (interval / 10).clamp(Duration::from_millis(10), Duration::from_secs(1));
         loop {
-            let next = self.entries().values().map(|e| e.due).min();
+            let next = {
+                let entries = self.entries();
+                let next = entries.values().map(|e| e.due).min();
+                *self.asleep_until() = Some(next.unwrap_or_else(|| Instant::now() + interval));
+                next
+            };
             match next {
                 None => {
                     // Linger an interval before parking: a lock taken right after the last

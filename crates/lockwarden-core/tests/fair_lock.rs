@@ -218,6 +218,9 @@ async fn a_granted_hold_outlives_its_queue_timeout(env: Env) {
     let waiter = env.client().await;
     let other = env.client().await;
     let held = owner.fair_lock("granted").acquire().await.unwrap();
+    // The waiter's watchdog already keeps a hold, so it sleeps until that one's renewal,
+    // long after the grant's: the grant must wake it.
+    let kept = waiter.acquire("granted:kept").await.unwrap();
     let lock = waiter.fair_lock("granted").queue_timeout(queue_timeout);
     let task = tokio::spawn({
         let lock = lock.clone();
@@ -237,6 +240,7 @@ async fn a_granted_hold_outlives_its_queue_timeout(env: Env) {
     }
     guard.release().await.unwrap();
     assert!(!lock.is_locked().await.unwrap());
+    kept.release().await.unwrap();
 }
 
 /// Promise: a waiter whose budget is spent has left the queue when `try_acquire`
