@@ -78,16 +78,16 @@ impl LockGuard {
     /// fixed lease.
     pub(crate) fn new(
         engine: Arc<Engine>,
-        (hold, fresh): (Hold, bool),
+        hold: (Hold, bool),
         token: u64,
         options: &HoldOptions,
         sent: Instant,
     ) -> Self {
-        let watched = match options.lease {
-            Some(lease) => Err(LostSignal::expiring(sent + lease)),
-            None => Ok(engine.watchdog().register(&hold, sent, options.max_hold)),
-        };
-        Self::watched_or_not(engine, (hold, fresh), token, options, sent, watched)
+        let watched = options
+            .lease
+            .is_none()
+            .then(|| engine.watchdog().register(&hold.0, sent, options.max_hold));
+        Self::held(engine, hold, token, options, sent, watched)
     }
 
     /// The guard of a fair lock `hold` granted to its waiter on release with `token`,
@@ -95,39 +95,40 @@ impl LockGuard {
     /// Only for holds the watchdog keeps (a fixed lease is set by taking the grant up).
     pub(crate) fn granted(
         engine: Arc<Engine>,
-        (hold, fresh): (Hold, bool),
+        hold: (Hold, bool),
         token: u64,
         options: &HoldOptions,
         expires: Instant,
     ) -> Self {
         let watched = engine
             .watchdog()
-            .register_granted(&hold, expires, options.max_hold);
-        let now = Instant::now();
-        Self::watched_or_not(engine, (hold, fresh), token, options, now, Ok(watched))
+            .register_granted(&hold.0, expires, options.max_hold);
+        Self::held(engine, hold, token, options, Instant::now(), Some(watched))
     }
 
-    fn watched_or_not(
+    /// A guard held since `since`: kept by the watchdog if `watched`, else until its
+    /// fixed lease ends.
+    fn held(
         engine: Arc<Engine>,
         (hold, fresh): (Hold, bool),
         token: u64,
         options: &HoldOptions,
-        sent: Instant,
-        watched: Result<Watched, LostSignal>,
+        since: Instant,
+        watched: Option<Watched>,
     ) -> Self {
+        let lease = options.lease.unwrap_or_else(|| engine.watchdog().lease());
         let (watched, lost) = match watched {
-            Ok(watched) => (Some(watched.generation), LostSignal::watched(watched.lost)),
-            Err(expiring) => (None, expiring),
+            Some(watched) => (Some(watched.generation), LostSignal::watched(watched.lost)),
+            None => (None, LostSignal::expiring(since + lease)),
         };
         engine.live().enter(&hold);
-        let lease = options.lease.unwrap_or_else(|| engine.watchdog().lease());
         Self {
             engine,
             hold,
             token,
             lost,
             watched,
-            since: sent,
+            since,
             lease,
             fresh,
             released: false,
