@@ -6,7 +6,7 @@
 //! failing until the lease must have run out.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
@@ -29,11 +29,10 @@ pub(crate) struct Watchdog {
 /// The watched holds, shared with the renewal task.
 struct Holds {
     entries: Mutex<HashMap<Hold, Entry>>,
-    /// Woken when the first entry arrives while the task is parked.
+    /// Wakes the task for a hold due before it would wake by itself.
     wake: Notify,
-    parked: AtomicBool,
-    /// When the task wakes next if nothing wakes it sooner (`None`: parked). Written and
-    /// read with `entries` locked, so a hold due sooner never misses the wake-up.
+    /// When the task wakes next by itself (`None`: parked until woken, or not started).
+    /// Written and read with `entries` locked, so a hold due sooner never misses its wake.
     asleep_until: Mutex<Option<Instant>>,
     lease: Duration,
     generations: AtomicU64,
@@ -65,7 +64,6 @@ impl Watchdog {
             holds: Arc::new(Holds {
                 entries: Mutex::default(),
                 wake: Notify::new(),
-                parked: AtomicBool::new(false),
                 asleep_until: Mutex::new(None),
                 lease,
                 generations: AtomicU64::new(0),
@@ -155,9 +153,9 @@ impl Holds {
         hold_until: Option<Instant>,
     ) -> Watched {
         let mut entries = self.entries();
-        let was_empty = entries.is_empty();
-        // Due before the task wakes (a granted hold's short grant): wake it.
-        let sooner = self.asleep_until().is_some_and(|at| due < at);
+        // Due before the task wakes by itself (it is parked, or a granted hold's grant
+        // ends before the next renewal): wake it.
+        let sooner = self.asleep_until().is_none_or(|at| due < at);
         let entry = entries
             .entry(hold.clone())
             .and_modify(|e| {
@@ -182,7 +180,7 @@ impl Holds {
             lost: entry.lost.clone(),
         };
         drop(entries);
-        if sooner || (was_empty && self.parked.load(Ordering::SeqCst)) {
+        if sooner {
             self.wake.notify_one();
         }
         registration
@@ -220,11 +218,16 @@ impl Holds {
                         () = tokio::time::sleep(interval) => {}
                         () = self.wake.notified() => continue,
                     }
-                    self.parked.store(true, Ordering::SeqCst);
-                    if self.entries().is_empty() {
+                    let parked = {
+                        let entries = self.entries();
+                        if entries.is_empty() {
+                            *self.asleep_until() = None;
+                        }
+                        entries.is_empty()
+                    };
+                    if parked {
                         self.wake.notified().await;
                     }
-                    self.parked.store(false, Ordering::SeqCst);
                     continue;
                 }
                 Some(at) => {
