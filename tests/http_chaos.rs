@@ -326,23 +326,6 @@ async fn client(replicas: [SocketAddr; 2], tally: Arc<Tally>, seed: usize, stop:
     }
 }
 
-/// Injects one fault after another until `stop`, and restarts the server twice, each
-/// time while a handler is inside a long hold, so the restart takes it over.
-fn inject(proxy: &FaultProxy, server: &mut RedisServer, witness: &Witness, stop: Instant) -> usize {
-    let run = ChaosRun {
-        stop,
-        restarts_at: &RESTARTS,
-        command_timeout: COMMAND_TIMEOUT,
-        lease: LEASE,
-    };
-    run.inject(
-        proxy,
-        server,
-        || witness.long.load(Ordering::SeqCst) > 0,
-        || {},
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_chaos_answers_within_the_contract_and_no_handler_overlaps_unknowingly() {
     let reports = LayerReports::default();
@@ -354,7 +337,7 @@ async fn http_chaos_answers_within_the_contract_and_no_handler_overlaps_unknowin
     )
     .expect("the only subscriber");
 
-    let mut server = RedisServer::start().expect("start redis-server");
+    let server = RedisServer::start().expect("start redis-server");
     let proxy = Arc::new(FaultProxy::start(server.port()).expect("start the proxy"));
     let settings = |b: lockwarden::LockClientBuilder| {
         b.watchdog_timeout(LEASE).command_timeout(COMMAND_TIMEOUT)
@@ -382,15 +365,23 @@ async fn http_chaos_answers_within_the_contract_and_no_handler_overlaps_unknowin
     for seed in 0..CLIENTS {
         clients.spawn(client(replicas, tally.clone(), seed, stop));
     }
-    let injector = {
-        let (proxy, witness) = (proxy.clone(), witness.clone());
-        tokio::task::spawn_blocking(move || {
-            let restarts = inject(&proxy, &mut server, &witness, stop);
-            (restarts, server)
-        })
+    // Injects one fault after another until `stop`, and restarts the server twice, each
+    // time while a handler is inside a long hold, so the restart takes it over.
+    let faults = ChaosRun {
+        stop,
+        restarts_at: &RESTARTS,
+        command_timeout: COMMAND_TIMEOUT,
+        lease: LEASE,
     };
-    let (restarts, server) = injector.await.expect("the injector");
-    proxy.heal();
+    let ready = witness.clone();
+    let (restarts, server) = faults
+        .run(
+            proxy.clone(),
+            server,
+            move || ready.long.load(Ordering::SeqCst) > 0,
+            || {},
+        )
+        .await;
     while let Some(done) = clients.join_next().await {
         done.expect("a client panicked");
     }

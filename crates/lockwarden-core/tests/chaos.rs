@@ -359,28 +359,9 @@ async fn claim(client: &LockClient, name: &str, stop: Instant) -> Option<Claim> 
     None
 }
 
-/// Injects one fault after another until `stop`, and restarts the server twice, each
-/// time with a claim held long, so its waiting claimants take it over.
-fn inject(proxy: &FaultProxy, server: &mut RedisServer, witness: &Witness, stop: Instant) -> usize {
-    let run = ChaosRun {
-        stop,
-        restarts_at: &RESTARTS,
-        command_timeout: COMMAND_TIMEOUT,
-        lease: LEASE,
-    };
-    run.inject(
-        proxy,
-        server,
-        || witness.long_claims.load(Ordering::SeqCst) > 0,
-        || {
-            witness.restarts.fetch_add(1, Ordering::SeqCst);
-        },
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_leaves_no_silent_violation_no_token_going_back_and_no_key_behind() {
-    let mut server = RedisServer::start().expect("start redis-server");
+    let server = RedisServer::start().expect("start redis-server");
     let proxy = Arc::new(FaultProxy::start(server.port()).expect("start the proxy"));
     let settings = |b: lockwarden_core::LockClientBuilder| {
         b.watchdog_timeout(LEASE).command_timeout(COMMAND_TIMEOUT)
@@ -404,15 +385,25 @@ async fn chaos_leaves_no_silent_violation_no_token_going_back_and_no_key_behind(
         let client = clients[seed % clients.len()].clone();
         workers.spawn(claimer(client, witness.clone(), seed, stop));
     }
-    let injector = {
-        let (proxy, witness) = (proxy.clone(), witness.clone());
-        tokio::task::spawn_blocking(move || {
-            let restarts = inject(&proxy, &mut server, &witness, stop);
-            (restarts, server)
-        })
+    // Injects one fault after another until `stop`, and restarts the server twice, each
+    // time with a claim held long, so its waiting claimants take it over.
+    let faults = ChaosRun {
+        stop,
+        restarts_at: &RESTARTS,
+        command_timeout: COMMAND_TIMEOUT,
+        lease: LEASE,
     };
-    let (restarts, server) = injector.await.expect("the injector");
-    proxy.heal();
+    let (ready, restarting) = (witness.clone(), witness.clone());
+    let (restarts, server) = faults
+        .run(
+            proxy.clone(),
+            server,
+            move || ready.long_claims.load(Ordering::SeqCst) > 0,
+            move || {
+                restarting.restarts.fetch_add(1, Ordering::SeqCst);
+            },
+        )
+        .await;
     while let Some(done) = workers.join_next().await {
         done.expect("a worker panicked");
     }

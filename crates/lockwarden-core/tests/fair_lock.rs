@@ -43,6 +43,16 @@ async fn queued(lock: &FairLock, n: usize) {
     .await;
 }
 
+/// Spawns a waiter for `lock` (20 s budget) and waits until it is the `n`th in line.
+async fn wait_in_line(lock: &FairLock, n: usize) -> JoinHandle<Result<LockGuard, LockError>> {
+    let waiter = tokio::spawn({
+        let lock = lock.clone();
+        async move { lock.try_acquire(Duration::from_secs(20)).await }
+    });
+    queued(lock, n).await;
+    waiter
+}
+
 /// Promise: under contention the lock goes to the waiters in the order they arrived,
 /// whichever client (process, on Redis: connection) they came from.
 async fn acquisition_order_is_arrival_order(env: Env) {
@@ -165,11 +175,7 @@ async fn a_grant_taken_up_by_asking_counts_once(env: Env) {
         .fair_lock("grant-once")
         .queue_timeout(PATIENT)
         .holder(&me);
-    let task = tokio::spawn({
-        let lock = lock.clone();
-        async move { lock.try_acquire(Duration::from_secs(20)).await }
-    });
-    queued(&lock, 1).await;
+    let task = wait_in_line(&lock, 1).await;
     held.release().await.unwrap();
     let guard = finishes(Duration::from_secs(5), "the head gets its turn", task)
         .await
@@ -188,11 +194,7 @@ async fn a_grant_given_up_goes_to_the_next(env: Env) {
     let held = owner.fair_lock("given-up").acquire().await.unwrap();
     let mut head = Box::pin(lock.try_acquire(Duration::from_secs(20)));
     drive_until(&mut head, queued(&lock, 1)).await;
-    let next = tokio::spawn({
-        let lock = lock.clone();
-        async move { lock.try_acquire(Duration::from_secs(20)).await }
-    });
-    queued(&lock, 2).await;
+    let next = wait_in_line(&lock, 2).await;
     held.release().await.unwrap();
     assert!(lock.is_locked().await.unwrap(), "handed to the head");
     drop(head);
@@ -222,11 +224,7 @@ async fn a_granted_hold_outlives_its_queue_timeout(env: Env) {
     // long after the grant's: the grant must wake it.
     let kept = waiter.acquire("granted:kept").await.unwrap();
     let lock = waiter.fair_lock("granted").queue_timeout(queue_timeout);
-    let task = tokio::spawn({
-        let lock = lock.clone();
-        async move { lock.try_acquire(Duration::from_secs(20)).await }
-    });
-    queued(&lock, 1).await;
+    let task = wait_in_line(&lock, 1).await;
     held.release().await.unwrap();
     let guard = finishes(Duration::from_secs(5), "the head gets its turn", task)
         .await
