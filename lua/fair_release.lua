@@ -5,6 +5,11 @@
 -- ARGV[4] how long to keep it in ms, ARGV[5] the lock's release channel.
 -- Returns -1 not held by this holder, 0 freed, n > 0 re-entries left.
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
+  -- Lost (taken over or expired): a grant taken up from its notice leaves its entry here;
+  -- it goes too, unless this holder also waits in the queue (a place of its own).
+  if not redis.call('LPOS', KEYS[3], ARGV[1]) then
+    redis.call('ZREM', KEYS[4], ARGV[1])
+  end
   return -1
 end
 if KEYS[5] then

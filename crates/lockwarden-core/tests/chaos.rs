@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use common::connect_with;
 use lockwarden_core::{Claim, LockClient, LockError, LockGuard};
-use lockwarden_testkit::{eventually, ChaosRun, FaultProxy, RedisServer};
+use lockwarden_testkit::{ChaosRun, FaultProxy, RedisServer};
 
 const LEASE: Duration = Duration::from_millis(1500);
 const COMMAND_TIMEOUT: Duration = Duration::from_millis(300);
@@ -453,17 +453,19 @@ async fn chaos_leaves_no_silent_violation_no_token_going_back_and_no_key_behind(
     );
     // Whatever the faults left (lost replies, unreleased holds) is settled or runs out.
     // Fencing keys expire with their lock's lease, outcomes after their keep time.
-    eventually(
-        LEASE + Duration::from_secs(2),
-        "no lock key left",
-        || async {
-            server
-                .keys_matching("lockwarden:*")
-                .iter()
-                .all(|key| key.ends_with(":fence") || key.ends_with(":done"))
-        },
-    )
-    .await;
+    let left = || {
+        let keys = server.keys_matching("lockwarden:*");
+        let locks = keys.into_iter();
+        let locks = locks.filter(|key| !key.ends_with(":fence") && !key.ends_with(":done"));
+        locks
+            .map(|key| (server.pttl(&key), key))
+            .collect::<Vec<_>>()
+    };
+    let until = Instant::now() + LEASE + Duration::from_secs(2);
+    while !left().is_empty() && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(left(), vec![], "lock keys left (PTTL ms, key)");
     for key in server.keys_matching("lockwarden:*:done") {
         let ttl = server.pttl(&key);
         assert!(

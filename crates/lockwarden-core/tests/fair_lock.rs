@@ -533,6 +533,34 @@ async fn the_head_holds_a_handed_over_lock_without_asking() {
     assert!(!lock.is_locked().await.unwrap());
 }
 
+/// Promise: a handed-over hold that was lost (its hash deleted under it) and is then
+/// released leaves nothing of the fair lock behind, not even the entry that told the
+/// handover from a re-entry (it would keep the deadlines key for a whole queue timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_handed_over_hold_leaves_no_key_at_release() {
+    let env = Env::redis();
+    let server = env.server();
+    let owner = env.client().await;
+    let waiter = env.client().await;
+    let held = owner.fair_lock("handed-lost").acquire().await.unwrap();
+    let lock = waiter.fair_lock("handed-lost").queue_timeout(PATIENT);
+    let head = wait_in_line(&lock, 1).await;
+    held.release().await.unwrap();
+    let guard = finishes(Duration::from_secs(5), "the head gets its turn", head)
+        .await
+        .unwrap();
+    server
+        .cmd(&["DEL", "lockwarden:{handed-lost}"])
+        .expect("DEL");
+    assert!(guard.release().await.is_err(), "the hold was lost");
+    let left: Vec<String> = server
+        .keys_matching("lockwarden:{handed-lost}*")
+        .into_iter()
+        .filter(|key| !key.ends_with(":fence"))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
 /// Set (to a Redis URL) only in the re-executed child: it makes [`waiter_child`] act as a
 /// waiter process.
 const WAITER_ENV: &str = "LOCKWARDEN_FAIR_WAITER_URL";

@@ -180,6 +180,10 @@ impl MemoryStore {
                     (Exclusive::Fair, Released::Freed) => {
                         queues.released(locks, key, holder, now, last_token)
                     }
+                    (Exclusive::Fair, Released::NotHeld) => {
+                        queues.lost(key, holder);
+                        None
+                    }
                     _ => None,
                 };
                 drop(state);

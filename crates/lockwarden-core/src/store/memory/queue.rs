@@ -156,6 +156,18 @@ impl Queues {
         grant
     }
 
+    /// `holder` found its hold lost at release: its grant's entry goes, unless it also
+    /// waits in the queue (as `fair_release.lua`).
+    pub(super) fn lost(&mut self, key: &Key, holder: &Holder) {
+        let Some(queue) = self.0.get_mut(key) else {
+            return;
+        };
+        if !queue.waiting.iter().any(|(h, _)| h == holder) {
+            queue.granted.remove(holder);
+        }
+        self.tidy(key);
+    }
+
     /// Takes `holder` out of the queue and gives back a grant it never took up; if that
     /// leaves the lock free, the next waiter gets it (as `fair_leave.lua`).
     pub(super) fn leave(
