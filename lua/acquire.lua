@@ -1,9 +1,10 @@
--- Take or re-enter a lock in one step.
+-- Take or re-enter a lock in one step (after once.lua).
 -- KEYS[1] lock hash (field = holder id, value = re-entry count)
 -- KEYS[2] fencing key (last token issued for this lock; lives as long as the lock)
 -- KEYS[3] optional: the outcome key of a claim (see release.lua); when it exists the
 --         work is done already and its outcome is returned instead of the lock
--- ARGV[1] holder id, ARGV[2] lease in ms, ARGV[3] '1' for a holder made for this call
+-- ARGV[1] holder id, ARGV[2] lease in ms, ARGV[3] '1' for a holder made for this
+--         acquisition, last: this call's id (see once.lua)
 -- Returns {1, token} taken, {2, token} re-entered, {0, pttl} held by another,
 -- {3, outcome} completed before.
 if KEYS[3] then
@@ -24,18 +25,19 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
     token = last + 1
     redis.call('SET', KEYS[2], string.format('%.0f', token), 'PX', ARGV[2])
   end
-  redis.call('HSET', KEYS[1], ARGV[1], 1)
+  set_count(KEYS[1], ARGV[1], 1, call)
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1, token}
 end
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
-  -- A holder made for this acquisition holds the lock only if this very call ran before
-  -- (a cluster client sends a call again when its connection broke before the reply):
-  -- taken once, not re-entered.
-  if ARGV[3] == '1' then
-    return {1, tonumber(redis.call('GET', KEYS[2])) or 0}
+local held = redis.call('HMGET', KEYS[1], ARGV[1], op_of(ARGV[1]))
+if held[1] then
+  -- This very call ran before (a holder made for it holds nothing else; any other finds
+  -- its own id): answered as then, counted once.
+  if ARGV[3] == '1' or held[2] == call then
+    local state = (ARGV[3] == '1' or held[1] == '1') and 1 or 2
+    return {state, tonumber(redis.call('GET', KEYS[2])) or 0}
   end
-  redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
+  set_count(KEYS[1], ARGV[1], tonumber(held[1]) + 1, call)
   -- A re-entry never shortens the hold: one with a short lease inside a longer (or
   -- watchdog) hold would otherwise let the lock expire under its outer holder.
   if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then

@@ -5,22 +5,30 @@
 -- ARGV[5] '1' to join (or keep) a place in the queue, '0' for a single try that never queues
 -- ARGV[6] '1' if an earlier attempt of this acquisition queued: holding the lock then means
 --         it was granted (its notice missed), not a re-entry
--- ARGV[7] '1' if the holder was made for this acquisition (it held nothing before)
+-- ARGV[7] '1' if the holder was made for this acquisition (it held nothing before),
+-- last: this call's id (see once.lua)
 -- Returns {1, token} taken, {2, token} re-entered,
 -- {0, ms} not yours: retry by yourself after ms at the latest (a notice may come sooner);
 -- ms is -1 if the lock has no expiry and nobody is ahead.
 local me = ARGV[1]
 
-if redis.call('HEXISTS', KEYS[1], me) == 1 then
-  -- Not a re-entry: granted while this acquisition waited (its notice missed), or, for a
-  -- holder made for this acquisition, this very call ran before (sent again by a cluster
-  -- client whose connection broke; see acquire.lua). Taken, with this caller's lease.
+local held = redis.call('HMGET', KEYS[1], me, op_of(me))
+if held[1] then
+  -- Not a re-entry: granted while this acquisition waited (its notice missed), or this
+  -- very call ran before (see once.lua). Taken, with this caller's lease, counted once.
   local granted = ARGV[6] == '1' and redis.call('ZREM', KEYS[4], me) == 1
   if granted or ARGV[7] == '1' then
+    -- Remembered, so that this call sent again is not taken for a re-entry either.
+    if granted and call ~= '' then
+      set_count(KEYS[1], me, held[1], call)
+    end
     lease_at_least(ARGV[2])
     return {1, tonumber(redis.call('GET', KEYS[2])) or 0}
   end
-  redis.call('HINCRBY', KEYS[1], me, 1)
+  if held[2] == call then
+    return {held[1] == '1' and 1 or 2, tonumber(redis.call('GET', KEYS[2])) or 0}
+  end
+  set_count(KEYS[1], me, tonumber(held[1]) + 1, call)
   lease_at_least(ARGV[2])
   return {2, tonumber(redis.call('GET', KEYS[2])) or 0}
 end
@@ -33,7 +41,7 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
       redis.call('LPOP', KEYS[3])
       redis.call('ZREM', KEYS[4], me)
     end
-    return {1, take(me, now + tonumber(ARGV[2]))}
+    return {1, take(me, now + tonumber(ARGV[2]), call)}
   end
   -- Free, but another waiter's turn (the lock expired, or a waiter ahead was dropped):
   -- the head gets it now, as a release would have given it.

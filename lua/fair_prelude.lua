@@ -1,4 +1,4 @@
--- Prepended to every fair_*.lua script (after clock.lua): the fair lock's layout, the
+-- Prepended to every fair_*.lua script (after clock.lua and once.lua): the fair lock's layout, the
 -- pruning of silent waiters and the direct handoff to the head of the queue.
 --
 -- KEYS[1] lock hash (same shape as acquire.lua, so renew.lua renews it)
@@ -20,15 +20,16 @@ local function prune()
   end
 end
 
--- Takes the free lock for `holder` until `until_ms` (server clock): a new fencing token
--- from the server clock (µs), never at or below the last one.
-local function take(holder, until_ms)
+-- Takes the free lock for `holder` until `until_ms` (server clock), for the call `call`
+-- (see once.lua): a new fencing token from the server clock (µs), never at or below the
+-- last one.
+local function take(holder, until_ms, call)
   local token = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
   local last = tonumber(redis.call('GET', KEYS[2]))
   if last and last >= token then
     token = last + 1
   end
-  redis.call('HSET', KEYS[1], holder, 1)
+  set_count(KEYS[1], holder, 1, call)
   redis.call('PEXPIREAT', KEYS[1], until_ms)
   redis.call('SET', KEYS[2], int(token), 'PXAT', until_ms)
   return token
@@ -42,7 +43,7 @@ local function grant_head(prefix)
   while head do
     local until_ms = tonumber(redis.call('ZSCORE', KEYS[4], head))
     if until_ms then
-      local token = take(head, until_ms)
+      local token = take(head, until_ms, '')
       redis.call('PUBLISH', prefix .. head, 'granted:' .. int(token))
       return
     end

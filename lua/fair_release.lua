@@ -1,23 +1,30 @@
 -- Drop one re-entry of a fair lock; at zero the lock goes straight to the head of the
 -- queue (after fair_prelude.lua).
--- ARGV[1] holder id, ARGV[2] wake channel prefix
--- To complete a claim as well (see release.lua): KEYS[5] outcome key; ARGV[3] outcome,
--- ARGV[4] how long to keep it in ms, ARGV[5] the lock's release channel.
--- Returns -1 not held by this holder, 0 freed, n > 0 re-entries left.
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
+-- ARGV[1] holder id, ARGV[2] wake channel prefix, ARGV[3] the hold's fencing token (''
+-- unknown), last: this call's id (see once.lua)
+-- To complete a claim as well (see release.lua): KEYS[5] outcome key; ARGV[4] outcome,
+-- ARGV[5] how long to keep it in ms, ARGV[6] the lock's release channel.
+-- Returns -2 or -1 not held by this holder (see once.lua), 0 freed, n > 0 re-entries left.
+local held = redis.call('HMGET', KEYS[1], ARGV[1], op_of(ARGV[1]))
+if not held[1] then
   -- Lost (taken over or expired): a grant taken up from its notice leaves its entry here;
   -- it goes too, unless this holder also waits in the queue (a place of its own).
   if not redis.call('LPOS', KEYS[3], ARGV[1]) then
     redis.call('ZREM', KEYS[4], ARGV[1])
   end
-  return -1
+  return not_held(KEYS[2], ARGV[3])
+end
+if held[2] == call then
+  -- This very call ran before: what it left.
+  return tonumber(held[1])
 end
 if KEYS[5] then
-  redis.call('SET', KEYS[5], ARGV[3], 'PX', ARGV[4])
-  redis.call('PUBLISH', ARGV[5], 'completed')
+  redis.call('SET', KEYS[5], ARGV[4], 'PX', ARGV[5])
+  redis.call('PUBLISH', ARGV[6], 'completed')
 end
-local left = redis.call('HINCRBY', KEYS[1], ARGV[1], -1)
+local left = tonumber(held[1]) - 1
 if left > 0 then
+  set_count(KEYS[1], ARGV[1], left, call)
   return left
 end
 redis.call('DEL', KEYS[1])

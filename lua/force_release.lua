@@ -1,13 +1,19 @@
 -- Delete a lock whoever holds it, whatever its kind (an admin action), and wake its
 -- waiters as its own release would have.
 -- KEYS[1] lock hash, KEYS[2] a read-write lock's leases, KEYS[3] a fair lock's queue,
--- KEYS[4] its waiters' deadlines
+-- KEYS[4] its waiters' deadlines, KEYS[5] the fencing key
 -- ARGV[1] release channel, ARGV[2] readers' channel, ARGV[3] fair wake channel prefix
 -- Returns 1 if a lock was deleted, 0 if there was none.
 if redis.call('DEL', KEYS[1]) == 0 then
   return 0
 end
 redis.call('DEL', KEYS[2])
+-- The last token moves on: a release by the holder whose hold this was is told it lost
+-- the lock, not that its release ran already (see once.lua).
+local last = redis.call('GET', KEYS[5])
+if last then
+  redis.call('SET', KEYS[5], string.format('%.0f', tonumber(last) + 1), 'KEEPTTL')
+end
 -- A plain waiter or a waiting writer (and Redisson's waiters: '0' is its unlock message).
 redis.call('PUBLISH', ARGV[1], '0')
 -- Waiting readers (still held back by any writer that waits).

@@ -1,10 +1,20 @@
--- Take (or re-enter) several locks at once, all or nothing.
+-- Take (or re-enter) several locks at once, all or nothing (after once.lua).
 -- KEYS: lock hash and fencing key of each lock, in pairs: lock1, fence1, lock2, fence2, ...
--- ARGV[1] holder id, ARGV[2] lease in ms, ARGV[3] '1' for a holder made for this call
+-- ARGV[1] holder id, ARGV[2] lease in ms, ARGV[3] '1' for a holder made for this call,
+-- last: this call's id (see once.lua)
 -- Returns {1, token1, token2, ...} when every lock is now held by this holder (each
 -- token as acquire.lua gives it), or {0, i, pttl} when lock i (1-based) is held by
 -- another holder; then nothing was changed.
 local n = #KEYS / 2
+-- This very call ran before (see once.lua; a holder made for it is told apart below):
+-- it holds every lock, counted once.
+if call ~= '' and redis.call('HGET', KEYS[1], op_of(ARGV[1])) == call then
+  local out = {1}
+  for i = 1, n do
+    out[i + 1] = tonumber(redis.call('GET', KEYS[2 * i])) or 0
+  end
+  return out
+end
 for i = 1, n do
   local lock = KEYS[2 * i - 1]
   if redis.call('EXISTS', lock) == 1 and redis.call('HEXISTS', lock, ARGV[1]) == 0 then
@@ -20,7 +30,14 @@ for i = 1, n do
   -- very call, run before and sent again, see acquire.lua, or an earlier attempt that
   -- could not give it back): it holds it once.
   local again = ARGV[3] == '1' and redis.call('HEXISTS', lock, ARGV[1]) == 1
-  if not again and redis.call('HINCRBY', lock, ARGV[1], 1) == 1 then
+  local count = 0
+  if not again then
+    count = redis.call('HINCRBY', lock, ARGV[1], 1)
+    if call ~= '' then
+      redis.call('HSET', lock, op_of(ARGV[1]), call)
+    end
+  end
+  if count == 1 then
     -- Fresh: a new token, above the last one even if the clock stepped back.
     local token = clock
     local last = tonumber(redis.call('SET', fence, string.format('%.0f', token), 'PX', ARGV[2], 'GET'))

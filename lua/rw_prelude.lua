@@ -1,9 +1,10 @@
--- Prepended to every rw_*.lua script (after clock.lua): the read-write lock's layout and
+-- Prepended to every rw_*.lua script (after clock.lua and once.lua): the read-write lock's layout and
 -- the pruning of holds whose lease ran out.
 --
 -- KEYS[1] lock hash: `mode` ('read' or 'write'), `token` (the fencing token of the
 --         current phase: the write hold, or the read phase the readers joined), and one
---         re-entry count per hold, field `<holder>:r` (read) or `<holder>:w` (write)
+--         re-entry count per hold, field `<holder>:r` (read) or `<holder>:w` (write),
+--         with its `<field>:op` (see once.lua)
 -- KEYS[2] leases: zset, member = a hold's field name, score = its deadline (server ms).
 --         Each hold expires on its own, so a dead reader does not outlive its lease while
 --         the others renew theirs; the lock's keys expire with the latest deadline.
@@ -34,7 +35,7 @@ local function prune()
     return nil
   end
   for _, field in ipairs(gone) do
-    redis.call('HDEL', KEYS[1], field)
+    redis.call('HDEL', KEYS[1], field, op_of(field))
     if string.sub(field, -2) == ':w' then
       -- The writer's lease ran out; what is left are its own read holds (a downgrade).
       mode = 'read'

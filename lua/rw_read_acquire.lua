@@ -1,6 +1,6 @@
 -- Take or re-enter a read hold (after rw_prelude.lua).
 -- ARGV[1] holder id, ARGV[2] lease in ms, ARGV[3] '1' if the holder was made for this
--- acquisition (it held nothing before)
+-- acquisition (it held nothing before), last: this call's id (see once.lua)
 -- Returns {1, token} a new read hold, {2, token} re-entered, {0, ms} refused: retry on a
 -- notice or after ms. A holder's first read hold while it holds the write lock (a
 -- downgrade) is a new hold with the write's token.
@@ -15,22 +15,22 @@ if not mode then
   if writers_wait then
     return busy(true)
   end
-  redis.call('HSET', KEYS[1], 'mode', 'read')
   local token = fresh_token()
-  redis.call('HSET', KEYS[1], field, 1)
+  set_count(KEYS[1], field, 1, call, 'mode', 'read')
   lease_at_least(field, ARGV[2])
   return {1, token}
 end
-local token = tonumber(redis.call('HGET', KEYS[1], 'token')) or 0
--- Only this very call, sent again, can have taken it for a new holder (see acquire.lua).
-if ARGV[3] == '1' and redis.call('HEXISTS', KEYS[1], field) == 1 then
-  return {1, token}
+local held = redis.call('HMGET', KEYS[1], field, op_of(field), ARGV[1] .. ':w', 'token')
+local token = tonumber(held[4]) or 0
+-- This very call ran before (see once.lua): answered as then, counted once.
+if held[1] and (ARGV[3] == '1' or held[2] == call) then
+  return {(ARGV[3] == '1' or held[1] == '1') and 1 or 2, token}
 end
 -- What this holder already holds it may always read (re-entry, downgrade): refusing it
 -- for a waiting writer would deadlock, as the writer waits for this holder.
-if redis.call('HEXISTS', KEYS[1], field) == 1
-    or redis.call('HEXISTS', KEYS[1], ARGV[1] .. ':w') == 1 then
-  local count = redis.call('HINCRBY', KEYS[1], field, 1)
+if held[1] or held[3] then
+  local count = (tonumber(held[1]) or 0) + 1
+  set_count(KEYS[1], field, count, call)
   lease_at_least(field, ARGV[2])
   if count == 1 then
     return {1, token}
@@ -41,6 +41,6 @@ if mode == 'write' or writers_wait then
   return busy(mode ~= 'write')
 end
 -- Joins the read phase and shares its token.
-redis.call('HSET', KEYS[1], field, 1)
+set_count(KEYS[1], field, 1, call)
 lease_at_least(field, ARGV[2])
 return {1, token}

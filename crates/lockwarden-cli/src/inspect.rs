@@ -31,6 +31,9 @@ use crate::target::{bounded, Target};
 pub const SHOWN: usize = 100;
 /// A Redisson-layout hash with more fields than this is not taken for a lock.
 pub const MAX_FIELDS: i64 = 10_000;
+
+/// The suffix of the fields beside a count that remember the call that changed it last.
+const OP_SUFFIX: &str = ":op";
 /// Locks read at once.
 const CONCURRENCY: usize = 16;
 /// Channels per `PUBSUB NUMSUB` call.
@@ -268,6 +271,8 @@ async fn read_one(
     let now_us = server_time_us(&v[0])?;
     let now_ms = (now_us / 1000) as i64;
     let mut hash = pairs(&v[1]);
+    // The id of the last call that changed a count (`lua/once.lua`) is no holder.
+    hash.retain(|(field, _)| !field.ends_with(OP_SUFFIX));
     if redisson && !lock_shaped(&hash) {
         hash.clear();
     }

@@ -82,6 +82,7 @@ impl Default for LockClientBuilder {
                 replicas: None,
                 tls: Tls::default(),
                 check_permissions: true,
+                sharded_notices: false,
             },
         }
     }
@@ -279,6 +280,30 @@ impl LockClientBuilder {
     /// ```
     pub fn skip_permission_check(mut self) -> Self {
         self.connect.check_permissions = false;
+        self
+    }
+
+    /// Sends release notices on a Redis Cluster with sharded `SPUBLISH` and listens with
+    /// `SSUBSCRIBE` (Redis 7.0 or later on every node). A classic `PUBLISH` is relayed to
+    /// every node of the cluster; a sharded one stays on the shard that owns the lock's
+    /// slot, so the cluster's work per release does not grow with its size. Every client
+    /// of one lock must send and listen the same way (a waiter that hears nothing waits
+    /// until the holder's lease ends), so choose it for all of them, and only when no
+    /// other client of the same locks listens with `SUBSCRIBE`. The user then needs
+    /// `+spublish +ssubscribe +sunsubscribe` instead of `+publish +subscribe +unsubscribe`
+    /// (see the README). Ignored by one server, Sentinel and the in-process store.
+    ///
+    /// ```no_run
+    /// # use lockwarden_core::LockClient;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden_core::LockError> {
+    /// let client = LockClient::builder()
+    ///     .sharded_notices()
+    ///     .connect_cluster(["redis://127.0.0.1:7000/", "redis://127.0.0.1:7001/"])
+    ///     .await?;
+    /// # drop(client); Ok(()) }
+    /// ```
+    pub fn sharded_notices(mut self) -> Self {
+        self.connect.sharded_notices = true;
         self
     }
 

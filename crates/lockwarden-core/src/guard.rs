@@ -286,7 +286,7 @@ impl LockGuard {
         // The last guard of a hold whose holder was made for it: the count in the store
         // was 1 (unless a task re-acquired as `holder()` meanwhile, see the README).
         let last = self.end() == 0 && self.fresh;
-        let (engine, hold) = (self.engine.clone(), self.hold.clone());
+        let (engine, hold, token) = (self.engine.clone(), self.hold.clone(), Some(self.token));
         let completes = outcome.is_some();
         // Finished in the background if the caller stops waiting (an aborted task, a lost
         // `select!`): otherwise the command might never be sent, leaving the lock held for
@@ -300,12 +300,13 @@ impl LockGuard {
                         bytes: &bytes,
                         keep,
                     };
-                    engine.store().complete(&hold, outcome).await
+                    engine.store().complete(&hold, token, outcome).await
                 })
                 .await
             }
             (outcome, _) => {
-                let released = Finish::new(async move { engine.store().release(&hold).await });
+                let released =
+                    Finish::new(async move { engine.store().release(&hold, token).await });
                 if outcome.is_some() {
                     released.await?;
                     return Err(LockError::NotClaimable {
@@ -328,10 +329,13 @@ impl LockGuard {
         }
         match released? {
             Released::Freed | Released::Remaining(_) => Ok(()),
-            Released::NotHeld if self.lost.is_lost() => Err(LockError::Lost {
+            // Nobody took the lock since this hold's token and no loss was seen: this
+            // release had run already (sent again by a cluster client).
+            Released::Ended if !self.lost.is_lost() => Ok(()),
+            Released::NotHeld | Released::Ended if self.lost.is_lost() => Err(LockError::Lost {
                 key: self.hold.key.name().to_owned(),
             }),
-            Released::NotHeld => Err(LockError::NotHeld {
+            Released::NotHeld | Released::Ended => Err(LockError::NotHeld {
                 key: self.hold.key.name().to_owned(),
             }),
         }

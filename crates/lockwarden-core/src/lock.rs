@@ -177,7 +177,7 @@ impl Lock {
             key: self.key()?.clone(),
             holder: holder.clone(),
         };
-        self.engine.store().release(&hold).await?;
+        self.engine.store().release(&hold, None).await?;
         Ok(())
     }
 }

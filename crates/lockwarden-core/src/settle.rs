@@ -38,7 +38,7 @@ pub(crate) fn settle(store: Store, holds: Vec<Hold>, waiter: Option<Waiter>, lea
         for hold in &holds {
             loop {
                 let settled = async {
-                    store.release(hold).await?;
+                    store.release(hold, None).await?;
                     if let Some(waiter) = waiter {
                         store.withdraw(waiter, &hold.key, &hold.holder).await?;
                     }

@@ -98,6 +98,7 @@ fn the_readme_gives_these_rules() {
         format!("ACL SETUSER locks reset on >CHANGE-ME {REDISSON} {COMMANDS}"),
         format!("ACL SETUSER locks {WAIT}"),
         format!("ACL SETUSER locks {CLUSTER}"),
+        format!("ACL SETUSER locks {SHARDED}"),
     ] {
         assert!(readme.contains(&line), "the README does not say:\n{line}");
     }
@@ -842,7 +843,7 @@ async fn a_refusal_inside_a_script_keeps_what_the_script_wrote() {
     );
     let client = connect_unchecked(&url, |b| b).await;
     let refused = client.try_acquire("invoice:1", Duration::ZERO).await;
-    expect_refused(refused.map(drop), "PEXPIRE (line 28 of acquire.lua)");
+    expect_refused(refused.map(drop), "PEXPIRE (line 29 of acquire.lua)");
     let key = client.key("invoice:1").unwrap().redis_key().to_owned();
     assert!(forever(&key), "{key}: {}", server.pttl(&key));
     let fields: Vec<String> = server.query(&["HKEYS", &key]).unwrap();
@@ -865,7 +866,7 @@ async fn a_refusal_inside_a_script_keeps_what_the_script_wrote() {
         .read()
         .try_acquire(Duration::ZERO)
         .await;
-    expect_refused(refused.map(drop), "PEXPIREAT (line 63 of rw_prelude.lua)");
+    expect_refused(refused.map(drop), "PEXPIREAT (line 64 of rw_prelude.lua)");
     let key = client.key("invoice:2").unwrap().redis_key().to_owned();
     assert!(forever(&key), "{key}: {}", server.pttl(&key));
     assert!(forever(&format!("{key}:leases")));
@@ -894,7 +895,7 @@ async fn a_refusal_inside_a_script_keeps_what_the_script_wrote() {
         .await
         .unwrap();
     let key = guard.key().redis_key().to_owned();
-    expect_refused(guard.release().await, "DEL (line 21 of release.lua)");
+    expect_refused(guard.release().await, "DEL (line 29 of release.lua)");
     let ttl = server.pttl(&key);
     assert!(ttl > 0 && ttl <= 30_000, "{key}: {ttl}");
 }
@@ -902,6 +903,9 @@ async fn a_refusal_inside_a_script_keeps_what_the_script_wrote() {
 /// What a Redis Cluster client needs besides: redis-rs asks a node for the slot map
 /// (`CLUSTER SLOTS`) and checks each new node connection with `PING`.
 const CLUSTER: &str = "+cluster|slots +ping";
+
+/// With `sharded_notices()`: the sharded notice commands instead of the classic ones.
+const SHARDED: &str = "-publish -subscribe -unsubscribe +spublish +ssubscribe +sunsubscribe";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_needs_cluster_slots_and_ping_too() {
@@ -949,6 +953,52 @@ async fn a_cluster_needs_cluster_slots_and_ping_too() {
             "master {node}: not by the notice"
         );
     }
+
+    // With sharded notices the sharded commands replace the classic ones, and a waiter
+    // is still woken by the release's notice.
+    let urls = set("sharded", &[TAGGED, COMMANDS, CLUSTER, SHARDED]);
+    let sharded = || async {
+        LockClient::builder()
+            .command_timeout(Duration::from_secs(2))
+            .sharded_notices()
+            .connect_cluster(&urls)
+            .await
+            .expect("connect with sharded notices as a restricted user")
+    };
+    let (a, b) = (sharded().await, sharded().await);
+    let guard = a
+        .lock("invoice:sharded")
+        .lease(LEASE)
+        .try_acquire(Duration::ZERO)
+        .await
+        .unwrap();
+    let node = cluster.owner(guard.key().redis_key()).unwrap();
+    let waiting = spawn_timed({
+        let b = b.clone();
+        async move { b.try_acquire("invoice:sharded", LEASE - SERVED).await }
+    });
+    let channel = guard.key().channel().to_owned();
+    eventually(SERVED, "the waiter subscribed (sharded)", || async {
+        let subscribed: Vec<(String, u64)> = cluster.nodes()[node]
+            .query(&["PUBSUB", "SHARDNUMSUB", &channel])
+            .unwrap();
+        subscribed.first().is_some_and(|(_, n)| *n == 1)
+    })
+    .await;
+    let released = Instant::now();
+    guard.release().await.unwrap();
+    let (got, at) = finishes(SERVED * 2, "the woken waiter (sharded)", waiting).await;
+    got.unwrap().release().await.unwrap();
+    assert!(at.duration_since(released) < SERVED, "not by the notice");
+    // Without the sharded commands, connecting with sharded notices fails, naming them.
+    let urls = set("classic-only", &[TAGGED, COMMANDS, CLUSTER]);
+    let refused = LockClient::builder()
+        .command_timeout(Duration::from_secs(2))
+        .sharded_notices()
+        .connect_cluster(&urls)
+        .await
+        .expect_err("connected with sharded notices without SPUBLISH");
+    assert!(refused.to_string().contains("SPUBLISH"), "{refused}");
 
     // Without CLUSTER SLOTS the client cannot learn the slot map: connect fails, naming it.
     let urls = set("no-slots", &[TAGGED, COMMANDS, "+ping"]);

@@ -249,10 +249,21 @@ async fn the_watchdog_and_dropped_guards_cover_every_slot() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_lock_follows_its_slot_to_another_master() {
+    follows_its_slot(|b| b).await;
+}
+
+/// The same with sharded notices: the waiter's `SSUBSCRIBE` follows the slot too (the
+/// old owner drops it when the slot leaves; redis-rs subscribes again on the new one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_lock_follows_its_slot_with_sharded_notices() {
+    follows_its_slot(LockClientBuilder::sharded_notices).await;
+}
+
+async fn follows_its_slot(notices: fn(LockClientBuilder) -> LockClientBuilder) {
     let cluster = RedisCluster::start(3).unwrap();
     let lease = Duration::from_millis(900);
-    let a = client_with(&cluster, |b| b.watchdog_timeout(lease)).await;
-    let b = client(&cluster).await;
+    let a = client_with(&cluster, |b| notices(b).watchdog_timeout(lease)).await;
+    let b = client_with(&cluster, notices).await;
     let name = name_on(&cluster, &a, 0, "moving");
     let guard = a.acquire(&name).await.unwrap();
     let key = guard.key().redis_key().to_owned();
@@ -283,4 +294,87 @@ async fn a_held_lock_follows_its_slot_to_another_master() {
     assert!(cluster.exists_on(1, &key));
     next.release().await.unwrap();
     assert!(!cluster.exists_on(1, &key));
+}
+
+/// The notices node `node` received from other nodes over the cluster bus, classic and
+/// sharded (`CLUSTER INFO`): what a release costs the nodes that do not own its lock.
+fn relayed_to(cluster: &RedisCluster, node: usize) -> u64 {
+    let info: String = cluster.nodes()[node]
+        .query(&["CLUSTER", "INFO"])
+        .expect("CLUSTER INFO");
+    info.lines()
+        .filter_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            let relayed = name == "cluster_stats_messages_publish_received"
+                || name == "cluster_stats_messages_publishshard_received";
+            relayed.then(|| value.trim().parse::<u64>().ok()).flatten()
+        })
+        .sum()
+}
+
+/// Promise (the performance issue's sharded notices): with `sharded_notices()` a
+/// release's notice is processed by the master that owns the lock only (`SPUBLISH`), and
+/// still wakes a waiter of another client at once; classic notices (the default) are
+/// relayed to every master, as Redis does with `PUBLISH`. Each round hands the lock over by
+/// notice, so a notice that went astray would leave the waiter to the 30 s lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sharded_notices_stay_on_the_owning_master_and_classic_ones_reach_every_master() {
+    const ROUNDS: u64 = 5;
+    const OWNER: usize = 0;
+    let cluster = RedisCluster::start(3).unwrap();
+    for classic in [false, true] {
+        let configure = |b: LockClientBuilder| if classic { b } else { b.sharded_notices() };
+        let a = client_with(&cluster, configure).await;
+        let b = client_with(&cluster, configure).await;
+        let name = name_on(&cluster, &a, OWNER, &format!("notices-{classic}"));
+        let owner = &cluster.nodes()[OWNER];
+        let others = [1, 2];
+        let relayed_before: Vec<u64> = others.iter().map(|&n| relayed_to(&cluster, n)).collect();
+        let (spublish_before, publish_before) = (
+            owner.command_calls("spublish"),
+            owner.command_calls("publish"),
+        );
+        for _ in 0..ROUNDS {
+            let guard = a.acquire(&name).await.unwrap();
+            let waiter = timed({
+                let (b, name) = (b.clone(), name.clone());
+                async move { b.try_acquire(&name, Duration::from_secs(20)).await }
+            });
+            tokio::time::sleep(Duration::from_millis(200)).await; // the waiter subscribes
+            assert!(!waiter.is_finished(), "the waiter got a held lock");
+            let released = Instant::now();
+            guard.release().await.unwrap();
+            let (next, _) = waiter.await.unwrap();
+            let next = next.unwrap_or_else(|e| panic!("classic {classic}: {e}"));
+            assert!(
+                released.elapsed() < SERVED,
+                "classic {classic}: served {:?} after the release",
+                released.elapsed()
+            );
+            next.release().await.unwrap();
+        }
+        let relayed: Vec<u64> = others
+            .iter()
+            .zip(&relayed_before)
+            .map(|(&n, before)| relayed_to(&cluster, n) - before)
+            .collect();
+        let spublished = owner.command_calls("spublish") - spublish_before;
+        let published = owner.command_calls("publish") - publish_before;
+        if classic {
+            assert!(
+                published >= ROUNDS && spublished == 0,
+                "{published} {spublished}"
+            );
+            assert!(
+                relayed.iter().all(|&n| n >= ROUNDS),
+                "every master processed each notice: {relayed:?}"
+            );
+        } else {
+            assert!(
+                spublished >= ROUNDS && published == 0,
+                "{spublished} {published}"
+            );
+            assert_eq!(relayed, [0, 0], "no other master processed a notice");
+        }
+    }
 }

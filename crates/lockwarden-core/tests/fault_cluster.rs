@@ -327,6 +327,93 @@ async fn an_acquire_sent_again_after_its_connection_broke_is_held_once() {
     }
 }
 
+/// Loses the reply to what `call` sends to `NODE`, then heals (the connection is reset
+/// while the call waits, and the cluster client sends it again): `call`'s result, after
+/// asserting that the script ran on the node at least twice.
+async fn sent_twice<T: Send + 'static>(
+    cluster: &RedisCluster,
+    what: &str,
+    call: impl std::future::Future<Output = T> + Send + 'static,
+) -> T {
+    let (proxy, node) = (proxy(cluster), &cluster.nodes()[NODE]);
+    let scripts_before = node.command_calls("evalsha");
+    let lost_before = proxy.lost_replies();
+    proxy.drop_replies();
+    let call = tokio::spawn(call);
+    eventually(
+        Duration::from_secs(1),
+        format!("{what}: the reply is lost"),
+        || async { proxy.lost_replies() > lost_before },
+    )
+    .await;
+    proxy.heal();
+    let done = finishes(Duration::from_secs(5), what, call).await;
+    assert!(
+        node.command_calls("evalsha") >= scripts_before + 2,
+        "{what}: the script ran twice on the node"
+    );
+    done
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_of_a_given_holder_sent_again_count_once() {
+    let cluster = cluster();
+    // Patient: each call still waits for its reply when the connection breaks.
+    let client = warm_client(&cluster, PATIENT).await;
+    let rival = rival(&cluster).await;
+    for kind in EVERY_KIND {
+        let name = name_on(&cluster, &client, NODE, kind, &format!("given-{kind:?}"));
+        let holder = client.holder();
+        let opts = Opts::holder(&holder);
+        let outer = kind.acquire(&client, &name, &opts).await.expect("outer");
+        // A re-entry sent twice counts once...
+        let inner = sent_twice(&cluster, &format!("{kind:?} re-entry"), {
+            let (client, name, opts) = (client.clone(), name.clone(), opts.clone());
+            async move { kind.acquire(&client, &name, &opts).await }
+        })
+        .await;
+        let inner = inner.unwrap_or_else(|e| panic!("{kind:?}: re-entered: {e:?}"));
+        let held = counts(&cluster, &client, kind, &name, &holder);
+        assert!(
+            held.iter().all(|c| c.as_deref() == Some("2")),
+            "{kind:?}: re-entered once, not {held:?}"
+        );
+        // ... and so does its release: the outer hold stays.
+        let released = sent_twice(
+            &cluster,
+            &format!("{kind:?} inner release"),
+            inner.release(),
+        )
+        .await;
+        assert!(released.is_ok(), "{kind:?}: inner release: {released:?}");
+        let held = counts(&cluster, &client, kind, &name, &holder);
+        assert!(
+            held.iter().all(|c| c.as_deref() == Some("1")),
+            "{kind:?}: the outer hold is left, not {held:?}"
+        );
+        let rivalled = kind
+            .rival()
+            .try_acquire(&rival, &name, &Opts::default(), Duration::ZERO)
+            .await;
+        assert!(
+            matches!(rivalled, Err(LockError::Timeout { .. })),
+            "{kind:?}: still held: {rivalled:?}"
+        );
+        // The last release sent twice frees the lock and says so.
+        let released = sent_twice(
+            &cluster,
+            &format!("{kind:?} outer release"),
+            outer.release(),
+        )
+        .await;
+        assert!(released.is_ok(), "{kind:?}: outer release: {released:?}");
+        assert!(
+            left(&cluster, &client, kind, &name).is_empty(),
+            "{kind:?}: nothing left"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_a_cluster_node_never_got_is_sent_again_once_it_is_reachable() {
     let cluster = cluster();

@@ -482,6 +482,23 @@ async fn force_unlock_wakes_waiters_at_once_and_the_holder_learns_it(env: Env, k
         !kind.force_unlock(&watched, "forced").await,
         "nothing left to unlock"
     );
+
+    // A release right after a force-unlock (before any renewal could tell) is told the
+    // hold is gone: a force-unlock moves the fencing token on, so it is not taken for
+    // this release having run already.
+    let held = kind
+        .acquire(&holder, "forced-release", &Opts::default())
+        .await
+        .unwrap();
+    assert!(kind.force_unlock(&holder, "forced-release").await);
+    let released = held.release().await;
+    assert!(
+        matches!(
+            released,
+            Err(LockError::NotHeld { .. } | LockError::Lost { .. })
+        ),
+        "{kind:?}: {released:?}"
+    );
 }
 
 /// Promise: a re-entry never shortens the hold it re-enters. The scenario: a

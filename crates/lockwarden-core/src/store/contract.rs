@@ -41,8 +41,13 @@ pub(crate) trait LockStore {
         ask: &AcquireAll<'_>,
     ) -> impl Future<Output = Result<MultiAttempt>> + Send;
 
-    /// Releases one hold.
-    fn release(&self, hold: &Hold) -> impl Future<Output = Result<Released>> + Send;
+    /// Releases one hold, given the fencing token it was given (if known: it tells a
+    /// release that ran already from a hold that was lost, see [`Released::Ended`]).
+    fn release(
+        &self,
+        hold: &Hold,
+        token: Option<u64>,
+    ) -> impl Future<Output = Result<Released>> + Send;
 
     /// Releases a hold whose guard was dropped, without an answer: at once in-process,
     /// batched with others on Redis. `resend_until`: a release that gets no answer may
@@ -54,6 +59,7 @@ pub(crate) trait LockStore {
     fn complete(
         &self,
         hold: &Hold<Exclusive>,
+        token: Option<u64>,
         outcome: Outcome<'_>,
     ) -> impl Future<Output = Result<Released>> + Send;
 
@@ -193,6 +199,10 @@ pub(crate) enum Released {
     Remaining(u64),
     /// The holder did not hold it.
     NotHeld,
+    /// The holder did not hold it, and nobody took the lock since the hold's fencing
+    /// token: this very release ran before (a cluster client sent it again when its
+    /// connection broke), or the hold ran out with nobody after it. Only Redis answers it.
+    Ended,
 }
 
 /// An outcome to store on release, completing a claim.

@@ -76,16 +76,21 @@ impl LockStore for Store {
         dispatch!(self, s => s.acquire_all(ask).await)
     }
 
-    async fn release(&self, hold: &Hold) -> Result<Released> {
-        dispatch!(self, s => s.release(hold).await)
+    async fn release(&self, hold: &Hold, token: Option<u64>) -> Result<Released> {
+        dispatch!(self, s => s.release(hold, token).await)
     }
 
     fn release_later(&self, hold: Hold, resend_until: Option<Instant>) {
         dispatch!(self, s => s.release_later(hold, resend_until))
     }
 
-    async fn complete(&self, hold: &Hold<Exclusive>, outcome: Outcome<'_>) -> Result<Released> {
-        dispatch!(self, s => s.complete(hold, outcome).await)
+    async fn complete(
+        &self,
+        hold: &Hold<Exclusive>,
+        token: Option<u64>,
+        outcome: Outcome<'_>,
+    ) -> Result<Released> {
+        dispatch!(self, s => s.complete(hold, token, outcome).await)
     }
 
     async fn renew_all(&self, renewals: &[Renewal]) -> Renewed {

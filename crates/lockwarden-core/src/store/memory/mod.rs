@@ -248,7 +248,7 @@ impl LockStore for MemoryStore {
         Ok(MultiAttempt::Taken { tokens })
     }
 
-    async fn release(&self, hold: &Hold) -> Result<Released> {
+    async fn release(&self, hold: &Hold, _token: Option<u64>) -> Result<Released> {
         Ok(self.release_now(hold.kind, &hold.key, &hold.holder, None))
     }
 
@@ -256,7 +256,12 @@ impl LockStore for MemoryStore {
         self.release_now(hold.kind, &hold.key, &hold.holder, None);
     }
 
-    async fn complete(&self, hold: &Hold<Exclusive>, outcome: Outcome<'_>) -> Result<Released> {
+    async fn complete(
+        &self,
+        hold: &Hold<Exclusive>,
+        _token: Option<u64>,
+        outcome: Outcome<'_>,
+    ) -> Result<Released> {
         let Hold { kind, key, holder } = hold;
         Ok(self.release_now(HoldKind::Exclusive(*kind), key, holder, Some(outcome)))
     }

@@ -11,6 +11,7 @@ use redis::{FromRedisValue, RedisResult};
 
 use super::conn::Conn;
 use super::explain::naming;
+use super::notices::Notices;
 use super::scripts::{self, Call, What};
 use super::timeout::bounded;
 use crate::error::BackendError;
@@ -32,9 +33,17 @@ pub(super) struct Piped {
 pub(super) struct Commands {
     pub(super) conn: Conn,
     pub(super) timeout: Duration,
+    /// How the scripts publish release notices (each call is sent in that variant).
+    pub(super) notices: Notices,
 }
 
 impl Commands {
+    /// `call` as this connection sends it (see [`Call::sent`]): only a cluster client
+    /// sends a call again on a new connection.
+    pub(super) fn prepare(&self, call: Call) -> Call {
+        call.sent(self.notices, self.conn.is_cluster())
+    }
+
     /// Runs `call`, waiting at most the command timeout.
     pub(super) async fn run<T: FromRedisValue + Send>(
         &self,
@@ -52,11 +61,13 @@ impl Commands {
         &self,
         call: Call,
     ) -> impl Future<Output = RedisResult<T>> + Send + 'static {
-        let mut conn = self.conn.clone();
+        let (mut conn, notices) = (self.conn.clone(), self.notices);
+        let call = self.prepare(call);
         async move {
             match call.cmd.query_async(&mut conn).await {
                 Err(e) if is_noscript(&e) => {
-                    if let Some(script) = call.script {
+                    if let Some(lua) = call.script {
+                        let script = lua.with(notices);
                         script.prepare_invoke().load_async(&mut conn).await?;
                     }
                     call.cmd.query_async(&mut conn).await
@@ -88,7 +99,7 @@ impl Commands {
                 .conn
                 .is_cluster()
                 .then(|| Slot::for_key(slot_key(item)));
-            let call = call(item);
+            let call = self.prepare(call(item));
             let pipe = match open.get(&slot) {
                 Some(&p) if pipes[p].1.len() < BATCH => p,
                 _ => {
@@ -155,7 +166,7 @@ impl Commands {
             Err(BackendError::Redis(e)) if is_noscript(&e) => {
                 // All at once: one after the other they cost a round trip each, which on
                 // a slow link outlasted a watchdog lease (tests/fault_network.rs).
-                let loads = scripts::all().map(|script| {
+                let loads = scripts::all(self.notices).map(|script| {
                     let mut conn = conn.clone();
                     async move { script.prepare_invoke().load_async(&mut conn).await }
                 });

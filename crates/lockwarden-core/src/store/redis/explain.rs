@@ -146,12 +146,20 @@ mod tests {
     #[test]
     fn a_refusal_inside_a_script_names_the_command_on_its_line() {
         let acquire = scripts::named("acquire.lua");
+        let prelude = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/once.lua"));
+        let own = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/acquire.lua"));
+        let pexpire = own
+            .lines()
+            .position(|l| l.contains("redis.call('PEXPIRE'"))
+            .expect("acquire.lua sets an expiry")
+            + 1;
+        let line = prelude.lines().count() + pexpire;
         let detail = format!(
-            "The user executing the script can't run this command or subcommand script: {}, on @user_script:28.",
+            "The user executing the script can't run this command or subcommand script: {}, on @user_script:{line}.",
             acquire.get_hash()
         );
         let (command, text) = refusal(&server_error("ERR", &detail)).expect("a refusal");
-        assert_eq!(command, "PEXPIRE (line 28 of acquire.lua)");
+        assert_eq!(command, format!("PEXPIRE (line {pexpire} of acquire.lua)"));
         assert!(
             text.starts_with("ERR The user executing the script"),
             "{text}"
@@ -163,6 +171,7 @@ mod tests {
         let release = scripts::named("rw_release.lua");
         let prelude = [
             include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/clock.lua")),
+            include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/once.lua")),
             include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/rw_prelude.lua")),
         ]
         .concat();

@@ -20,6 +20,9 @@ mod commands;
 mod conn;
 mod explain;
 mod multi;
+mod notices;
+
+use notices::Notices;
 mod orphan;
 mod permissions;
 mod pubsub;
@@ -67,6 +70,8 @@ pub(crate) struct ConnectOptions {
     pub(crate) tls: Tls,
     /// Whether connecting checks that the user may run every command needed.
     pub(crate) check_permissions: bool,
+    /// Whether release notices on a cluster are sharded (`SPUBLISH`), not classic.
+    pub(crate) sharded_notices: bool,
 }
 
 /// The Redis store; clones share its connections. Its background tasks (the pub/sub
@@ -94,7 +99,12 @@ impl RedisStore {
     ) -> Result<Self> {
         let timeout = options.command_timeout;
         let (conn, source) = deployment.connect(timeout, timeout, &options.tls).await?;
-        let commands = Commands { conn, timeout };
+        let notices = Notices::on(&conn, options.sharded_notices);
+        let commands = Commands {
+            conn,
+            timeout,
+            notices,
+        };
         if let Some(probe) = probe {
             permissions::check(&commands, probe, options.replicas.is_some()).await?;
         }
@@ -107,7 +117,7 @@ impl RedisStore {
                 Some(Replicated::new(conn, n, wait))
             }
         };
-        let listener = tokio::spawn(pubsub::run(source, waiters, changes));
+        let listener = tokio::spawn(pubsub::run(source, notices, waiters, changes));
         let (dropped, queue) = mpsc::unbounded_channel();
         tokio::spawn(release_dropped(commands.clone(), queue));
         Ok(Self {
@@ -162,8 +172,8 @@ impl LockStore for RedisStore {
         multi::acquire_all(&self.commands, ask).await
     }
 
-    async fn release(&self, hold: &Hold) -> Result<Released> {
-        let left = self.commands.run(scripts::release(hold)).await?;
+    async fn release(&self, hold: &Hold, token: Option<u64>) -> Result<Released> {
+        let left = self.commands.run(scripts::release(hold, token)).await?;
         Ok(scripts::released(left))
     }
 
@@ -173,8 +183,13 @@ impl LockStore for RedisStore {
         let _ = self.dropped.send((hold, resend_until));
     }
 
-    async fn complete(&self, hold: &Hold<Exclusive>, outcome: Outcome<'_>) -> Result<Released> {
-        let call = scripts::complete(hold, outcome);
+    async fn complete(
+        &self,
+        hold: &Hold<Exclusive>,
+        token: Option<u64>,
+        outcome: Outcome<'_>,
+    ) -> Result<Released> {
+        let call = scripts::complete(hold, token, outcome);
         Ok(scripts::released(self.commands.run(call).await?))
     }
 
@@ -257,7 +272,7 @@ async fn release_dropped(
             .pipelined(
                 &batch,
                 |(hold, _)| hold.key.redis_key(),
-                |(hold, _)| scripts::release(hold),
+                |(hold, _)| scripts::release(hold, None),
             )
             .await;
         for ((hold, _), left) in batch.iter().zip(&piped.replies) {

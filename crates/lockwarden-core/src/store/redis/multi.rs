@@ -143,7 +143,7 @@ async fn give_back(commands: &Commands, taken: &[Key], holder: &Holder) {
             key: key.clone(),
             holder: holder.clone(),
         };
-        commands.run::<i64>(scripts::release(&hold))
+        commands.run::<i64>(scripts::release(&hold, None))
     });
     for (key, released) in taken
         .iter()

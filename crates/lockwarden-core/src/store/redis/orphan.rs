@@ -17,7 +17,7 @@ pub(super) fn give_back(commands: Commands, hold: Hold) -> Undo<RedisResult<(i64
             let Ok((state, _)) = reply else { return };
             // Taken or re-entered: one count is ours and nobody will release it.
             let call = match (state, hold.kind) {
-                (1 | 2, _) => scripts::release(&hold),
+                (1 | 2, _) => scripts::release(&hold, None),
                 // Waiting in the store: nobody will wait for the turn, so leave now
                 // rather than make the others wait for the place to run out.
                 (0, HoldKind::Exclusive(Exclusive::Fair)) => {

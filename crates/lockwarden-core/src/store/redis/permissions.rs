@@ -10,6 +10,7 @@
 //! checked this way and is let through with a warning.
 
 use super::commands::Commands;
+use super::notices::Notices;
 use super::scripts;
 use crate::error::BackendError;
 use crate::key::Key;
@@ -57,6 +58,13 @@ const NEEDED: &[(&str, &str)] = &[
 /// With `wait_for_replicas`.
 const WAIT: (&str, &str) = ("wait", "wait 0 0");
 
+/// With sharded notices (a cluster), in place of `subscribe`, `unsubscribe`, `publish`.
+const SHARDED: [(&str, &str); 3] = [
+    ("ssubscribe", "ssubscribe C"),
+    ("sunsubscribe", "sunsubscribe C"),
+    ("spublish", "spublish C x"),
+];
+
 /// Fails with [`BackendError::NotPermitted`] naming every command of [`NEEDED`] (and
 /// `WAIT` when acquisitions wait for replicas) the user may not run on `probe`'s key and
 /// channel. Passes unchecked on a Redis before 7.0, which cannot tell, and for a user
@@ -67,6 +75,9 @@ pub(super) async fn check(
     wait: bool,
 ) -> Result<(), BackendError> {
     let mut needed = NEEDED.to_vec();
+    if commands.notices == Notices::Sharded {
+        needed.splice(1..4, SHARDED);
+    }
     if wait {
         needed.push(WAIT);
     }
@@ -133,6 +144,13 @@ mod tests {
         let checked: BTreeSet<String> = NEEDED.iter().map(|(c, _)| (*c).to_owned()).collect();
         assert_eq!(used, checked);
         assert!(!scripts::sources().any(|text| text.contains("redis.pcall(")));
+        // The sharded notices replace exactly the classic ones.
+        let classic: Vec<&str> = NEEDED[1..4].iter().map(|(c, _)| *c).collect();
+        let sharded: Vec<String> = super::SHARDED
+            .iter()
+            .map(|(c, _)| c[1..].to_owned())
+            .collect();
+        assert_eq!(classic, sharded);
     }
 
     #[test]

@@ -10,8 +10,10 @@
 //!
 //! On one server (and on the primary Sentinel names, followed across failovers) it is one
 //! RESP2 pub/sub connection. On a cluster it is a RESP3 cluster connection: each
-//! `SUBSCRIBE` goes to the node that owns the channel's slot (every channel of a lock is
-//! in the lock's slot), redis-rs resubscribes when nodes reconnect or slots move, and a
+//! subscription goes to the node that owns the channel's slot (every channel of a lock is
+//! in the lock's slot), and redis-rs resubscribes when nodes reconnect or slots move.
+//! With sharded notices (`notices.rs`) it subscribes with `SSUBSCRIBE`, one slot's
+//! channels per call, and hears `SPUBLISH` from the owner only; with classic ones a
 //! `PUBLISH` from any node's script reaches every node's subscribers anyway.
 
 use std::collections::HashSet;
@@ -24,8 +26,10 @@ use redis::{PushInfo, PushKind, RedisResult, Value};
 use tokio::sync::{mpsc, watch};
 
 use redis::cluster::ClusterClientBuilder;
+use redis::cluster_routing::Slot;
 
 use super::explain::{explain, naming};
+use super::notices::Notices;
 use super::scripts::What;
 use super::sentinel::Followed;
 use crate::error::BackendError;
@@ -67,6 +71,7 @@ enum Ended {
 
 pub(super) async fn run(
     source: Source,
+    notices: Notices,
     waiters: Arc<Waiters>,
     mut changes: mpsc::UnboundedReceiver<Arc<str>>,
 ) {
@@ -95,7 +100,7 @@ pub(super) async fn run(
                     }
                 }
             }
-            Source::Cluster(builder) => session.serve_cluster(builder()).await,
+            Source::Cluster(builder) => session.serve_cluster(builder(), notices).await,
         };
         let served = session.served;
         // The connection's subscriptions ended with it.
@@ -185,7 +190,7 @@ impl Session<'_> {
         self.serve(&mut sink, events, switched).await
     }
 
-    async fn serve_cluster(&mut self, builder: ClusterClientBuilder) -> Ended {
+    async fn serve_cluster(&mut self, builder: ClusterClientBuilder, notices: Notices) -> Ended {
         let (tx, rx) = mpsc::unbounded_channel::<PushInfo>();
         let client = match builder
             .use_protocol(redis::ProtocolVersion::RESP3)
@@ -195,12 +200,13 @@ impl Session<'_> {
             Ok(client) => client,
             Err(error) => return self.failed(error),
         };
-        let mut conn = match client.get_async_connection().await {
+        let conn = match client.get_async_connection().await {
             Ok(conn) => conn,
             Err(error) => return self.failed(error),
         };
+        let mut sub = ClusterSubscriber { conn, notices };
         let events = tokio_stream(rx).filter_map(|push| async move { cluster_event(push) });
-        self.serve(&mut conn, events, std::future::pending()).await
+        self.serve(&mut sub, events, std::future::pending()).await
     }
 
     async fn serve<S: Subscriber>(
@@ -380,21 +386,60 @@ impl Subscriber for redis::aio::PubSubSink {
     }
 }
 
-impl Subscriber for redis::cluster_async::ClusterConnection {
+/// A RESP3 cluster connection, subscribing the way its notices travel.
+struct ClusterSubscriber {
+    conn: redis::cluster_async::ClusterConnection,
+    notices: Notices,
+}
+
+impl Subscriber for ClusterSubscriber {
     fn subscribe(&mut self, names: &[&str]) -> impl Future<Output = RedisResult<()>> + Send {
         let names = names.to_vec();
-        async move { redis::cluster_async::ClusterConnection::subscribe(self, names).await }
+        async move {
+            match self.notices {
+                Notices::Classic => self.conn.subscribe(names).await,
+                Notices::Sharded => {
+                    for names in by_slot(&names) {
+                        self.conn.ssubscribe(names).await?;
+                    }
+                    Ok(())
+                }
+            }
+        }
     }
     fn unsubscribe(&mut self, names: &[&str]) -> impl Future<Output = RedisResult<()>> + Send {
         let names = names.to_vec();
-        async move { redis::cluster_async::ClusterConnection::unsubscribe(self, names).await }
+        async move {
+            match self.notices {
+                Notices::Classic => self.conn.unsubscribe(names).await,
+                Notices::Sharded => {
+                    for names in by_slot(&names) {
+                        self.conn.sunsubscribe(names).await?;
+                    }
+                    Ok(())
+                }
+            }
+        }
     }
+}
+
+/// `names` in groups of one slot each: a sharded (un)subscription names one slot.
+fn by_slot<'a>(names: &[&'a str]) -> Vec<Vec<&'a str>> {
+    let mut groups: Vec<(Slot, Vec<&str>)> = Vec::new();
+    for &name in names {
+        let slot = Slot::for_key(name);
+        match groups.iter_mut().find(|(s, _)| *s == slot) {
+            Some((_, group)) => group.push(name),
+            None => groups.push((slot, vec![name])),
+        }
+    }
+    groups.into_iter().map(|(_, group)| group).collect()
 }
 
 /// A release notice or a reconnection among a cluster connection's pushes.
 fn cluster_event(push: PushInfo) -> Option<Event> {
     match push.kind {
-        PushKind::Message => match <[Value; 2]>::try_from(push.data) {
+        PushKind::Message | PushKind::SMessage => match <[Value; 2]>::try_from(push.data) {
             Ok([Value::BulkString(channel), Value::BulkString(payload)]) => Some(Event::Notice {
                 channel: String::from_utf8(channel).ok()?,
                 payload,

@@ -61,6 +61,7 @@ impl Replicated {
         hold: Hold,
     ) -> impl Future<Output = RedisResult<(i64, Value)>> + Send + 'static {
         let (mut conn, replicas) = (self.conn.clone(), self.replicas);
+        let call = main.prepare(call);
         let mut pipe = redis::pipe();
         pipe.add_command(call.cmd)
             .cmd("WAIT")
@@ -69,8 +70,11 @@ impl Replicated {
         async move {
             let sent = match pipe.query_async(&mut conn).await {
                 Err(e) if is_noscript(&e) => {
-                    if let Some(script) = call.script {
-                        script.prepare_invoke().load_async(&mut conn).await?;
+                    if let Some(lua) = call.script {
+                        lua.with(main.notices)
+                            .prepare_invoke()
+                            .load_async(&mut conn)
+                            .await?;
                     }
                     pipe.query_async(&mut conn).await
                 }
@@ -81,7 +85,7 @@ impl Replicated {
                 Err(error) if only_wait_failed(&error) => {
                     // The script ran (it may have taken the lock) and `WAIT` was refused
                     // (an ACL user without it): give back what the script took.
-                    if let Err(release) = main.run::<i64>(scripts::release(&hold)).await {
+                    if let Err(release) = main.run::<i64>(scripts::release(&hold, None)).await {
                         tracing::warn!(key = %hold.key, %release,
                             "could not release a lock whose WAIT failed; it expires with its lease");
                     }
@@ -90,7 +94,7 @@ impl Replicated {
                 Err(error) => return Err(error),
             };
             if matches!(state, 1 | 2) && acked < i64::from(replicas) {
-                if let Err(error) = main.run::<i64>(scripts::release(&hold)).await {
+                if let Err(error) = main.run::<i64>(scripts::release(&hold, None)).await {
                     tracing::warn!(key = %hold.key, %error,
                         "could not release a lock that was not replicated; it expires with its lease");
                 }

@@ -2,13 +2,15 @@
 //! and the one place that knows each script's keys and arguments: every operation of the
 //! store contract becomes a [`Call`] here, and every script reply is read here.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::LazyLock;
 use std::time::Duration;
 
 use redis::{Cmd, Script, Value};
 
+use super::notices::Notices;
 use crate::error::BackendError;
-use crate::hold::{Exclusive, Hold, HoldKind, RwMode};
+use crate::hold::{Exclusive, Hold, HoldKind};
 use crate::holder::Holder;
 use crate::key::Key;
 use crate::store::contract::{Acquire, Attempt, How, Outcome, Released, Renewal, Waiter};
@@ -19,9 +21,30 @@ pub(super) struct Lua {
     /// The files it is made of, in order, with their text.
     parts: &'static [(&'static str, &'static str)],
     script: Script,
+    /// The same script with sharded notices (`SPUBLISH`), if it publishes any.
+    sharded: Option<Script>,
 }
 
 impl Lua {
+    fn new(parts: &'static [(&'static str, &'static str)], source: &'static str) -> Self {
+        const CLASSIC: &str = "redis.call('PUBLISH'";
+        Lua {
+            parts,
+            script: Script::new(source),
+            sharded: source
+                .contains(CLASSIC)
+                .then(|| Script::new(&source.replace(CLASSIC, "redis.call('SPUBLISH'"))),
+        }
+    }
+
+    /// The script as sent with `notices`.
+    pub(super) fn with(&self, notices: Notices) -> &Script {
+        match (notices, &self.sharded) {
+            (Notices::Sharded, Some(sharded)) => sharded,
+            _ => &self.script,
+        }
+    }
+
     /// The file that makes it what it is (the last one: the read-write scripts run after
     /// `rw_prelude.lua`).
     pub(super) fn name(&self) -> &'static str {
@@ -60,31 +83,59 @@ macro_rules! script {
                 $file,
                 include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/", $file)),
             )),+];
-            Lua {
-                parts: PARTS,
-                script: Script::new(concat!($(include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/", $file))),+)),
-            }
+            Lua::new(
+                PARTS,
+                concat!($(include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/", $file))),+),
+            )
         })
     };
 }
 
-static ACQUIRE: LazyLock<Lua> = script!("acquire.lua");
+static ACQUIRE: LazyLock<Lua> = script!("once.lua", "acquire.lua");
 static RENEW: LazyLock<Lua> = script!("renew.lua");
-static RELEASE: LazyLock<Lua> = script!("release.lua");
+static RELEASE: LazyLock<Lua> = script!("once.lua", "release.lua");
 static FORCE_RELEASE: LazyLock<Lua> = script!("force_release.lua");
-static MULTI_ACQUIRE: LazyLock<Lua> = script!("multi_acquire.lua");
-// Each fair script runs after the clock and its prelude (layout, pruning, the handoff).
-static FAIR_ACQUIRE: LazyLock<Lua> = script!("clock.lua", "fair_prelude.lua", "fair_acquire.lua");
-static FAIR_RELEASE: LazyLock<Lua> = script!("clock.lua", "fair_prelude.lua", "fair_release.lua");
-static FAIR_LEAVE: LazyLock<Lua> = script!("clock.lua", "fair_prelude.lua", "fair_leave.lua");
-// Each read-write script runs after the clock and its prelude (layout, pruning).
-static READ_ACQUIRE: LazyLock<Lua> = script!("clock.lua", "rw_prelude.lua", "rw_read_acquire.lua");
-static WRITE_ACQUIRE: LazyLock<Lua> =
-    script!("clock.lua", "rw_prelude.lua", "rw_write_acquire.lua");
-static RW_RELEASE: LazyLock<Lua> = script!("clock.lua", "rw_prelude.lua", "rw_release.lua");
-static RW_RENEW: LazyLock<Lua> = script!("clock.lua", "rw_prelude.lua", "rw_renew.lua");
-static RW_WITHDRAW: LazyLock<Lua> = script!("clock.lua", "rw_prelude.lua", "rw_withdraw.lua");
-static RW_COUNT: LazyLock<Lua> = script!("clock.lua", "rw_prelude.lua", "rw_count.lua");
+static MULTI_ACQUIRE: LazyLock<Lua> = script!("once.lua", "multi_acquire.lua");
+// Each fair script runs after the clock, the count-once helpers and its prelude (layout,
+// pruning, the handoff).
+static FAIR_ACQUIRE: LazyLock<Lua> = script!(
+    "clock.lua",
+    "once.lua",
+    "fair_prelude.lua",
+    "fair_acquire.lua"
+);
+static FAIR_RELEASE: LazyLock<Lua> = script!(
+    "clock.lua",
+    "once.lua",
+    "fair_prelude.lua",
+    "fair_release.lua"
+);
+static FAIR_LEAVE: LazyLock<Lua> = script!(
+    "clock.lua",
+    "once.lua",
+    "fair_prelude.lua",
+    "fair_leave.lua"
+);
+// Each read-write script runs after the clock, the count-once helpers and its prelude
+// (layout, pruning).
+static READ_ACQUIRE: LazyLock<Lua> = script!(
+    "clock.lua",
+    "once.lua",
+    "rw_prelude.lua",
+    "rw_read_acquire.lua"
+);
+static WRITE_ACQUIRE: LazyLock<Lua> = script!(
+    "clock.lua",
+    "once.lua",
+    "rw_prelude.lua",
+    "rw_write_acquire.lua"
+);
+static RW_RELEASE: LazyLock<Lua> =
+    script!("clock.lua", "once.lua", "rw_prelude.lua", "rw_release.lua");
+static RW_RENEW: LazyLock<Lua> = script!("clock.lua", "once.lua", "rw_prelude.lua", "rw_renew.lua");
+static RW_WITHDRAW: LazyLock<Lua> =
+    script!("clock.lua", "once.lua", "rw_prelude.lua", "rw_withdraw.lua");
+static RW_COUNT: LazyLock<Lua> = script!("clock.lua", "once.lua", "rw_prelude.lua", "rw_count.lua");
 static FENCED_WRITE: LazyLock<Lua> = script!("fenced_write.lua");
 // Not a lock operation: the connect-time check of the user's permissions.
 static PERMISSIONS: LazyLock<Lua> = script!("permissions.lua");
@@ -96,7 +147,10 @@ pub(super) const NOT_REPLICATED: i64 = 4;
 /// One command for Redis: a script's `EVALSHA` (with the script, to load it if Redis lost
 /// it, e.g. after a restart) or a plain command.
 pub(super) struct Call {
-    pub(super) script: Option<&'static Script>,
+    pub(super) script: Option<&'static Lua>,
+    /// For a call that changes a hold's count: whether its holder was made for the
+    /// acquisition (see [`Call::sent`]).
+    counted: Option<bool>,
     pub(super) cmd: Cmd,
     /// What it is, for errors: the script's file or the command's name.
     pub(super) what: What,
@@ -124,7 +178,8 @@ impl Call {
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(lua.get_hash()).arg(keys.len()).arg(keys);
         Self {
-            script: Some(&lua.script),
+            script: Some(lua),
+            counted: None,
             cmd,
             what: What::Script(lua.name()),
         }
@@ -135,6 +190,7 @@ impl Call {
         cmd.arg(key);
         Self {
             script: None,
+            counted: None,
             cmd,
             what: What::Command(name),
         }
@@ -144,16 +200,56 @@ impl Call {
         self.cmd.arg(arg);
         self
     }
+
+    /// Marks a call that changes a hold's count (its script takes the call's id last).
+    fn counted(self, fresh: bool) -> Self {
+        Self {
+            counted: Some(fresh),
+            ..self
+        }
+    }
+
+    /// This call as sent over a connection with `notices` that may send a call twice
+    /// (`resent`: a cluster's): a counting call gets its id (`lua/once.lua`), unique in
+    /// this process like the holders it is kept for; empty for a holder made for its
+    /// acquisition (the scripts tell that apart without one) or where no call is sent
+    /// twice. A publishing script's sharded variant has its own digest, so the `EVALSHA`
+    /// is written again with it.
+    pub(super) fn sent(mut self, notices: Notices, resent: bool) -> Self {
+        static LAST: AtomicU64 = AtomicU64::new(0);
+        if let Some(fresh) = self.counted.take() {
+            match resent && !fresh {
+                true => self.cmd.arg(LAST.fetch_add(1, Ordering::Relaxed) + 1),
+                false => self.cmd.arg(""),
+            };
+        }
+        let Some(sharded) = self.script.and_then(|lua| lua.sharded.as_ref()) else {
+            return self;
+        };
+        if notices == Notices::Classic {
+            return self;
+        }
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(sharded.get_hash());
+        for arg in self.cmd.args_iter().skip(2) {
+            if let redis::Arg::Simple(bytes) = arg {
+                cmd.arg(bytes);
+            }
+        }
+        Self { cmd, ..self }
+    }
 }
 
-/// Every script a pipeline may send, to load them all when Redis lost them.
-pub(super) fn all() -> [&'static Script; 15] {
-    every().map(|lua| -> &'static Script { &lua.script })
+/// Every script a pipeline may send with `notices`, to load them all when Redis lost them.
+pub(super) fn all(notices: Notices) -> [&'static Script; 15] {
+    every().map(|lua| lua.with(notices))
 }
 
-/// The script whose SHA1 digest is `sha` (as Redis names it in errors).
+/// The script whose SHA1 digest is `sha` (as Redis names it in errors), either variant.
 pub(super) fn by_digest(sha: &str) -> Option<&'static Lua> {
-    every().into_iter().find(|lua| lua.get_hash() == sha)
+    every().into_iter().find(|lua| {
+        lua.get_hash() == sha || lua.sharded.as_ref().is_some_and(|s| s.get_hash() == sha)
+    })
 }
 
 /// The text of every file of every lock script, for tests.
@@ -239,7 +335,7 @@ pub(super) fn acquire(ask: &Acquire<'_>) -> Call {
         How::Write { register } => call.arg(millis(register)),
         How::Plain | How::Claim | How::Read => call,
     };
-    call.arg(flag(ask.fresh))
+    call.arg(flag(ask.fresh)).counted(ask.fresh)
 }
 
 /// A script's yes/no argument.
@@ -289,52 +385,62 @@ pub(super) fn acquire_all<'k>(
         .arg(holder.id())
         .arg(millis(lease))
         .arg(flag(fresh))
+        .counted(fresh)
 }
 
-/// Releases one hold (`-1`, `0` or the count left, see [`released`]).
-pub(super) fn release(hold: &Hold) -> Call {
+/// Releases one hold (`-2`, `-1`, `0` or the count left, see [`released`]), given the
+/// fencing token it was given, if known.
+pub(super) fn release(hold: &Hold, token: Option<u64>) -> Call {
     let Hold { kind, key, holder } = hold;
-    match kind {
-        HoldKind::Exclusive(Exclusive::Plain) => Call::script(&RELEASE, &[key.redis_key()])
-            .arg(holder.id())
-            .arg(key.channel()),
+    let call = match kind {
+        HoldKind::Exclusive(Exclusive::Plain) => {
+            Call::script(&RELEASE, &[key.redis_key(), key.fence_key()])
+                .arg(holder.id())
+                .arg(key.channel())
+        }
         HoldKind::Exclusive(Exclusive::Fair) => Call::script(&FAIR_RELEASE, &fair_keys(key))
             .arg(holder.id())
             .arg(&*key.names().wake_prefix),
-        HoldKind::ReadWrite(mode) => rw_release(*mode, key, holder),
-    }
+        HoldKind::ReadWrite(mode) => Call::script(&RW_RELEASE, &rw_keys(key))
+            .arg(holder.id())
+            .arg(mode.field_suffix())
+            .arg(key.channel())
+            .arg(&*key.names().readers),
+    };
+    call.arg(token_arg(token)).counted(false)
 }
 
-fn rw_release(mode: RwMode, key: &Key, holder: &Holder) -> Call {
-    Call::script(&RW_RELEASE, &rw_keys(key))
-        .arg(holder.id())
-        .arg(mode.field_suffix())
-        .arg(key.channel())
-        .arg(&*key.names().readers)
+/// A fencing token for a script: `''` when unknown.
+fn token_arg(token: Option<u64>) -> String {
+    token.map_or_else(String::new, |token| token.to_string())
 }
 
 /// Releases one hold and stores a claim's outcome with it.
-pub(super) fn complete(hold: &Hold<Exclusive>, outcome: Outcome<'_>) -> Call {
+pub(super) fn complete(hold: &Hold<Exclusive>, token: Option<u64>, outcome: Outcome<'_>) -> Call {
     let Hold { kind, key, holder } = hold;
-    match kind {
-        Exclusive::Plain => Call::script(&RELEASE, &[key.redis_key(), &key.names().outcome])
-            .arg(holder.id())
-            .arg(key.channel())
-            .arg(outcome.bytes)
-            .arg(millis(outcome.keep)),
+    let outcome_key = &*key.names().outcome;
+    let call = match kind {
+        Exclusive::Plain => {
+            Call::script(&RELEASE, &[key.redis_key(), key.fence_key(), outcome_key])
+                .arg(holder.id())
+                .arg(key.channel())
+        }
         Exclusive::Fair => {
             let [lock, fence, queue, deadlines] = fair_keys(key);
-            Call::script(
-                &FAIR_RELEASE,
-                &[lock, fence, queue, deadlines, &key.names().outcome],
-            )
-            .arg(holder.id())
-            .arg(&*key.names().wake_prefix)
-            .arg(outcome.bytes)
-            .arg(millis(outcome.keep))
-            .arg(key.channel())
+            Call::script(&FAIR_RELEASE, &[lock, fence, queue, deadlines, outcome_key])
+                .arg(holder.id())
+                .arg(&*key.names().wake_prefix)
         }
+    };
+    let call = call
+        .arg(token_arg(token))
+        .arg(outcome.bytes)
+        .arg(millis(outcome.keep));
+    match kind {
+        Exclusive::Plain => call,
+        Exclusive::Fair => call.arg(key.channel()),
     }
+    .counted(false)
 }
 
 /// Renews one hold (`1` renewed, `0` gone).
@@ -373,6 +479,7 @@ pub(super) fn force_unlock(key: &Key) -> Call {
         &names.leases,
         &names.queue,
         &names.deadlines,
+        key.fence_key(),
     ];
     Call::script(&FORCE_RELEASE, &keys)
         .arg(key.channel())
@@ -434,9 +541,11 @@ pub(super) fn permissions(key: &str, channel: &str, commands: &[&str]) -> Call {
         .arg(commands)
 }
 
-/// A release script's answer: `-1` not held, `0` this hold ended, `n` re-entries left.
+/// A release script's answer: `-2` not held and nobody took the lock since the hold's
+/// token, `-1` not held, `0` this hold ended, `n` re-entries left.
 pub(super) fn released(left: i64) -> Released {
     match left {
+        -2 => Released::Ended,
         n if n < 0 => Released::NotHeld,
         0 => Released::Freed,
         n => Released::Remaining(n as u64),
