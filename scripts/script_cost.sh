@@ -5,6 +5,9 @@
 # commands ran (script-inner calls included) and how long the scripts took.
 #
 #   scripts/script_cost.sh [acquire.lua] [release.lua] [ROUNDS]
+#
+# Each script runs after lua/once.lua, as the client sends it, with a fresh holder's
+# arguments (no call id: one server never resends a call).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 acquire=${1:-lua/acquire.lua} release=${2:-lua/release.lua} rounds=${3:-2000}
@@ -13,8 +16,8 @@ dir=$(mktemp -d)
 trap 'redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true; rm -rf "$dir"' EXIT
 redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" --daemonize yes >/dev/null
 until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.05; done
-a=$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$acquire")")
-r=$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$release")")
+a=$(redis-cli -p "$port" SCRIPT LOAD "$(cat lua/once.lua "$acquire")")
+r=$(redis-cli -p "$port" SCRIPT LOAD "$(cat lua/once.lua "$release")")
 python3 - "$a" "$r" "$rounds" > "$dir/cycles.resp" <<'PY'
 import sys
 acquire, release, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -24,8 +27,8 @@ def cmd(*args):
         out += "$%d\r\n%s\r\n" % (len(a.encode()), a)
     return out
 for _ in range(rounds):
-    sys.stdout.write("".join(cmd("EVALSHA", acquire, 2, "{k%d}" % k, "{k%d}:fence" % k, "holder", 30000) for k in range(64)))
-    sys.stdout.write("".join(cmd("EVALSHA", release, 1, "{k%d}" % k, "holder", "{k%d}:released" % k) for k in range(64)))
+    sys.stdout.write("".join(cmd("EVALSHA", acquire, 2, "{k%d}" % k, "{k%d}:fence" % k, "holder", 30000, 1, "") for k in range(64)))
+    sys.stdout.write("".join(cmd("EVALSHA", release, 2, "{k%d}" % k, "{k%d}:fence" % k, "holder", "{k%d}:released" % k, "", "") for k in range(64)))
 PY
 redis-cli -p "$port" CONFIG RESETSTAT >/dev/null
 redis-cli -p "$port" --pipe < "$dir/cycles.resp" | tail -1
