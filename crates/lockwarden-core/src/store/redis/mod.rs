@@ -99,7 +99,7 @@ impl RedisStore {
     ) -> Result<Self> {
         let timeout = options.command_timeout;
         let (conn, source) = deployment.connect(timeout, timeout, &options.tls).await?;
-        let notices = Notices::on(&conn, options.sharded_notices);
+        let notices = Notices::on(conn.is_cluster(), options.sharded_notices);
         let commands = Commands {
             conn,
             timeout,

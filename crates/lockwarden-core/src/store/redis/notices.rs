@@ -5,8 +5,6 @@
 //! the lock's hash tag. A cluster client sends sharded notices when asked to
 //! (`sharded_notices()`); every client of one lock must send and listen the same way.
 
-use super::conn::Conn;
-
 /// How release notices travel: `PUBLISH`/`SUBSCRIBE`, or `SPUBLISH`/`SSUBSCRIBE`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Notices {
@@ -15,9 +13,9 @@ pub(crate) enum Notices {
 }
 
 impl Notices {
-    /// The notices `conn` uses: sharded only on a cluster, and only when asked for.
-    pub(super) fn on(conn: &Conn, sharded: bool) -> Self {
-        match sharded && conn.is_cluster() {
+    /// The notices a connection uses: sharded only on a cluster, and only when asked for.
+    pub(super) fn on(cluster: bool, sharded: bool) -> Self {
+        match sharded && cluster {
             true => Notices::Sharded,
             false => Notices::Classic,
         }
