@@ -329,13 +329,13 @@ impl LockGuard {
         }
         match released? {
             Released::Freed | Released::Remaining(_) => Ok(()),
-            // Nobody took the lock since this hold's token and no loss was seen: this
-            // release had run already (sent again by a cluster client).
-            Released::Ended if !self.lost.is_lost() => Ok(()),
-            Released::NotHeld | Released::Ended if self.lost.is_lost() => Err(LockError::Lost {
+            _ if self.lost.is_lost() => Err(LockError::Lost {
                 key: self.hold.key.name().to_owned(),
             }),
-            Released::NotHeld | Released::Ended => Err(LockError::NotHeld {
+            // Nobody took the lock since this hold's token and no loss was seen: this
+            // release had run already (sent again by a cluster client).
+            Released::Ended => Ok(()),
+            Released::NotHeld => Err(LockError::NotHeld {
                 key: self.hold.key.name().to_owned(),
             }),
         }

@@ -392,34 +392,34 @@ struct ClusterSubscriber {
     notices: Notices,
 }
 
-impl Subscriber for ClusterSubscriber {
-    fn subscribe(&mut self, names: &[&str]) -> impl Future<Output = RedisResult<()>> + Send {
-        let names = names.to_vec();
-        async move {
-            match self.notices {
-                Notices::Classic => self.conn.subscribe(names).await,
-                Notices::Sharded => {
-                    for names in by_slot(&names) {
-                        self.conn.ssubscribe(names).await?;
+impl ClusterSubscriber {
+    /// (Un)subscribes `names` the way notices travel: a sharded call per slot, since it
+    /// may name one slot only. Through redis-rs's own calls, which it repeats when nodes
+    /// reconnect or slots move.
+    async fn send(&mut self, subscribe: bool, names: Vec<&str>) -> RedisResult<()> {
+        let conn = &mut self.conn;
+        match (self.notices, subscribe) {
+            (Notices::Classic, true) => conn.subscribe(names).await,
+            (Notices::Classic, false) => conn.unsubscribe(names).await,
+            (Notices::Sharded, _) => {
+                for names in by_slot(&names) {
+                    match subscribe {
+                        true => conn.ssubscribe(names).await?,
+                        false => conn.sunsubscribe(names).await?,
                     }
-                    Ok(())
                 }
+                Ok(())
             }
         }
     }
+}
+
+impl Subscriber for ClusterSubscriber {
+    fn subscribe(&mut self, names: &[&str]) -> impl Future<Output = RedisResult<()>> + Send {
+        self.send(true, names.to_vec())
+    }
     fn unsubscribe(&mut self, names: &[&str]) -> impl Future<Output = RedisResult<()>> + Send {
-        let names = names.to_vec();
-        async move {
-            match self.notices {
-                Notices::Classic => self.conn.unsubscribe(names).await,
-                Notices::Sharded => {
-                    for names in by_slot(&names) {
-                        self.conn.sunsubscribe(names).await?;
-                    }
-                    Ok(())
-                }
-            }
-        }
+        self.send(false, names.to_vec())
     }
 }
 

@@ -76,7 +76,15 @@ impl std::ops::Deref for Lua {
 }
 
 /// A script made of files of `lua/` (each ending with a newline, so lines add up).
+/// `fair: f` and `rw: f` put a fair or read-write script after the clock, the count-once
+/// helpers and its kind's prelude (layout, pruning; the fair one also the handoff).
 macro_rules! script {
+    (fair: $file:literal) => {
+        script!("clock.lua", "once.lua", "fair_prelude.lua", $file)
+    };
+    (rw: $file:literal) => {
+        script!("clock.lua", "once.lua", "rw_prelude.lua", $file)
+    };
     ($($file:literal),+) => {
         LazyLock::new(|| {
             const PARTS: &[(&str, &str)] = &[$((
@@ -96,46 +104,15 @@ static RENEW: LazyLock<Lua> = script!("renew.lua");
 static RELEASE: LazyLock<Lua> = script!("once.lua", "release.lua");
 static FORCE_RELEASE: LazyLock<Lua> = script!("force_release.lua");
 static MULTI_ACQUIRE: LazyLock<Lua> = script!("once.lua", "multi_acquire.lua");
-// Each fair script runs after the clock, the count-once helpers and its prelude (layout,
-// pruning, the handoff).
-static FAIR_ACQUIRE: LazyLock<Lua> = script!(
-    "clock.lua",
-    "once.lua",
-    "fair_prelude.lua",
-    "fair_acquire.lua"
-);
-static FAIR_RELEASE: LazyLock<Lua> = script!(
-    "clock.lua",
-    "once.lua",
-    "fair_prelude.lua",
-    "fair_release.lua"
-);
-static FAIR_LEAVE: LazyLock<Lua> = script!(
-    "clock.lua",
-    "once.lua",
-    "fair_prelude.lua",
-    "fair_leave.lua"
-);
-// Each read-write script runs after the clock, the count-once helpers and its prelude
-// (layout, pruning).
-static READ_ACQUIRE: LazyLock<Lua> = script!(
-    "clock.lua",
-    "once.lua",
-    "rw_prelude.lua",
-    "rw_read_acquire.lua"
-);
-static WRITE_ACQUIRE: LazyLock<Lua> = script!(
-    "clock.lua",
-    "once.lua",
-    "rw_prelude.lua",
-    "rw_write_acquire.lua"
-);
-static RW_RELEASE: LazyLock<Lua> =
-    script!("clock.lua", "once.lua", "rw_prelude.lua", "rw_release.lua");
-static RW_RENEW: LazyLock<Lua> = script!("clock.lua", "once.lua", "rw_prelude.lua", "rw_renew.lua");
-static RW_WITHDRAW: LazyLock<Lua> =
-    script!("clock.lua", "once.lua", "rw_prelude.lua", "rw_withdraw.lua");
-static RW_COUNT: LazyLock<Lua> = script!("clock.lua", "once.lua", "rw_prelude.lua", "rw_count.lua");
+static FAIR_ACQUIRE: LazyLock<Lua> = script!(fair: "fair_acquire.lua");
+static FAIR_RELEASE: LazyLock<Lua> = script!(fair: "fair_release.lua");
+static FAIR_LEAVE: LazyLock<Lua> = script!(fair: "fair_leave.lua");
+static READ_ACQUIRE: LazyLock<Lua> = script!(rw: "rw_read_acquire.lua");
+static WRITE_ACQUIRE: LazyLock<Lua> = script!(rw: "rw_write_acquire.lua");
+static RW_RELEASE: LazyLock<Lua> = script!(rw: "rw_release.lua");
+static RW_RENEW: LazyLock<Lua> = script!(rw: "rw_renew.lua");
+static RW_WITHDRAW: LazyLock<Lua> = script!(rw: "rw_withdraw.lua");
+static RW_COUNT: LazyLock<Lua> = script!(rw: "rw_count.lua");
 static FENCED_WRITE: LazyLock<Lua> = script!("fenced_write.lua");
 // Not a lock operation: the connect-time check of the user's permissions.
 static PERMISSIONS: LazyLock<Lua> = script!("permissions.lua");
