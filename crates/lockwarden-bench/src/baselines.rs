@@ -32,10 +32,19 @@ static COMPARE_AND_DELETE: LazyLock<Script> = LazyLock::new(|| {
 });
 /// The cheapest script: the round-trip cost of EVALSHA itself.
 pub static TRIVIAL: LazyLock<Script> = LazyLock::new(|| Script::new("return 1"));
-static ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../lua/acquire.lua")));
-static RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../lua/release.lua")));
+// As the client sends them: after the count-once helpers.
+static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../../../lua/once.lua"),
+        include_str!("../../../lua/acquire.lua")
+    ))
+});
+static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../../../lua/once.lua"),
+        include_str!("../../../lua/release.lua")
+    ))
+});
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -278,12 +287,17 @@ pub async fn own_scripts_pair(
         .key(&fence)
         .arg("bench-holder")
         .arg(30_000)
+        .arg(1) // a holder made for this acquisition
+        .arg("") // no call id: see lua/once.lua
         .invoke_async(conn)
         .await?;
     let left: i64 = RELEASE
         .key(&lock)
+        .key(&fence)
         .arg("bench-holder")
         .arg(&channel)
+        .arg("") // the token, needed only to answer a release sent twice
+        .arg("") // no call id
         .invoke_async(conn)
         .await?;
     if state != 1 || left != 0 {

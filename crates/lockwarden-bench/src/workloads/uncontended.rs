@@ -90,9 +90,14 @@ async fn clustered(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
     let client = LockClient::builder()
         .connect_cluster(cluster.urls())
         .await?;
+    let sharded = LockClient::builder()
+        .sharded_notices()
+        .connect_cluster(cluster.urls())
+        .await?;
     let mut raw_samples = Vec::with_capacity(cycles);
     let mut own_samples = Vec::with_capacity(cycles);
     let mut samples = Vec::with_capacity(cycles);
+    let mut sharded_samples = Vec::with_capacity(cycles);
     for i in 0..cycles + 50 {
         // Routed like the lock's scripts: by the lock's key, so by its slot.
         let key = client.key(&format!("w1c:{i}"))?.redis_key().to_owned();
@@ -106,12 +111,39 @@ async fn clustered(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
         let t = Instant::now();
         let guard = client.acquire(format!("w1c:{i}")).await?;
         guard.release().await?;
+        let took = t.elapsed();
+        let t = Instant::now();
+        let guard = sharded.acquire(format!("w1c:{i}")).await?;
+        guard.release().await?;
         if i >= 50 {
             raw_samples.push(raw_took);
             own_samples.push(own_took);
-            samples.push(t.elapsed());
+            samples.push(took);
+            sharded_samples.push(t.elapsed());
         }
     }
+    // What one release's notice costs the masters that do not own the lock, each way.
+    let relayed = |client: LockClient, tag: &'static str| {
+        let cluster = &cluster;
+        async move {
+            // The bus relays a notice after the script has answered: let the notices
+            // already sent land before counting, and this phase's before reading again.
+            tokio::time::sleep(RELAY_SETTLE).await;
+            let before = relayed_notices(cluster)?;
+            for i in 0..RELAYED_CYCLES {
+                client
+                    .acquire(format!("{tag}:{i}"))
+                    .await?
+                    .release()
+                    .await?;
+            }
+            tokio::time::sleep(RELAY_SETTLE).await;
+            let after = relayed_notices(cluster)?;
+            Ok::<_, BoxError>((after - before) as f64 / RELAYED_CYCLES as f64)
+        }
+    };
+    let classic_relayed = relayed(client.clone(), "w1c-classic").await?;
+    let sharded_relayed = relayed(sharded.clone(), "w1c-sharded").await?;
     let raw = Summary::micros(&raw_samples);
     report.push(
         Row::new(
@@ -141,9 +173,49 @@ async fn clustered(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
             "µs",
         )
         .summary(Summary::micros(&samples))
-        .ratio_to(raw.median, "÷ 2×EVALSHA median (cluster)"),
+        .ratio_to(raw.median, "÷ 2×EVALSHA median (cluster)")
+        .note(format!(
+            "{classic_relayed:.2} notices relayed to other masters per release"
+        )),
+    );
+    report.push(
+        Row::new(
+            NAME,
+            "lockwarden, connect_cluster + sharded_notices",
+            "acquire + release, 3-master cluster",
+            "µs",
+        )
+        .summary(Summary::micros(&sharded_samples))
+        .ratio_to(raw.median, "÷ 2×EVALSHA median (cluster)")
+        .note(format!(
+            "{sharded_relayed:.2} notices relayed to other masters per release"
+        )),
     );
     Ok(())
+}
+
+/// Cycles of each kind of notices whose relayed notices are counted.
+const RELAYED_CYCLES: usize = 200;
+/// How long the cluster bus is given to deliver the notices already sent.
+const RELAY_SETTLE: Duration = Duration::from_millis(300);
+
+/// The notices every master of `cluster` received from another over the cluster bus
+/// (`CLUSTER INFO`, classic and sharded), summed.
+fn relayed_notices(cluster: &RedisCluster) -> Result<u64, BoxError> {
+    let mut total = 0;
+    for node in cluster.nodes() {
+        let info: String = node.query(&["CLUSTER", "INFO"])?;
+        total += info
+            .lines()
+            .filter_map(|line| line.split_once(':'))
+            .filter(|(name, _)| {
+                *name == "cluster_stats_messages_publish_received"
+                    || *name == "cluster_stats_messages_publishshard_received"
+            })
+            .filter_map(|(_, value)| value.trim().parse::<u64>().ok())
+            .sum::<u64>();
+    }
+    Ok(total)
 }
 
 /// The cost of `wait_for_replicas(1)`: the same cycle on a primary with one replica,
