@@ -296,22 +296,6 @@ async fn follows_its_slot(notices: fn(LockClientBuilder) -> LockClientBuilder) {
     assert!(!cluster.exists_on(1, &key));
 }
 
-/// The notices node `node` received from other nodes over the cluster bus, classic and
-/// sharded (`CLUSTER INFO`): what a release costs the nodes that do not own its lock.
-fn relayed_to(cluster: &RedisCluster, node: usize) -> u64 {
-    let info: String = cluster.nodes()[node]
-        .query(&["CLUSTER", "INFO"])
-        .expect("CLUSTER INFO");
-    info.lines()
-        .filter_map(|line| {
-            let (name, value) = line.split_once(':')?;
-            let relayed = name == "cluster_stats_messages_publish_received"
-                || name == "cluster_stats_messages_publishshard_received";
-            relayed.then(|| value.trim().parse::<u64>().ok()).flatten()
-        })
-        .sum()
-}
-
 /// Promise (the performance issue's sharded notices): with `sharded_notices()` a
 /// release's notice is processed by the master that owns the lock only (`SPUBLISH`), and
 /// still wakes a waiter of another client at once; classic notices (the default) are
@@ -329,7 +313,10 @@ async fn sharded_notices_stay_on_the_owning_master_and_classic_ones_reach_every_
         let name = name_on(&cluster, &a, OWNER, &format!("notices-{classic}"));
         let owner = &cluster.nodes()[OWNER];
         let others = [1, 2];
-        let relayed_before: Vec<u64> = others.iter().map(|&n| relayed_to(&cluster, n)).collect();
+        let relayed_before: Vec<u64> = others
+            .iter()
+            .map(|&n| cluster.nodes()[n].publishes_received())
+            .collect();
         let (spublish_before, publish_before) = (
             owner.command_calls("spublish"),
             owner.command_calls("publish"),
@@ -356,7 +343,7 @@ async fn sharded_notices_stay_on_the_owning_master_and_classic_ones_reach_every_
         let relayed: Vec<u64> = others
             .iter()
             .zip(&relayed_before)
-            .map(|(&n, before)| relayed_to(&cluster, n) - before)
+            .map(|(&n, before)| cluster.nodes()[n].publishes_received() - before)
             .collect();
         let spublished = owner.command_calls("spublish") - spublish_before;
         let published = owner.command_calls("publish") - publish_before;

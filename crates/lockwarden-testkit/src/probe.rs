@@ -72,6 +72,17 @@ pub(crate) fn parse_client_list(reply: &str) -> Vec<ClientInfo> {
 /// like `cmdstat_evalsha:calls=3,usec=...`); 0 if the command never ran.
 /// The name is matched case-insensitively; a subcommand is written with `|`
 /// as Redis does (`client|list`).
+fn parse_publishes_received(info: &str) -> u64 {
+    info.lines()
+        .filter_map(|line| line.trim().split_once(':'))
+        .filter(|(name, _)| {
+            *name == "cluster_stats_messages_publish_received"
+                || *name == "cluster_stats_messages_publishshard_received"
+        })
+        .filter_map(|(_, n)| n.parse::<u64>().ok())
+        .sum()
+}
+
 pub(crate) fn parse_command_calls(info: &str, command: &str) -> u64 {
     let wanted = format!("cmdstat_{}:", command.to_ascii_lowercase());
     info.lines()
@@ -128,6 +139,19 @@ impl RedisServer {
     pub fn command_calls(&self, command: &str) -> u64 {
         let info: String = self.probe(&["INFO", "commandstats"]);
         parse_command_calls(&info, command)
+    }
+
+    /// How many published messages this cluster node received from other nodes over the
+    /// cluster bus, classic and sharded (`CLUSTER INFO`:
+    /// `cluster_stats_messages_publish_received` plus `…_publishshard_received`): what
+    /// the releases of locks this node does not own cost it.
+    ///
+    /// # Panics
+    ///
+    /// If the server does not answer, or is not a cluster node.
+    pub fn publishes_received(&self) -> u64 {
+        let info: String = self.probe(&["CLUSTER", "INFO"]);
+        parse_publishes_received(&info)
     }
 
     /// How many connections are subscribed to `channel` (`PUBSUB NUMSUB`).
@@ -237,6 +261,16 @@ impl RedisCluster {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn publishes_received_add_classic_and_sharded() {
+        let info = "cluster_state:ok\r\n\
+            cluster_stats_messages_publish_sent:4\r\n\
+            cluster_stats_messages_publish_received:7\r\n\
+            cluster_stats_messages_publishshard_received:2\r\n";
+        assert_eq!(parse_publishes_received(info), 9);
+        assert_eq!(parse_publishes_received("cluster_state:ok\r\n"), 0);
+    }
 
     #[test]
     fn command_calls_are_read_from_commandstats() {

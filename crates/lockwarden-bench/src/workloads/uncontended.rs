@@ -129,7 +129,7 @@ async fn clustered(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
             // The bus relays a notice after the script has answered: let the notices
             // already sent land before counting, and this phase's before reading again.
             tokio::time::sleep(RELAY_SETTLE).await;
-            let before = relayed_notices(cluster)?;
+            let before = relayed_notices(cluster);
             for i in 0..RELAYED_CYCLES {
                 client
                     .acquire(format!("{tag}:{i}"))
@@ -138,7 +138,7 @@ async fn clustered(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
                     .await?;
             }
             tokio::time::sleep(RELAY_SETTLE).await;
-            let after = relayed_notices(cluster)?;
+            let after = relayed_notices(cluster);
             Ok::<_, BoxError>((after - before) as f64 / RELAYED_CYCLES as f64)
         }
     };
@@ -199,23 +199,13 @@ const RELAYED_CYCLES: usize = 200;
 /// How long the cluster bus is given to deliver the notices already sent.
 const RELAY_SETTLE: Duration = Duration::from_millis(300);
 
-/// The notices every master of `cluster` received from another over the cluster bus
-/// (`CLUSTER INFO`, classic and sharded), summed.
-fn relayed_notices(cluster: &RedisCluster) -> Result<u64, BoxError> {
-    let mut total = 0;
-    for node in cluster.nodes() {
-        let info: String = node.query(&["CLUSTER", "INFO"])?;
-        total += info
-            .lines()
-            .filter_map(|line| line.split_once(':'))
-            .filter(|(name, _)| {
-                *name == "cluster_stats_messages_publish_received"
-                    || *name == "cluster_stats_messages_publishshard_received"
-            })
-            .filter_map(|(_, value)| value.trim().parse::<u64>().ok())
-            .sum::<u64>();
-    }
-    Ok(total)
+/// The messages every master of `cluster` received from another over the cluster bus.
+fn relayed_notices(cluster: &RedisCluster) -> u64 {
+    cluster
+        .nodes()
+        .iter()
+        .map(|node| node.publishes_received())
+        .sum()
 }
 
 /// The cost of `wait_for_replicas(1)`: the same cycle on a primary with one replica,
