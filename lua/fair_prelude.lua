@@ -44,7 +44,7 @@ local function grant_head(prefix)
     local until_ms = tonumber(redis.call('ZSCORE', KEYS[4], head))
     if until_ms then
       local token = take(head, until_ms, '')
-      redis.call('PUBLISH', prefix .. head, 'granted:' .. int(token))
+      redis.call('PUBLISH', prefix .. head, 'granted:' .. int(token) .. ':' .. head)
       return
     end
     -- A place without a deadline (its keys were cut apart): no live waiter holds it.

@@ -11,6 +11,10 @@
 -- KEYS[3] fencing key: the last token issued for this lock
 -- KEYS[4] waiting writers: zset, member = holder id, score = deadline (server ms) of its
 --         registration; while one is live, readers that hold nothing here are refused
+-- KEYS[5] waiting readers: zset, member = holder id, score = deadline (server ms) of its
+--         registration. A release that opens the lock to readers admits them all at once
+--         (see admit_readers); an admitted reader stays here until it takes its hold up or
+--         releases it: its entry is how it tells an admission from a re-entry.
 
 -- Drops expired registrations and holds; returns the mode left: nil (free), 'read',
 -- 'write', or 'foreign' (a plain lock of the same name holds the hash: never touch it).
@@ -106,3 +110,102 @@ local function foreign()
   return {0, math.max(redis.call('PTTL', KEYS[1]), 0)}
 end
 
+
+-- Registers `holder` as a waiting reader until `ms` from now (a refused reader; a single
+-- try, `ms` = 0, does not wait and does not register).
+local function register_reader(holder, ms)
+  if tonumber(ms) > 0 then
+    redis.call('ZADD', KEYS[5], int(now + tonumber(ms)), holder)
+    local last = redis.call('ZRANGE', KEYS[5], -1, -1, 'WITHSCORES')
+    redis.call('PEXPIREAT', KEYS[5], last[2])
+  end
+end
+
+-- Calls `command` on `key` with the items of `list` as its further arguments, a thousand
+-- at a time (unpack has a stack limit); returns the replies' items in order.
+local function in_batches(command, key, list)
+  local out = {}
+  for i = 1, #list, 1000 do
+    local reply = redis.call(command, key, unpack(list, i, math.min(i + 999, #list)))
+    if type(reply) == 'table' then
+      for _, item in ipairs(reply) do
+        out[#out + 1] = item
+      end
+    end
+  end
+  return out
+end
+
+-- The lock is open to readers (free, or down to read holds) and no writer waits: every
+-- waiting reader enters now, in this step. Each gets a read hold for what is left of its
+-- registration (an admitted reader that died frees the lock within it; a live one's
+-- watchdog renews it), and all are told on the readers' `channel`, with the phase's
+-- token, so none asks again: `granted:<token>:<holder id> <holder id>..`. Readers
+-- admitted before and still holding keep their holds as they are.
+local function admit_readers(channel)
+  redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
+  local waiting = redis.call('ZRANGE', KEYS[5], 0, -1, 'WITHSCORES')
+  if #waiting == 0 then
+    return
+  end
+  local fields = {}
+  for i = 1, #waiting, 2 do
+    fields[#fields + 1] = waiting[i] .. ':r'
+  end
+  local held = in_batches('HMGET', KEYS[1], fields)
+  local counts, leases, ids = {}, {}, {}
+  for i, field in ipairs(fields) do
+    if not held[i] then
+      counts[#counts + 1] = field
+      counts[#counts + 1] = 1
+      leases[#leases + 1] = waiting[2 * i]
+      leases[#leases + 1] = field
+      ids[#ids + 1] = waiting[2 * i - 1]
+    end
+  end
+  if #ids == 0 then
+    return
+  end
+  local phase = redis.call('HMGET', KEYS[1], 'mode', 'token')
+  local token = phase[2]
+  if not phase[1] then
+    token = int(fresh_token())
+  end
+  counts[#counts + 1] = 'mode'
+  counts[#counts + 1] = 'read'
+  in_batches('HSET', KEYS[1], counts)
+  in_batches('ZADD', KEYS[2], leases)
+  expire_with_latest()
+  redis.call('PUBLISH', channel, 'granted:' .. token .. ':' .. table.concat(ids, ' '))
+end
+
+-- Ends `holder`'s `side` ('r' or 'w') hold, whose count is down to zero. When the lock is
+-- then free, one waiting writer per client is woken ('0' on the `writers` channel); when
+-- it is free or down to read holds and no writer waits, every waiting reader is admitted
+-- (see admit_readers, on the `readers` channel).
+local function end_hold(holder, side, writers, readers)
+  local field = holder .. ':' .. side
+  redis.call('HDEL', KEYS[1], field, op_of(field))
+  redis.call('ZREM', KEYS[2], field)
+  if side == 'r' then
+    -- An admission taken up from its notice leaves the reader's entry until now.
+    redis.call('ZREM', KEYS[5], holder)
+  end
+  local readers_may_go = redis.call('ZCARD', KEYS[4]) == 0
+  if redis.call('ZCARD', KEYS[2]) == 0 then
+    redis.call('DEL', KEYS[1], KEYS[2])
+    redis.call('PUBLISH', writers, '0')
+    if readers_may_go then
+      admit_readers(readers)
+    end
+    return
+  end
+  if side == 'w' then
+    -- Downgraded: the holder's read holds remain.
+    redis.call('HSET', KEYS[1], 'mode', 'read')
+    if readers_may_go then
+      admit_readers(readers)
+    end
+  end
+  expire_with_latest()
+end

@@ -1,6 +1,10 @@
--- Take or re-enter a read hold (after rw_prelude.lua).
+-- Take or re-enter a read hold (after rw_prelude.lua); a refused reader registers as
+-- waiting, to be admitted by the release that opens the lock to readers.
 -- ARGV[1] holder id, ARGV[2] lease in ms, ARGV[3] '1' if the holder was made for this
--- acquisition (it held nothing before), last: this call's id (see once.lua)
+-- acquisition (it held nothing before), ARGV[4] how long the registration lasts (ms; '0'
+-- for a single try, which never registers), ARGV[5] '1' if an earlier attempt of this
+-- acquisition registered: holding then means it was admitted (its notice missed), not a
+-- re-entry; last: this call's id (see once.lua)
 -- Returns {1, token} a new read hold, {2, token} re-entered, {0, ms} refused: retry on a
 -- notice or after ms. A holder's first read hold while it holds the write lock (a
 -- downgrade) is a new hold with the write's token.
@@ -8,39 +12,50 @@ local mode = prune()
 if mode == 'foreign' then
   return foreign()
 end
-local field = ARGV[1] .. ':r'
+local me = ARGV[1]
+local field = me .. ':r'
 local writers_wait = redis.call('ZCARD', KEYS[4]) > 0
 if not mode then
   -- Writer preference: a free lock goes to a waiting writer first.
   if writers_wait then
+    register_reader(me, ARGV[4])
     return busy(true)
   end
+  redis.call('ZREM', KEYS[5], me)
   local token = fresh_token()
   set_count(KEYS[1], field, 1, call, 'mode', 'read')
   lease_at_least(field, ARGV[2])
   return {1, token}
 end
-local held = redis.call('HMGET', KEYS[1], field, op_of(field), ARGV[1] .. ':w', 'token')
+local held = redis.call('HMGET', KEYS[1], field, op_of(field), me .. ':w', 'token')
 local token = tonumber(held[4]) or 0
--- This very call ran before (see once.lua): answered as then, counted once.
-if held[1] and (ARGV[3] == '1' or held[2] == call) then
-  return {(ARGV[3] == '1' or held[1] == '1') and 1 or 2, token}
-end
--- What this holder already holds it may always read (re-entry, downgrade): refusing it
--- for a waiting writer would deadlock, as the writer waits for this holder.
-if held[1] or held[3] then
-  local count = (tonumber(held[1]) or 0) + 1
-  set_count(KEYS[1], field, count, call)
-  lease_at_least(field, ARGV[2])
-  if count == 1 then
+if held[1] then
+  -- Admitted while this acquisition waited (its notice missed): taken, with this
+  -- caller's lease, counted once, and remembered so that this call sent again is not
+  -- taken for a re-entry either.
+  if ARGV[5] == '1' and redis.call('ZREM', KEYS[5], me) == 1 then
+    if call ~= '' then
+      set_count(KEYS[1], field, held[1], call)
+    end
+    lease_at_least(field, ARGV[2])
     return {1, token}
   end
+  -- This very call ran before (see once.lua): answered as then, counted once.
+  if ARGV[3] == '1' or held[2] == call then
+    return {(ARGV[3] == '1' or held[1] == '1') and 1 or 2, token}
+  end
+  set_count(KEYS[1], field, tonumber(held[1]) + 1, call)
+  lease_at_least(field, ARGV[2])
   return {2, token}
 end
-if mode == 'write' or writers_wait then
-  return busy(mode ~= 'write')
+-- A holder may always read what it writes (a downgrade), and other readers join the read
+-- phase and share its token, unless a writer waits (refusing a downgrade would deadlock:
+-- the writer waits for this holder).
+if held[3] or (mode == 'read' and not writers_wait) then
+  redis.call('ZREM', KEYS[5], me)
+  set_count(KEYS[1], field, 1, call)
+  lease_at_least(field, ARGV[2])
+  return {1, token}
 end
--- Joins the read phase and shares its token.
-set_count(KEYS[1], field, 1, call)
-lease_at_least(field, ARGV[2])
-return {1, token}
+register_reader(me, ARGV[4])
+return busy(mode ~= 'write')

@@ -1,6 +1,7 @@
 -- Take or re-enter the write hold (after rw_prelude.lua); a refused writer registers as
 -- waiting, which keeps new readers out until it gets the lock, gives up or dies.
--- ARGV[1] holder id, ARGV[2] lease in ms, ARGV[3] how long the registration lasts (ms),
+-- ARGV[1] holder id, ARGV[2] lease in ms, ARGV[3] how long the registration lasts (ms; '0'
+-- for a single try, which never registers),
 -- ARGV[4] '1' if the holder was made for this acquisition (it held nothing before),
 -- last: this call's id (see once.lua)
 -- Returns {1, token} taken, {2, token} re-entered, {3, 0} refused for good: this holder
@@ -32,7 +33,9 @@ end
 if redis.call('HEXISTS', KEYS[1], ARGV[1] .. ':r') == 1 then
   return {3, 0}
 end
-redis.call('ZADD', KEYS[4], int(now + tonumber(ARGV[3])), ARGV[1])
-local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
-redis.call('PEXPIREAT', KEYS[4], last[2])
+if tonumber(ARGV[3]) > 0 then
+  redis.call('ZADD', KEYS[4], int(now + tonumber(ARGV[3])), ARGV[1])
+  local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
+  redis.call('PEXPIREAT', KEYS[4], last[2])
+end
 return busy(false)

@@ -69,7 +69,7 @@ pub const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(5);
 /// |---|---|
 /// | the queue: a list of holder ids, oldest first | `<lock key>:queue` |
 /// | each waiter's deadline: a zset of holder id to ms, server clock (a head handed the lock stays in it until it asks again or releases) | `<lock key>:deadlines` |
-/// | the channel on which a waiter hears its turn: `granted:<token>` | `<release channel>:<holder id>` |
+/// | the channel on which a waiter hears its turn: `granted:<token>:<holder id>` | `<release channel>:<holder id>` |
 ///
 /// ```
 /// # use lockwarden_core::LockClient;
@@ -239,11 +239,10 @@ impl Attempts for FairAttempts<'_> {
 
     async fn attempt(&mut self, deadline: Option<Instant>) -> Answer<LockGuard> {
         // Handed over on release: the lock is ours already, and the notice says its token.
+        // Granted for what was left of the place the last attempt kept.
         let grant = self.wake.as_deref().and_then(|wake| {
-            let token = self.target.engine.waiters().take_grant(wake)?;
-            // Granted for what was left of the place the last attempt kept.
-            self.target
-                .granted(token, self.kept_at? + self.queue_timeout)
+            let expires = self.kept_at.map(|at| at + self.queue_timeout);
+            self.target.granted(HoldKind::FAIR, wake, expires)
         });
         if let Some(guard) = grant {
             return Ok(Tried::Won(guard, Acquired::Taken));

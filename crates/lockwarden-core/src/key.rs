@@ -51,8 +51,8 @@ pub enum KeyLayout {
 /// | the outcome of a completed claim | `<namespace>{<escaped name>}:done` | `redisson_lock__done:{<namespace><name>}` |
 /// | a fair lock's queue and its waiters' deadlines | `<lock key>:queue`, `<lock key>:deadlines` | `redisson_lock__queue:{..}`, `redisson_lock__deadlines:{..}` |
 /// | the channel on which a fair waiter hears its turn | `<release channel>:<holder id>` | the same |
-/// | a read-write lock's hold leases and waiting writers | `<lock key>:leases`, `<lock key>:writers` | `redisson_lock__leases:{..}`, `redisson_lock__writers:{..}` |
-/// | the channel on which waiting readers hear they may enter | `<lock key>:readable` | `redisson_lock__readable:{..}` |
+/// | a read-write lock's hold leases, waiting writers and waiting readers | `<lock key>:leases`, `<lock key>:writers`, `<lock key>:readers` | `redisson_lock__leases:{..}`, `redisson_lock__writers:{..}`, `redisson_lock__readers:{..}` |
+/// | the channel on which waiting readers hear they were admitted (or may try) | `<lock key>:readable` | `redisson_lock__readable:{..}` |
 /// | a value only the newest fencing token writes ([`LockClient::fenced`](crate::LockClient::fenced)) | `<lock key>:fenced` | `redisson_lock__fenced:{..}` |
 ///
 /// Keys are made by [`LockClient::key`](crate::LockClient::key), which applies that client's
@@ -98,7 +98,10 @@ pub(crate) struct Names {
     pub(crate) leases: Box<str>,
     /// A read-write lock's waiting writers: a sorted set of holder id to deadline.
     pub(crate) writers: Box<str>,
-    /// The channel on which a read-write lock's waiting readers are told they may enter.
+    /// A read-write lock's waiting readers: a sorted set of holder id to deadline.
+    pub(crate) waiting_readers: Box<str>,
+    /// The channel on which a read-write lock's waiting readers are told they were
+    /// admitted (or, after a force unlock, that they may try).
     pub(crate) readers: Box<str>,
     /// A value written only by the newest fencing token (see `LockClient::fenced`).
     pub(crate) fenced: Box<str>,
@@ -198,6 +201,7 @@ impl Key {
             wake_prefix: [self.channel(), ":"].concat().into(),
             leases: self.companion("leases"),
             writers: self.companion("writers"),
+            waiting_readers: self.companion("readers"),
             readers: self.companion("readable"),
             fenced: self.companion("fenced"),
         })
@@ -336,6 +340,7 @@ mod tests {
         assert_eq!(&*names.wake_prefix, "lockwarden:{orders:42}:released:");
         assert_eq!(&*names.leases, "lockwarden:{orders:42}:leases");
         assert_eq!(&*names.writers, "lockwarden:{orders:42}:writers");
+        assert_eq!(&*names.waiting_readers, "lockwarden:{orders:42}:readers");
         assert_eq!(&*names.readers, "lockwarden:{orders:42}:readable");
     }
 

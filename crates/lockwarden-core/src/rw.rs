@@ -15,6 +15,7 @@ use crate::hold::{Hold, HoldKind, RwMode};
 use crate::holder::Holder;
 use crate::key::Key;
 use crate::lock::checked;
+use crate::metrics::Acquired;
 use crate::options::{hold_options, HoldOptions};
 use crate::store::contract::{How, LockStore, Waiter};
 use crate::target::Target;
@@ -52,10 +53,16 @@ use crate::target::Target;
 /// # Notices
 ///
 /// When the lock becomes free, one waiting writer per client is woken (on the lock's
-/// release channel, as for the plain lock). When it becomes free or leaves write mode
-/// and no writer is waiting, every waiting reader is woken at once (payload `read` on the
-/// lock's readers' channel), so they all proceed together. Without a notice a waiter
-/// retries when the next hold could expire, never by polling.
+/// release channel, as for the plain lock). A refused reader registers as waiting (like a
+/// writer, for the watchdog timeout or its remaining wait, refreshed by its retries), and
+/// when the lock becomes free or leaves write mode while no writer is waiting, the
+/// release **admits every waiting reader in the same step**: each gets a read hold for
+/// what is left of its registration, and all are told on the lock's readers' channel with
+/// the read phase's token, so they hold without asking again (a reader that misses the
+/// notice, holds with a fixed lease or was given its holder takes its admission up with
+/// its next attempt; one that gives up gives it back; one that died frees it when its
+/// registration runs out). Without a notice a waiter retries when the next hold could
+/// expire, never by polling.
 ///
 /// # Fencing tokens
 ///
@@ -69,8 +76,10 @@ use crate::target::Target;
 ///
 /// The lock hash at [`Key::redis_key`] holds `mode`, `token` and one re-entry count per
 /// hold (`<holder>:r`, `<holder>:w`); `<key>:leases` is a sorted set of each hold's
-/// deadline and `<key>:writers` one of waiting writers' registrations, both in the lock's
-/// cluster slot. Scripts in `lua/rw_*.lua`. A name is either a plain lock or a read-write
+/// deadline, `<key>:writers` one of waiting writers' registrations and `<key>:readers`
+/// one of waiting readers' (an admitted reader stays there until it takes its hold up or
+/// releases it), all in the lock's cluster slot; admitted readers are told
+/// `granted:<token>:<holder id> <holder id>..` on `<key>:readable`. Scripts in `lua/rw_*.lua`. A name is either a plain lock or a read-write
 /// lock: a plain lock under the same name keeps both sides refused, and a held read-write
 /// lock keeps the plain one refused, on both stores. Claims ([`LockGuard::complete`]) are
 /// for plain and fair locks only ([`LockError::NotClaimable`]).
@@ -254,41 +263,66 @@ impl RwLockHandle {
         let attempts = RwAttempts {
             target: Target::new(&self.engine, checked(&self.key)?, &self.options),
             mode: self.mode,
-            // How long a waiting writer's registration outlives its last attempt: long
-            // enough for the retry that refreshes it (at half of it, at the latest).
+            // How long a waiter's registration outlives its last attempt: long enough for
+            // the retry that refreshes it (at half of it, at the latest).
             register: self.engine.watchdog().lease(),
-            registered: false,
+            registered: None,
         };
         acquire::acquire(self.engine.waiters(), attempts, deadline).await
     }
 }
 
-/// One side's attempts. A refused writer registers as waiting, which holds back new
-/// readers; readers sleep on a channel of their own, where a write release wakes them all.
+/// One side's attempts. A refused waiter registers: a writer, which holds back new
+/// readers; a reader, which the release that opens the lock to readers admits, telling it
+/// on the readers' channel, where all readers of the lock sleep.
 struct RwAttempts<'a> {
     target: Target<'a>,
     mode: RwMode,
     register: Duration,
-    /// Whether a write attempt left a registration (so giving up must withdraw it).
-    registered: bool,
+    /// When the last attempt that left a registration was sent (so giving up must
+    /// withdraw it, and an admission lasts a registration from then, by the server clock
+    /// no earlier).
+    registered: Option<Instant>,
+}
+
+impl RwAttempts<'_> {
+    fn waiter(&self) -> Waiter {
+        match self.mode {
+            RwMode::Read => Waiter::Reader,
+            RwMode::Write => Waiter::Writer,
+        }
+    }
 }
 
 impl Attempts for RwAttempts<'_> {
     type Won = LockGuard;
 
     async fn attempt(&mut self, deadline: Option<Instant>) -> Answer<LockGuard> {
+        let kind = HoldKind::ReadWrite(self.mode);
+        if self.mode == RwMode::Read {
+            // Admitted by a release: the hold is ours already, and the notice says its token.
+            let expires = self.registered.map(|at| at + self.register);
+            let channel = &self.target.key.names().readers;
+            if let Some(guard) = self.target.granted(kind, channel, expires) {
+                return Ok(Tried::Won(guard, Acquired::Taken));
+            }
+        }
+        // A registration never outlives the wait budget (none for a last attempt).
+        let sent = Instant::now();
+        let register = deadline.map_or(self.register, |d| {
+            self.register.min(d.saturating_duration_since(sent))
+        });
         let how = match self.mode {
-            RwMode::Read => How::Read,
-            // A writer's registration never outlives its wait budget.
-            RwMode::Write => How::Write {
-                register: deadline.map_or(self.register, |d| {
-                    self.register
-                        .min(d.saturating_duration_since(Instant::now()))
-                }),
+            RwMode::Read => How::Read {
+                register,
+                registered: self.registered.is_some(),
             },
+            RwMode::Write => How::Write { register },
         };
         let tried = self.target.try_once(how).await?;
-        self.registered |= self.mode == RwMode::Write && matches!(tried, Tried::Busy(_));
+        if matches!(tried, Tried::Busy(_)) && !register.is_zero() {
+            self.registered = Some(sent);
+        }
         Ok(tried)
     }
 
@@ -303,14 +337,14 @@ impl Attempts for RwAttempts<'_> {
         }
     }
 
-    /// A waiting writer retries before its registration runs out, so readers stay held back.
+    /// A waiter retries before its registration runs out: a writer so that readers stay
+    /// held back, a reader so that it is admitted.
     fn recheck(&self) -> Option<Duration> {
-        (self.mode == RwMode::Write).then(|| self.register / 2)
+        Some(self.register / 2)
     }
 
     fn left_behind(&self) -> Option<BoxFuture> {
-        self.registered
-            .then(|| self.target.withdraw(Waiter::Writer))
+        self.registered.map(|_| self.target.withdraw(self.waiter()))
     }
 
     fn kind(&self) -> &'static str {
@@ -318,11 +352,12 @@ impl Attempts for RwAttempts<'_> {
     }
 
     fn unanswered(&mut self) -> bool {
-        let waiter = (self.mode == RwMode::Write).then_some(Waiter::Writer);
         let forgot = self
             .target
-            .forget_holder(HoldKind::ReadWrite(self.mode), waiter);
-        self.registered &= !forgot;
+            .forget_holder(HoldKind::ReadWrite(self.mode), Some(self.waiter()));
+        if forgot {
+            self.registered = None;
+        }
         forgot
     }
 }

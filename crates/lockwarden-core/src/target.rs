@@ -105,19 +105,29 @@ impl<'a> Target<'a> {
         }
     }
 
-    /// The guard of a fair lock granted on release to this waiter with `token`, which
-    /// holds until `expires` unless renewed; `None` if the grant must be taken up with an
-    /// attempt instead: a holder the caller gave may wait in several tasks at once (each
-    /// must count once), a fixed lease is set by the attempt, and a grant past `expires`
-    /// may be gone.
-    pub(crate) fn granted(&self, token: u64, expires: Instant) -> Option<LockGuard> {
+    /// The guard of a `kind` hold a release handed to this waiter, told on `channel` (see
+    /// `Waiters::grant`), which holds until `expires` unless renewed. `None` if there is
+    /// none, or if it must be taken up with an attempt instead: a holder the caller gave
+    /// may wait in several tasks at once (each must count once), a fixed lease is set by
+    /// the attempt, and a grant past `expires` (or of unknown age) may be gone.
+    pub(crate) fn granted(
+        &self,
+        kind: HoldKind,
+        channel: &str,
+        expires: Option<Instant>,
+    ) -> Option<LockGuard> {
+        let token = self
+            .engine
+            .waiters()
+            .take_grant(channel, self.holder.id())?;
         // A grant that may have run out already (a waiter kept from running that long) is
         // checked with an attempt rather than believed.
-        if !self.fresh || self.options.lease.is_some() || expires <= Instant::now() {
+        let expires = expires.filter(|&at| at > Instant::now())?;
+        if !self.fresh || self.options.lease.is_some() {
             return None;
         }
         let hold = Hold {
-            kind: HoldKind::FAIR,
+            kind,
             key: self.key.clone(),
             holder: self.holder.clone(),
         };

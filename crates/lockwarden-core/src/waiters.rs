@@ -4,9 +4,9 @@
 //! The Redis store has one pub/sub connection per client (`store/redis/pubsub.rs`) that
 //! subscribes to a channel while it has waiters here and calls [`Waiters::notify_one`] for
 //! each release notice ([`Waiters::notify_all`] for a completed claim, whose outcome every
-//! waiter can use, and for a read-write lock open to readers, which all may enter;
-//! [`Waiters::grant`] for a fair lock handed to its waiter); the in-process store calls
-//! them directly.
+//! waiter can use, and for a read-write lock opened by a force unlock, which all may try;
+//! [`Waiters::grant`] for a lock a release handed to named waiters: a fair lock's head, a
+//! read-write lock's waiting readers); the in-process store calls them directly.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -37,8 +37,8 @@ struct Channel {
     everyone: watch::Sender<()>,
     /// Whether release notices for this channel are being received.
     ready: watch::Sender<Readiness>,
-    /// The fencing token of a fair lock granted to this channel's waiter on release.
-    grant: Mutex<Option<u64>>,
+    /// Locks handed to this channel's waiters on release: holder id to fencing token.
+    grants: Mutex<HashMap<Box<str>, u64>>,
 }
 
 /// Whether release notices for a channel are being received.
@@ -99,7 +99,7 @@ impl Waiters {
                     } else {
                         Readiness::Pending
                     }),
-                    grant: Mutex::new(None),
+                    grants: Mutex::default(),
                 });
                 channels.insert(
                     name.clone(),
@@ -131,29 +131,36 @@ impl Waiters {
         }
     }
 
-    /// Hands a fair lock granted on release to `channel`'s waiter (one waiter per
-    /// channel: the holder's own) with its fencing `token`, and wakes it.
-    pub(crate) fn grant(&self, channel: &str, token: u64) {
+    /// Hands a lock a release granted to `holders` (a fair lock's head, on a channel of
+    /// its own; a read-write lock's admitted readers, on the readers' channel) with its
+    /// fencing `token`, and wakes the channel's waiters (each takes its own grant).
+    pub(crate) fn grant<'h>(
+        &self,
+        channel: &str,
+        token: u64,
+        holders: impl Iterator<Item = &'h str>,
+    ) {
         if let Some(entry) = self.channels().get(channel) {
-            *entry
+            entry
                 .shared
-                .grant
+                .grants
                 .lock()
-                .unwrap_or_else(PoisonError::into_inner) = Some(token);
-            entry.shared.notify.notify_one();
+                .unwrap_or_else(PoisonError::into_inner)
+                .extend(holders.map(|holder| (holder.into(), token)));
+            entry.shared.everyone.send_replace(());
         }
     }
 
-    /// The token of a lock granted to `channel`'s waiter, once.
-    pub(crate) fn take_grant(&self, channel: &str) -> Option<u64> {
+    /// The token of a lock granted to `holder` on `channel`, once.
+    pub(crate) fn take_grant(&self, channel: &str, holder: &str) -> Option<u64> {
         let channels = self.channels();
-        let mut grant = channels
+        let mut grants = channels
             .get(channel)?
             .shared
-            .grant
+            .grants
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        grant.take()
+        grants.remove(holder)
     }
 
     /// Wakes every local waiter of `channel`, including one that is between attempts.

@@ -19,6 +19,8 @@ conformance!(
     upgrade_is_refused_at_once,
     waiting_writer_is_not_starved_by_a_stream_of_readers,
     write_release_wakes_all_waiting_readers_at_once,
+    a_write_release_admits_the_waiting_readers_itself,
+    an_admission_given_up_frees_the_lock,
     dead_reader_expires_on_its_own_lease_while_others_renew,
     watchdog_keeps_read_and_write_holds_past_their_lease,
     fencing_tokens_increase_with_each_write,
@@ -426,6 +428,115 @@ async fn write_release_wakes_all_waiting_readers_at_once(env: Env) {
     assert!(!clients[0].rw_lock("wake").is_locked().await.unwrap());
 }
 
+/// Drives `fut` until `until` resolves, then stops polling it without dropping it: a
+/// waiter that waits in the store but does not run, as a slow process would.
+async fn drive_until<F: std::future::Future + Unpin>(
+    fut: &mut F,
+    until: impl std::future::Future<Output = ()>,
+) {
+    tokio::select! {
+        biased;
+        _ = fut => panic!("the reader finished while it should wait"),
+        _ = until => {}
+    }
+}
+
+/// Three readers (given holders, one client each) wait behind `writer`'s write hold on
+/// `name`, then are no longer polled: returns their holders, handles and acquires.
+async fn stalled_readers(
+    env: &Env,
+    name: &str,
+) -> Vec<(
+    lockwarden_core::Holder,
+    lockwarden_core::RwLockHandle,
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<LockGuard, LockError>> + Send>>,
+)> {
+    let mut readers = Vec::new();
+    for _ in 0..3 {
+        let client = env.client().await;
+        let me = client.holder();
+        let side = client.rw_lock(name).read().holder(&me);
+        let mut acquire = Box::pin({
+            let side = side.clone();
+            async move { side.try_acquire(Duration::from_secs(20)).await }
+        });
+        // Its first attempt was refused (so it registered) once it waits on a channel; in
+        // process (one client for all) the first poll does that.
+        drive_until(&mut acquire, async {
+            if env.is_redis() {
+                eventually(Duration::from_secs(5), "the reader waits", || async {
+                    client.stats().waited_channels == 1
+                })
+                .await;
+            }
+        })
+        .await;
+        readers.push((me, side, acquire as _));
+    }
+    readers
+}
+
+/// Promise: the release that opens the lock to readers admits every waiting reader in
+/// the same step: right after it, before any reader runs again, each holds a read hold;
+/// each then takes it up (here by asking: a given holder) counted once, all with the read
+/// phase's token, newer than the writer's; their releases free the lock.
+async fn a_write_release_admits_the_waiting_readers_itself(env: Env) {
+    let owner = env.client().await;
+    let writer = owner.rw_lock("admit").write().acquire().await.unwrap();
+    let write_token = writer.fencing_token();
+    let readers = stalled_readers(&env, "admit").await;
+    for (me, side, _) in &readers {
+        assert_eq!(
+            side.hold_count(me).await.unwrap(),
+            0,
+            "a reader got in early"
+        );
+    }
+    writer.release().await.unwrap();
+    for (me, side, _) in &readers {
+        assert_eq!(
+            side.hold_count(me).await.unwrap(),
+            1,
+            "a waiting reader was not admitted by the release"
+        );
+    }
+    let mut guards = Vec::new();
+    for (me, side, acquire) in readers {
+        let guard = tokio::time::timeout(Duration::from_secs(5), acquire)
+            .await
+            .expect("an admitted reader holds")
+            .unwrap();
+        assert_eq!(side.hold_count(&me).await.unwrap(), 1, "counted twice");
+        guards.push(guard);
+    }
+    let token = guards[0].fencing_token();
+    assert!(token > write_token, "the read phase has a newer token");
+    assert!(guards.iter().all(|g| g.fencing_token() == token));
+    for guard in guards {
+        guard.release().await.unwrap();
+    }
+    assert!(!owner.rw_lock("admit").is_locked().await.unwrap());
+}
+
+/// Promise: a reader admitted while it was not running that gives up (its acquire is
+/// dropped) gives its admission back, so the lock is free for a writer at once, not
+/// after the reader's registration runs out.
+async fn an_admission_given_up_frees_the_lock(env: Env) {
+    let owner = env.client().await;
+    let writer = owner.rw_lock("give-back").write().acquire().await.unwrap();
+    let readers = stalled_readers(&env, "give-back").await;
+    writer.release().await.unwrap();
+    let (me, side, _) = &readers[0];
+    assert_eq!(side.hold_count(me).await.unwrap(), 1);
+    drop(readers);
+    let next = owner.rw_lock("give-back").write();
+    let guard = next
+        .try_acquire(Duration::from_secs(2))
+        .await
+        .expect("the lock is free once the admitted readers gave up");
+    guard.release().await.unwrap();
+}
+
 /// Promise: a reader that stops renewing (its guard leaked with a 600 ms lease) stops
 /// counting when its own lease ends, although another reader keeps renewing its hold
 /// past several leases; a writer then waits only for the live reader.
@@ -780,6 +891,132 @@ async fn redis_killed_reader_process_stops_counting_after_its_lease() {
     assert!(
         after < Duration::from_millis(500),
         "the writer acquired {after:?} after the release"
+    );
+    guard.release().await.unwrap();
+}
+
+/// `INFO commandstats` calls of `EVALSHA` so far: every script Redis ran.
+fn scripts_run(server: &lockwarden_testkit::RedisServer) -> u64 {
+    let info: String = server.query(&["INFO", "commandstats"]).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |calls| calls.parse().unwrap())
+}
+
+/// Promise: readers admitted by a release hold on its notice alone: from the write
+/// release until 12 waiting readers (fresh holders, over 2 clients) all hold, Redis runs
+/// one script, the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_admitted_readers_hold_without_a_script_of_their_own() {
+    let env = Env::redis();
+    let server = env.server();
+    let clients = [env.client().await, env.client().await];
+    // Loads the release script (a first call is sent again after `NOSCRIPT`).
+    let warm = clients[0].rw_lock("warm").write().acquire().await.unwrap();
+    warm.release().await.unwrap();
+    let writer = clients[0]
+        .rw_lock("notice")
+        .write()
+        .acquire()
+        .await
+        .unwrap();
+    let all_in = Arc::new(tokio::sync::Barrier::new(13));
+    let counted = Arc::new(tokio::sync::Barrier::new(13));
+    let mut tasks = Vec::new();
+    for i in 0..12 {
+        let (client, all_in, counted) = (clients[i % 2].clone(), all_in.clone(), counted.clone());
+        tasks.push(tokio::spawn(async move {
+            let side = client.rw_lock("notice").read();
+            let guard = side.try_acquire(Duration::from_secs(20)).await.unwrap();
+            all_in.wait().await;
+            counted.wait().await;
+            guard.release().await.unwrap();
+        }));
+    }
+    eventually(Duration::from_secs(5), "12 readers registered", || async {
+        server
+            .query::<u64>(&["ZCARD", "lockwarden:{notice}:readers"])
+            .unwrap()
+            == 12
+    })
+    .await;
+    // Let the last ones go from their registration to sleeping on the channel.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = scripts_run(server);
+    writer.release().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), all_in.wait())
+        .await
+        .expect("every admitted reader holds");
+    assert_eq!(scripts_run(server) - before, 1, "readers asked again");
+    counted.wait().await;
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert!(!clients[0].rw_lock("notice").is_locked().await.unwrap());
+    let left: u64 = server
+        .query(&["EXISTS", "lockwarden:{notice}:readers"])
+        .unwrap();
+    assert_eq!(left, 0, "admitted readers left their registration behind");
+}
+
+const WAITING_READER_ENV: &str = "LOCKWARDEN_RW_WAITING_READER_URL";
+
+/// Not a test on its own: the body of the reader process of
+/// [`redis_an_admitted_reader_that_died_frees_the_lock_within_its_registration`].
+/// Without [`WAITING_READER_ENV`] it returns at once; with it, it waits for a read hold
+/// with a 1.5 s watchdog lease (so a 1.5 s registration), prints `WAITING` once its first
+/// attempt was refused, and sleeps (at most 120 s) until it is SIGKILLed.
+#[test]
+fn rw_waiting_reader_child() {
+    run_child(WAITING_READER_ENV, |url| async move {
+        let client = connect_with(&url, |b| b.watchdog_timeout(CHILD_LEASE)).await;
+        let side = client.rw_lock("dead-reader").read();
+        let waiting = tokio::spawn(async move { side.try_acquire(Duration::from_secs(120)).await });
+        eventually(Duration::from_secs(10), "the reader waits", || async {
+            client.stats().waited_channels == 1
+        })
+        .await;
+        hold_until_killed("WAITING".to_owned(), waiting).await;
+    });
+}
+
+/// Promise: a reader admitted after its process died (SIGKILL while it waited) holds the
+/// lock only until its registration runs out (one watchdog lease from its last attempt,
+/// +500 ms of slack): a writer waiting behind it then gets the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_an_admitted_reader_that_died_frees_the_lock_within_its_registration() {
+    let env = Env::redis();
+    let server = env.server();
+    let client = env.client().await;
+    let writer = client
+        .rw_lock("dead-reader")
+        .write()
+        .acquire()
+        .await
+        .unwrap();
+    let mut child = TestProcess::spawn(
+        "rw_waiting_reader_child",
+        &[(WAITING_READER_ENV, &server.url())],
+    )
+    .unwrap();
+    child.wait_for_line("WAITING", Duration::from_secs(30));
+    child.kill();
+    let killed = Instant::now();
+    writer.release().await.unwrap();
+    let admitted: u64 = server
+        .query(&["ZCARD", "lockwarden:{dead-reader}:leases"])
+        .unwrap();
+    assert_eq!(admitted, 1, "the dead reader was not admitted");
+    let next = client.rw_lock("dead-reader").write();
+    let guard = next
+        .try_acquire(Duration::from_secs(10))
+        .await
+        .expect("the lock is free once the dead reader's registration ran out");
+    let after = killed.elapsed();
+    assert!(
+        after <= CHILD_LEASE + Duration::from_millis(500),
+        "the dead reader held the lock {after:?} after it died"
     );
     guard.release().await.unwrap();
 }

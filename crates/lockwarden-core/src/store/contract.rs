@@ -145,8 +145,15 @@ pub(crate) enum How {
         join: bool,
         queued: bool,
     },
-    /// The read side of a read-write lock.
-    Read,
+    /// The read side of a read-write lock; a refused reader is registered as waiting for
+    /// `register` (zero: a single try, never registered), to be admitted by the release
+    /// that opens the lock to readers. `registered`: an earlier attempt of this
+    /// acquisition registered, so finding the holder's read hold means it was admitted
+    /// (its notice was missed): taken, not re-entered.
+    Read {
+        register: Duration,
+        registered: bool,
+    },
     /// The write side; a refused writer is registered as waiting for `register`, which
     /// holds back new readers.
     Write { register: Duration },
@@ -158,7 +165,7 @@ impl How {
         match self {
             How::Plain | How::Claim => HoldKind::PLAIN,
             How::Fair { .. } => HoldKind::FAIR,
-            How::Read => HoldKind::ReadWrite(RwMode::Read),
+            How::Read { .. } => HoldKind::ReadWrite(RwMode::Read),
             How::Write { .. } => HoldKind::ReadWrite(RwMode::Write),
         }
     }
@@ -237,4 +244,7 @@ pub(crate) enum Waiter {
     Queued,
     /// Its registration as a waiting writer of a read-write lock.
     Writer,
+    /// Its registration as a waiting reader of a read-write lock (and an admission it
+    /// has not taken up).
+    Reader,
 }

@@ -87,6 +87,10 @@ impl MemoryStore {
         if notices.readers {
             self.waiters.notify_all(&key.names().readers);
         }
+        if let Some((token, holders)) = notices.admitted {
+            let ids = holders.iter().map(Holder::id);
+            self.waiters.grant(&key.names().readers, token, ids);
+        }
     }
 
     fn wake_turn(&self, key: &Key, next: Option<Holder>) {
@@ -98,7 +102,9 @@ impl MemoryStore {
     /// Tells the waiter a fair lock was handed to, with its token.
     fn tell_grant(&self, key: &Key, grant: Option<Grant>) {
         if let Some((holder, token)) = grant {
-            self.waiters.grant(&key.wake_channel(&holder), token);
+            let channel = key.wake_channel(&holder);
+            self.waiters
+                .grant(&channel, token, std::iter::once(holder.id()));
         }
     }
 
@@ -112,7 +118,7 @@ impl MemoryStore {
                 return Attempt::Completed { outcome };
             }
         }
-        let rw = matches!(how, How::Read | How::Write { .. });
+        let rw = matches!(how, How::Read { .. } | How::Write { .. });
         if let Some(ttl) = state.held_by_other_family(key, rw, now) {
             return Attempt::Busy { ttl: Some(ttl) };
         }
@@ -143,18 +149,27 @@ impl MemoryStore {
                 self.tell_grant(key, fair.grant);
                 fair.attempt
             }
-            How::Read => rw.attempt(
+            How::Read {
+                register,
+                registered,
+            } => rw.attempt(
                 RwMode::Read,
                 key,
                 holder,
                 lease,
-                Duration::ZERO,
+                (register, registered),
                 now,
                 last_token,
             ),
-            How::Write { register } => {
-                rw.attempt(RwMode::Write, key, holder, lease, register, now, last_token)
-            }
+            How::Write { register } => rw.attempt(
+                RwMode::Write,
+                key,
+                holder,
+                lease,
+                (register, false),
+                now,
+                last_token,
+            ),
         }
     }
 
@@ -197,7 +212,8 @@ impl MemoryStore {
                 released
             }
             HoldKind::ReadWrite(mode) => {
-                let (released, notices) = state.rw.release(mode, key, holder, now);
+                let State { rw, last_token, .. } = &mut *state;
+                let (released, notices) = rw.release(mode, key, holder, now, last_token);
                 drop(state);
                 self.tell(key, notices);
                 released
@@ -298,8 +314,13 @@ impl LockStore for MemoryStore {
                 drop(state);
                 self.tell_grant(key, grant);
             }
-            Waiter::Writer => {
-                let notices = state.rw.withdraw(key, holder, now);
+            Waiter::Writer | Waiter::Reader => {
+                let mode = match waiter {
+                    Waiter::Reader => RwMode::Read,
+                    _ => RwMode::Write,
+                };
+                let State { rw, last_token, .. } = &mut *state;
+                let notices = rw.withdraw(mode, key, holder, now, last_token);
                 drop(state);
                 self.tell(key, notices);
             }
@@ -322,6 +343,7 @@ impl LockStore for MemoryStore {
                 Notices {
                     writer: true,
                     readers: true,
+                    admitted: None,
                 },
             );
             self.wake_turn(key, next);

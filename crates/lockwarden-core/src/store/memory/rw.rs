@@ -1,5 +1,6 @@
 //! The read-write locks in-process: the rules of `lua/rw_*.lua` (see `crate::rw`): holds
-//! with leases of their own, waiting writers that hold back new readers, a token per phase.
+//! with leases of their own, waiting writers that hold back new readers, waiting readers
+//! admitted all at once by the release that opens the lock to them, a token per phase.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -24,6 +25,9 @@ struct Entry {
     holds: HashMap<(Holder, RwMode), Hold>,
     /// Waiting writers and when each registration runs out.
     writers: HashMap<Holder, Instant>,
+    /// Waiting readers and when each registration runs out; an admitted reader stays
+    /// until it takes its hold up or releases it (see `rw_prelude.lua`).
+    readers: HashMap<Holder, Instant>,
 }
 
 struct Hold {
@@ -36,18 +40,65 @@ struct Hold {
 pub(super) struct Notices {
     /// One waiting writer (the lock is free).
     pub(super) writer: bool,
-    /// Every waiting reader (the lock is open to readers).
+    /// Every waiting reader, to try again (a force unlock).
     pub(super) readers: bool,
+    /// The readers admitted, with the read phase's token.
+    pub(super) admitted: Option<(u64, Vec<Holder>)>,
 }
 
 impl Entry {
     fn prune(&mut self, now: Instant) {
         self.holds.retain(|_, h| h.expires > now);
         self.writers.retain(|_, until| *until > now);
+        self.readers.retain(|_, until| *until > now);
     }
 
     fn is_empty(&self) -> bool {
-        self.holds.is_empty() && self.writers.is_empty()
+        self.holds.is_empty() && self.writers.is_empty() && self.readers.is_empty()
+    }
+
+    /// Every waiting reader that holds nothing enters, for what is left of its
+    /// registration (see `admit_readers` in `rw_prelude.lua`).
+    fn admit_readers(&mut self, last_token: &mut u64) -> Option<(u64, Vec<Holder>)> {
+        let admitted: Vec<(Holder, Instant)> = self
+            .readers
+            .iter()
+            .filter(|(holder, _)| !self.holds(holder, RwMode::Read))
+            .map(|(holder, until)| (holder.clone(), *until))
+            .collect();
+        if admitted.is_empty() {
+            return None;
+        }
+        if self.holds.is_empty() {
+            self.token = fresh_token(last_token);
+        }
+        let holders = admitted
+            .into_iter()
+            .map(|(holder, expires)| {
+                let hold = Hold { count: 1, expires };
+                self.holds.insert((holder.clone(), RwMode::Read), hold);
+                holder
+            })
+            .collect();
+        Some((self.token, holders))
+    }
+
+    /// Ends `holder`'s `mode` hold, whose count is down to zero, and says whom to tell
+    /// (see `end_hold` in `rw_prelude.lua`).
+    fn end_hold(&mut self, holder: &Holder, mode: RwMode, last_token: &mut u64) -> Notices {
+        self.holds.remove(&(holder.clone(), mode));
+        if mode == RwMode::Read {
+            self.readers.remove(holder);
+        }
+        let free = self.holds.is_empty();
+        let readers_may_go = self.writers.is_empty() && (free || mode == RwMode::Write);
+        Notices {
+            writer: free,
+            readers: false,
+            admitted: readers_may_go
+                .then(|| self.admit_readers(last_token))
+                .flatten(),
+        }
     }
 
     fn write_held(&self) -> bool {
@@ -110,8 +161,9 @@ impl RwLocks {
         });
     }
 
-    /// One attempt at `mode`; a refused writer is registered as waiting until `register`
-    /// from now.
+    /// One attempt at `mode`; a refused waiter is registered as waiting until `register`
+    /// from now (not at all for zero). `registered`: an earlier attempt of this reader's
+    /// acquisition registered, so finding its read hold means it was admitted.
     #[expect(
         clippy::too_many_arguments,
         reason = "the script's arguments, one each"
@@ -122,7 +174,7 @@ impl RwLocks {
         key: &Key,
         holder: &Holder,
         lease: Duration,
-        register: Duration,
+        (register, registered): (Duration, bool),
         now: Instant,
         last_token: &mut u64,
     ) -> Attempt {
@@ -141,27 +193,40 @@ impl RwLocks {
                 } else if entry.holds(holder, RwMode::Read) {
                     Attempt::Upgrade
                 } else {
-                    entry.writers.insert(holder.clone(), now + register);
+                    if !register.is_zero() {
+                        entry.writers.insert(holder.clone(), now + register);
+                    }
                     entry.busy(now, false)
                 }
             }
             RwMode::Read => {
                 let writers_wait = !entry.writers.is_empty();
                 let write_held = entry.write_held();
-                if entry.holds(holder, RwMode::Read) || entry.holds(holder, RwMode::Write) {
-                    // Re-entry or downgrade: never refused (the writers wait for this holder).
-                    match entry.enter(holder, RwMode::Read, lease, now) {
-                        true => Attempt::Taken { token: entry.token },
-                        false => Attempt::Reentered { token: entry.token },
+                if entry.holds(holder, RwMode::Read) {
+                    if registered && entry.readers.remove(holder).is_some() {
+                        // Admitted while this acquisition waited (its notice missed).
+                        if let Some(hold) = entry.holds.get_mut(&(holder.clone(), mode)) {
+                            hold.expires = hold.expires.max(now + lease);
+                        }
+                        Attempt::Taken { token: entry.token }
+                    } else {
+                        entry.enter(holder, mode, lease, now);
+                        Attempt::Reentered { token: entry.token }
                     }
-                } else if write_held || writers_wait {
-                    entry.busy(now, !write_held)
-                } else {
+                } else if entry.holds(holder, RwMode::Write) || !(write_held || writers_wait) {
+                    // A downgrade (never refused: the writers wait for this holder), or a
+                    // reader joining or starting a read phase.
                     if free {
                         entry.token = fresh_token(last_token);
                     }
-                    entry.enter(holder, RwMode::Read, lease, now);
+                    entry.readers.remove(holder);
+                    entry.enter(holder, mode, lease, now);
                     Attempt::Taken { token: entry.token }
+                } else {
+                    if !register.is_zero() {
+                        entry.readers.insert(holder.clone(), now + register);
+                    }
+                    entry.busy(now, !write_held)
                 }
             }
         };
@@ -176,10 +241,10 @@ impl RwLocks {
         key: &Key,
         holder: &Holder,
         now: Instant,
+        last_token: &mut u64,
     ) -> (Released, Notices) {
         let entry = self.entry(key, now);
-        let id = (holder.clone(), mode);
-        let Some(hold) = entry.holds.get_mut(&id) else {
+        let Some(hold) = entry.holds.get_mut(&(holder.clone(), mode)) else {
             self.tidy(key);
             return (Released::NotHeld, Notices::default());
         };
@@ -187,12 +252,7 @@ impl RwLocks {
         if hold.count > 0 {
             return (Released::Remaining(hold.count), Notices::default());
         }
-        entry.holds.remove(&id);
-        let readers_may_go = entry.writers.is_empty();
-        let notices = Notices {
-            writer: entry.holds.is_empty(),
-            readers: readers_may_go && (entry.holds.is_empty() || mode == RwMode::Write),
-        };
+        let notices = entry.end_hold(holder, mode, last_token);
         self.tidy(key);
         (Released::Freed, notices)
     }
@@ -217,17 +277,42 @@ impl RwLocks {
         renewed
     }
 
-    /// Drops `holder`'s registration as a waiting writer; whether readers may now enter.
-    pub(super) fn withdraw(&mut self, key: &Key, holder: &Holder, now: Instant) -> Notices {
+    /// Drops `holder`'s registration as a waiting `mode` holder, and says whom to tell: the
+    /// last waiting writer gone lets the waiting readers in; a reader gives back an
+    /// admission it has not taken up, as a release would.
+    pub(super) fn withdraw(
+        &mut self,
+        mode: RwMode,
+        key: &Key,
+        holder: &Holder,
+        now: Instant,
+        last_token: &mut u64,
+    ) -> Notices {
         let entry = self.entry(key, now);
-        let readers = entry.writers.remove(holder).is_some()
-            && entry.writers.is_empty()
-            && !entry.write_held();
+        let notices = match mode {
+            RwMode::Write => {
+                let last = entry.writers.remove(holder).is_some() && entry.writers.is_empty();
+                Notices {
+                    admitted: (last && !entry.write_held())
+                        .then(|| entry.admit_readers(last_token))
+                        .flatten(),
+                    ..Notices::default()
+                }
+            }
+            RwMode::Read if entry.readers.remove(holder).is_some() => {
+                match entry.holds.get_mut(&(holder.clone(), mode)) {
+                    Some(hold) if hold.count > 1 => {
+                        hold.count -= 1;
+                        Notices::default()
+                    }
+                    Some(_) => entry.end_hold(holder, mode, last_token),
+                    None => Notices::default(),
+                }
+            }
+            RwMode::Read => Notices::default(),
+        };
         self.tidy(key);
-        Notices {
-            writer: false,
-            readers,
-        }
+        notices
     }
 
     pub(super) fn hold_count(

@@ -26,6 +26,9 @@ pub(super) fn give_back(commands: Commands, hold: Hold) -> Undo<RedisResult<(i64
                 (0, HoldKind::ReadWrite(RwMode::Write)) => {
                     scripts::withdraw(Waiter::Writer, &hold.key, &hold.holder)
                 }
+                (0, HoldKind::ReadWrite(RwMode::Read)) => {
+                    scripts::withdraw(Waiter::Reader, &hold.key, &hold.holder)
+                }
                 _ => return,
             };
             match commands.run::<i64>(call).await {

@@ -241,12 +241,14 @@ impl Session<'_> {
                 biased;
                 event = events.next() => match event {
                     // A completed claim's outcome serves every waiter, and so does a
-                    // read-write lock open to readers; a lock serves one.
+                    // read-write lock a force unlock opened; a lock serves one.
                     Some(Event::Notice { channel, payload }) if matches!(&payload[..], b"completed" | b"read") => {
                         self.waiters.notify_all(&channel);
                     }
                     Some(Event::Notice { channel, payload }) => match granted(&payload) {
-                        Some(token) => self.waiters.grant(&channel, token),
+                        Some((token, holders)) => {
+                            self.waiters.grant(&channel, token, holders.split(' '));
+                        }
                         None => self.waiters.notify_one(&channel),
                     },
                     Some(Event::Gap) => {
@@ -455,11 +457,12 @@ fn tokio_stream<T>(mut rx: mpsc::UnboundedReceiver<T>) -> impl Stream<Item = T> 
     futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
 
-/// The fencing token of a fair lock handed to the channel's waiter (`granted:<token>`,
-/// see `fair_prelude.lua`).
-fn granted(payload: &[u8]) -> Option<u64> {
-    std::str::from_utf8(payload.strip_prefix(b"granted:")?)
+/// A lock a release handed to named waiters: its fencing token and their holder ids
+/// (`granted:<token>:<holder id> <holder id>..`, see `fair_prelude.lua` and
+/// `rw_prelude.lua`).
+fn granted(payload: &[u8]) -> Option<(u64, &str)> {
+    let (token, holders) = std::str::from_utf8(payload.strip_prefix(b"granted:")?)
         .ok()?
-        .parse()
-        .ok()
+        .split_once(':')?;
+    Some((token.parse().ok()?, holders))
 }

@@ -267,13 +267,15 @@ fn every() -> [&'static Lua; 15] {
     .map(|lua| -> &'static Lua { lua })
 }
 
-/// The four keys of every read-write script, in the prelude's order.
-fn rw_keys(key: &Key) -> [&str; 4] {
+/// The five keys of every read-write script, in the prelude's order.
+fn rw_keys(key: &Key) -> [&str; 5] {
+    let names = key.names();
     [
         key.redis_key(),
-        &key.names().leases,
+        &names.leases,
         key.fence_key(),
-        &key.names().writers,
+        &names.writers,
+        &names.waiting_readers,
     ]
 }
 
@@ -295,7 +297,7 @@ pub(super) fn acquire(ask: &Acquire<'_>) -> Call {
         How::Plain => Call::script(&ACQUIRE, &[lock, fence]),
         How::Claim => Call::script(&ACQUIRE, &[lock, fence, &key.names().outcome]),
         How::Fair { .. } => Call::script(&FAIR_ACQUIRE, &fair_keys(key)),
-        How::Read => Call::script(&READ_ACQUIRE, &rw_keys(key)),
+        How::Read { .. } => Call::script(&READ_ACQUIRE, &rw_keys(key)),
         How::Write { .. } => Call::script(&WRITE_ACQUIRE, &rw_keys(key)),
     };
     let call = call.arg(ask.holder.id()).arg(millis(ask.lease));
@@ -309,10 +311,28 @@ pub(super) fn acquire(ask: &Acquire<'_>) -> Call {
             .arg(&*key.names().wake_prefix)
             .arg(if join { "1" } else { "0" })
             .arg(if queued { "1" } else { "0" }),
-        How::Write { register } => call.arg(millis(register)),
-        How::Plain | How::Claim | How::Read => call,
+        How::Write { register } => call.arg(registration(register)),
+        How::Plain | How::Claim | How::Read { .. } => call,
     };
-    call.arg(flag(ask.fresh)).counted(ask.fresh)
+    let call = call.arg(flag(ask.fresh));
+    match how {
+        How::Read {
+            register,
+            registered,
+        } => call.arg(registration(register)).arg(flag(registered)),
+        _ => call,
+    }
+    .counted(ask.fresh)
+}
+
+/// How long a waiter's registration lasts, in ms: `0` for a single try, which never
+/// registers (`millis` would make it 1 ms).
+fn registration(d: Duration) -> u64 {
+    if d.is_zero() {
+        0
+    } else {
+        millis(d)
+    }
 }
 
 /// A script's yes/no argument.
@@ -441,8 +461,10 @@ pub(super) fn withdraw(waiter: Waiter, key: &Key, holder: &Holder) -> Call {
         Waiter::Queued => Call::script(&FAIR_LEAVE, &fair_keys(key))
             .arg(holder.id())
             .arg(&*key.names().wake_prefix),
-        Waiter::Writer => Call::script(&RW_WITHDRAW, &rw_keys(key))
+        Waiter::Writer | Waiter::Reader => Call::script(&RW_WITHDRAW, &rw_keys(key))
             .arg(holder.id())
+            .arg(if waiter == Waiter::Reader { "r" } else { "w" })
+            .arg(key.channel())
             .arg(&*key.names().readers),
     }
 }
