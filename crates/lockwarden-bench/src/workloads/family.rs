@@ -136,7 +136,8 @@ async fn worker(task: usize, client: LockClient, s: Arc<Shared>) -> Result<Out, 
 }
 
 /// A writer holds; 16 readers (over 2 clients) queue; the writer releases. Measured:
-/// from the release call to the last reader holding, with every reader still holding.
+/// from the release call to the last reader holding, with every reader still holding,
+/// and the scripts Redis ran meanwhile (the release's included).
 async fn readers_at_once(ctx: &Ctx, report: &mut Report, ping: f64) -> Result<(), BoxError> {
     let rounds = ctx.pick(20, 100);
     let writer = LockClient::connect(&ctx.url).await?;
@@ -145,28 +146,37 @@ async fn readers_at_once(ctx: &Ctx, report: &mut Report, ping: f64) -> Result<()
         clients.push(LockClient::connect(&ctx.url).await?);
     }
     let mut samples = Vec::with_capacity(rounds);
+    let mut scripts = 0;
     for round in 0..rounds {
         let key = format!("w8:readers:{round}");
         let held = writer.rw_lock(&key).write().try_acquire(WAIT).await?;
         let all_in = Arc::new(tokio::sync::Barrier::new(READERS + 1));
+        let counted = Arc::new(tokio::sync::Barrier::new(READERS + 1));
         let mut set = JoinSet::new();
         for r in 0..READERS {
-            let (client, key, all_in) = (clients[r % CLIENTS].clone(), key.clone(), all_in.clone());
+            let (client, key) = (clients[r % CLIENTS].clone(), key.clone());
+            let (all_in, counted) = (all_in.clone(), counted.clone());
             set.spawn(async move {
                 let guard = client.rw_lock(&key).read().try_acquire(WAIT).await?;
                 let at = Instant::now();
                 // Hold until every reader is in: proves they held the lock together.
                 all_in.wait().await;
+                // And until the scripts are counted.
+                counted.wait().await;
                 guard.release().await?;
                 Ok::<_, BoxError>(at)
             });
         }
         // Let the readers queue up behind the writer.
         tokio::time::sleep(Duration::from_millis(20)).await;
+        let before = ctx.evalsha_calls()?;
         let released = Instant::now();
         held.release().await?;
         let waited = tokio::time::timeout(WAIT, all_in.wait()).await;
-        if waited.is_err() {
+        if waited.is_ok() {
+            scripts += ctx.evalsha_calls()? - before;
+            counted.wait().await;
+        } else {
             ctx.checks.problem(format!(
                 "readers of {key} did not all hold the read lock together within {WAIT:?}"
             ));
@@ -189,7 +199,11 @@ async fn readers_at_once(ctx: &Ctx, report: &mut Report, ping: f64) -> Result<()
         )
         .summary(Summary::micros(&samples))
         .ratio_to(ping, "round trips: ÷ PING median")
-        .note(format!("{rounds} rounds, readers over {CLIENTS} clients")),
+        .note(format!(
+            "{rounds} rounds, readers over {CLIENTS} clients; scripts run from the release \
+             to all holding: {:.1} per round",
+            scripts as f64 / samples.len().max(1) as f64
+        )),
     );
     Ok(())
 }
