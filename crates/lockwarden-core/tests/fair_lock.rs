@@ -6,12 +6,11 @@
 
 mod common;
 
-use std::future::Future;
 use std::pin::pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{finishes, take_and_release, Env};
+use common::{drive_until, finishes, take_and_release, Env};
 use lockwarden_core::{Claim, FairLock, LockClient, LockError, LockGuard};
 use lockwarden_testkit::{eventually, run_child, RedisServer, TestProcess};
 use tokio::task::JoinHandle;
@@ -92,15 +91,6 @@ async fn acquisition_order_is_arrival_order(env: Env) {
     );
     assert_eq!(lock.queued().await.unwrap(), 0);
     assert!(!lock.is_locked().await.unwrap());
-}
-
-/// Drives `fut` until `until` resolves, then stops polling it without dropping it: a
-/// waiter that is queued but does not answer, as a slow process would.
-async fn drive_until<F: Future + Unpin>(fut: &mut F, until: impl Future<Output = ()>) {
-    tokio::select! {
-        _ = fut => panic!("the waiter finished while it should be queued"),
-        _ = until => {}
-    }
 }
 
 /// Promise: a release hands the lock straight to the queued head, so a newcomer never

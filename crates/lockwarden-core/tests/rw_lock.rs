@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{connect_with, hold_until_killed, spawn_timed, Env};
+use common::{connect_with, drive_until, hold_until_killed, spawn_timed, Env};
 use lockwarden_core::{LockClient, LockError, LockGuard, RwMode};
 use lockwarden_testkit::{eventually, run_child, TestProcess};
 
@@ -426,19 +426,6 @@ async fn write_release_wakes_all_waiting_readers_at_once(env: Env) {
         );
     }
     assert!(!clients[0].rw_lock("wake").is_locked().await.unwrap());
-}
-
-/// Drives `fut` until `until` resolves, then stops polling it without dropping it: a
-/// waiter that waits in the store but does not run, as a slow process would.
-async fn drive_until<F: std::future::Future + Unpin>(
-    fut: &mut F,
-    until: impl std::future::Future<Output = ()>,
-) {
-    tokio::select! {
-        biased;
-        _ = fut => panic!("the reader finished while it should wait"),
-        _ = until => {}
-    }
 }
 
 /// Three readers (given holders, one client each) wait behind `writer`'s write hold on

@@ -113,6 +113,20 @@ pub async fn hold_until_killed<G>(line: String, guard: G) {
     drop(guard);
 }
 
+/// Drives `fut` (first, each time) until `until` resolves, then stops polling it without
+/// dropping it: a waiter that waits in the store but does not run, as a slow process
+/// would.
+///
+/// # Panics
+/// If `fut` finishes first.
+pub async fn drive_until<F: Future + Unpin>(fut: &mut F, until: impl Future<Output = ()>) {
+    tokio::select! {
+        biased;
+        _ = fut => panic!("the waiter finished while it should be waiting"),
+        _ = until => {}
+    }
+}
+
 /// A guard of any kind (plain, fair, read-write, multi, Redlock) that can be given back.
 pub trait GiveBack {
     /// Releases the lock(s), as the guard's own `release`.
