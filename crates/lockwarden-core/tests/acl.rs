@@ -866,7 +866,7 @@ async fn a_refusal_inside_a_script_keeps_what_the_script_wrote() {
         .read()
         .try_acquire(Duration::ZERO)
         .await;
-    expect_refused(refused.map(drop), "PEXPIREAT (line 64 of rw_prelude.lua)");
+    expect_refused(refused.map(drop), "PEXPIREAT (line 68 of rw_prelude.lua)");
     let key = client.key("invoice:2").unwrap().redis_key().to_owned();
     assert!(forever(&key), "{key}: {}", server.pttl(&key));
     assert!(forever(&format!("{key}:leases")));

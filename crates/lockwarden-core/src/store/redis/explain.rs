@@ -176,12 +176,12 @@ mod tests {
         ]
         .concat();
         let own = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/rw_release.lua"));
-        let publish = own
+        let hmget = own
             .lines()
-            .position(|l| l.contains("redis.call('PUBLISH'"))
-            .expect("rw_release.lua publishes")
+            .position(|l| l.contains("redis.call('HMGET'"))
+            .expect("rw_release.lua reads the hold")
             + 1;
-        let line = prelude.lines().count() + publish;
+        let line = prelude.lines().count() + hmget;
         let detail = format!(
             "The user executing the script can't run this command or subcommand script: {}, on @user_script:{line}.",
             release.get_hash()
@@ -189,7 +189,7 @@ mod tests {
         let (command, _) = refusal(&server_error("ERR", &detail)).expect("a refusal");
         assert_eq!(
             command,
-            format!("PUBLISH (line {publish} of rw_release.lua)")
+            format!("HMGET (line {hmget} of rw_release.lua)")
         );
     }
 
