@@ -187,10 +187,7 @@ mod tests {
             release.get_hash()
         );
         let (command, _) = refusal(&server_error("ERR", &detail)).expect("a refusal");
-        assert_eq!(
-            command,
-            format!("HMGET (line {hmget} of rw_release.lua)")
-        );
+        assert_eq!(command, format!("HMGET (line {hmget} of rw_release.lua)"));
     }
 
     #[test]
