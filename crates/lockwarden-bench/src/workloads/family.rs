@@ -2,6 +2,7 @@
 //! (8 tasks over 2 clients, hold ~0), as in workload 2; and a write lock released to 16
 //! waiting readers, who must all get in at once.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -71,6 +72,7 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
             clients.push(LockClient::connect(&ctx.url).await?);
         }
         let key = format!("w8:{family:?}");
+        let before = ctx.command_counts()?;
         let start = Instant::now();
         let shared = Arc::new(Shared {
             family,
@@ -91,12 +93,17 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
         let cycles: u64 = outs.iter().map(|o| o.cycles).sum();
         let cross: Vec<Duration> = outs.iter().flat_map(|o| o.cross.iter().copied()).collect();
         let elapsed = start.elapsed().as_secs_f64();
+        let per_cycle = per_cycle(&before, &ctx.command_counts()?, cycles);
         report.push(
             Row::new(NAME, family.name(), "hot key: cycles/s", "/s")
                 .summary(shared.windows.summary())
+                .redis_commands(per_cycle.all)
                 .note(format!(
-                    "{cycles} cycles, {:.0}/s overall",
-                    cycles as f64 / elapsed
+                    "{cycles} cycles, {:.0}/s overall; per cycle: {:.2} scripts, {:.2} \
+                     (un)subscribes",
+                    cycles as f64 / elapsed,
+                    per_cycle.scripts,
+                    per_cycle.subscriptions
                 )),
         );
         report.push(
@@ -111,6 +118,32 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
         );
     }
     readers_at_once(ctx, report, ping.median).await
+}
+
+/// What Redis ran per cycle, from two `INFO commandstats` readings.
+struct PerCycle {
+    /// Every command, script-inner calls included.
+    all: f64,
+    /// `EVALSHA` calls.
+    scripts: f64,
+    /// `SUBSCRIBE` and `UNSUBSCRIBE` calls.
+    subscriptions: f64,
+}
+
+fn per_cycle(
+    before: &BTreeMap<String, u64>,
+    after: &BTreeMap<String, u64>,
+    cycles: u64,
+) -> PerCycle {
+    let delta = |name: &str| {
+        let was = before.get(name).copied().unwrap_or(0);
+        after.get(name).copied().unwrap_or(0).saturating_sub(was) as f64 / cycles.max(1) as f64
+    };
+    PerCycle {
+        all: after.keys().map(|name| delta(name)).sum(),
+        scripts: delta("evalsha"),
+        subscriptions: delta("subscribe") + delta("unsubscribe"),
+    }
 }
 
 async fn worker(task: usize, client: LockClient, s: Arc<Shared>) -> Result<Out, BoxError> {

@@ -11,6 +11,7 @@ pub mod uncontended;
 pub mod waiters;
 pub mod watchdog;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,19 +43,20 @@ impl Ctx {
     /// `calls` of `cmdstat_evalsha` in `INFO commandstats` (every script call, pipelined
     /// ones included).
     pub fn evalsha_calls(&self) -> Result<u64, BoxError> {
-        let info: String = self.admin(&["INFO", "commandstats"])?;
-        Ok(info
-            .lines()
-            .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-            .and_then(|rest| rest.split(',').next())
-            .map_or(Ok(0), str::parse)?)
+        Ok(self.command_counts()?.get("evalsha").copied().unwrap_or(0))
     }
 
     /// Commands Redis has run, script-inner calls included (the sum of `calls` in
     /// `INFO commandstats`), leaving out the bench's own `INFO` and `CLIENT LIST`.
     pub fn command_calls(&self) -> Result<u64, BoxError> {
+        Ok(self.command_counts()?.values().sum())
+    }
+
+    /// `calls` per command in `INFO commandstats` (script-inner calls included), leaving
+    /// out the bench's own `INFO` and `CLIENT LIST`.
+    pub fn command_counts(&self) -> Result<BTreeMap<String, u64>, BoxError> {
         let info: String = self.admin(&["INFO", "commandstats"])?;
-        let mut calls = 0;
+        let mut counts = BTreeMap::new();
         for line in info.lines() {
             let Some((name, stats)) = line
                 .strip_prefix("cmdstat_")
@@ -65,13 +67,14 @@ impl Ctx {
             if name == "info" || name == "client|list" {
                 continue;
             }
-            calls += stats
+            let calls = stats
                 .strip_prefix("calls=")
                 .and_then(|rest| rest.split(',').next())
                 .ok_or("unexpected INFO commandstats line")?
                 .parse::<u64>()?;
+            counts.insert(name.to_owned(), calls);
         }
-        Ok(calls)
+        Ok(counts)
     }
 
     /// `total_commands_processed` from `INFO stats` (every command, admin ones included).
