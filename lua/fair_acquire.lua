@@ -1,7 +1,7 @@
 -- Take, re-enter or queue for a fair (first come, first served) lock, in one step (after
 -- fair_prelude.lua).
 -- ARGV[1] holder id, ARGV[2] lease in ms, ARGV[3] queue timeout in ms,
--- ARGV[4] wake channel prefix (a waiter hears its turn on prefix .. its id),
+-- ARGV[4] wake channel prefix (a waiter hears its turn on prefix .. its client id),
 -- ARGV[5] '1' to join (or keep) a place in the queue, '0' for a single try that never queues
 -- ARGV[6] '1' if an earlier attempt of this acquisition queued: holding the lock then means
 --         it was granted (its notice missed), not a re-entry

@@ -35,16 +35,24 @@ local function take(holder, until_ms, call)
   return token
 end
 
+-- The channel on which `holder` hears its turn: its client's (`prefix` and the holder id
+-- up to its last ':', as holder ids are `<client id>:<number>`), so one subscription
+-- serves every waiter of a client; the message names the holder.
+local function wake_channel(prefix, holder)
+  return prefix .. (string.match(holder, '^(.*):') or holder)
+end
+
 -- The lock is free: it goes to the head of the queue, if any, for what is left of the
 -- head's deadline (a granted waiter that died frees it within its queue timeout), and the
--- head is told on its own channel, with the token, so it holds the lock without asking.
+-- head is told on its client's channel, by name, with the token, so it holds the lock
+-- without asking.
 local function grant_head(prefix)
   local head = redis.call('LPOP', KEYS[3])
   while head do
     local until_ms = tonumber(redis.call('ZSCORE', KEYS[4], head))
     if until_ms then
       local token = take(head, until_ms, '')
-      redis.call('PUBLISH', prefix .. head, 'granted:' .. int(token) .. ':' .. head)
+      redis.call('PUBLISH', wake_channel(prefix, head), 'granted:' .. int(token) .. ':' .. head)
       return
     end
     -- A place without a deadline (its keys were cut apart): no live waiter holds it.

@@ -27,6 +27,7 @@ end
 redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
 local head = redis.call('LINDEX', KEYS[3], 0)
 if head then
-  redis.call('PUBLISH', ARGV[3] .. head, '0')
+  -- On its client's channel, by name (see fair_prelude.lua): its turn, to take by asking.
+  redis.call('PUBLISH', ARGV[3] .. (string.match(head, '^(.*):') or head), 'wake:' .. head)
 end
 return 1

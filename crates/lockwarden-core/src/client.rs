@@ -235,7 +235,7 @@ impl LockClient {
 
     /// Registers a waiter for notices on `channel`.
     pub(crate) fn waiting(&self, channel: &str) -> Waiting {
-        self.engine.waiters().register(channel)
+        self.engine.waiters().register(channel, None).0
     }
 
     /// Whether `other` is this client or a clone of it.

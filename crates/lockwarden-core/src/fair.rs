@@ -39,8 +39,8 @@ pub const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(5);
 /// queue at once.
 ///
 /// On release the lock goes straight to the head of the queue: the release hands it over
-/// in the same step and tells the head its fencing token, through a channel of its own, so
-/// the head holds the lock without another round trip. The handover lasts what was left of
+/// in the same step and tells the head its fencing token, by name, on its client's channel
+/// for the lock, so the head holds the lock without another round trip. The handover lasts what was left of
 /// the head's place (at most its queue timeout), and the head's watchdog renews it after a
 /// third of that: a head that died meanwhile frees the lock within its queue timeout. A
 /// head that misses the notice, holds with a fixed [`lease`](FairLock::lease) or was given
@@ -49,9 +49,11 @@ pub const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(5);
 /// up gives the lock on to the next waiter.
 ///
 /// What it costs: one round trip per attempt, as the plain lock, and none to take a lock
-/// handed over; a waiting holder retries by itself every third of the queue timeout
-/// besides the notice of its turn; on Redis, one pub/sub subscription per waiting holder
-/// (not per lock) and two more keys per contended lock, which expire with the last
+/// handed over; a waiter whose client already listens on the lock's channel (other waiters
+/// there) makes one attempt before it sleeps, the first one two (it retries once
+/// subscribed); a waiting holder retries by itself every third of the queue timeout
+/// besides the notice of its turn; on Redis, one pub/sub subscription per client and
+/// contended lock, and two more keys per contended lock, which expire with the last
 /// waiter's deadline.
 ///
 /// The holder is also the waiter's place in the queue, so one holder waits in one place
@@ -221,13 +223,13 @@ impl FairLock {
 }
 
 /// A fair lock's attempts: each keeps (or takes) the waiter's place in the queue, and the
-/// waiter sleeps on a channel of its own, told when its turn has come.
+/// waiter sleeps on its client's channel for the lock, told by name when its turn has come.
 struct FairAttempts<'a> {
     target: Target<'a>,
     queue_timeout: Duration,
     /// Whether an attempt joined the queue (so giving up must leave it).
     queued: bool,
-    /// The channel of this holder's turn, made on the first wait.
+    /// The channel of this holder's turn (its client's), made on the first wait.
     wake: Option<String>,
     /// When the last attempt that kept the place was sent: a grant lasts a queue timeout
     /// from the place's last refresh (by the server clock, so no earlier than this).
@@ -272,9 +274,13 @@ impl Attempts for FairAttempts<'_> {
         self.target.key
     }
 
-    /// Our turn is told on a channel of our own.
+    /// Our turn is told on our client's channel for this lock, naming our holder.
     fn channel(&self, _lock: usize) -> &str {
         self.wake.as_deref().unwrap_or(self.target.key.channel())
+    }
+
+    fn holder(&self) -> Option<&str> {
+        Some(self.target.holder.id())
     }
 
     /// A waiter keeps its place by trying again every third of its queue timeout (and

@@ -50,7 +50,7 @@ pub enum KeyLayout {
 /// | the release channel | `<namespace>{<escaped name>}:released` | `redisson_lock__channel:{<namespace><name>}` |
 /// | the outcome of a completed claim | `<namespace>{<escaped name>}:done` | `redisson_lock__done:{<namespace><name>}` |
 /// | a fair lock's queue and its waiters' deadlines | `<lock key>:queue`, `<lock key>:deadlines` | `redisson_lock__queue:{..}`, `redisson_lock__deadlines:{..}` |
-/// | the channel on which a fair waiter hears its turn | `<release channel>:<holder id>` | the same |
+/// | the channel on which a fair waiter hears its turn (named in the message) | `<release channel>:<client id>` | the same |
 /// | a read-write lock's hold leases, waiting writers and waiting readers | `<lock key>:leases`, `<lock key>:writers`, `<lock key>:readers` | `redisson_lock__leases:{..}`, `redisson_lock__writers:{..}`, `redisson_lock__readers:{..}` |
 /// | the channel on which waiting readers hear they were admitted (or may try) | `<lock key>:readable` | `redisson_lock__readable:{..}` |
 /// | a value only the newest fencing token writes ([`LockClient::fenced`](crate::LockClient::fenced)) | `<lock key>:fenced` | `redisson_lock__fenced:{..}` |
@@ -207,9 +207,13 @@ impl Key {
         })
     }
 
-    /// The channel on which `holder` hears that its turn at this fair lock has come.
+    /// The channel on which `holder` hears that its turn at this fair lock has come: its
+    /// client's (a holder id is `<client id>:<number>`), so one subscription serves every
+    /// waiter of that client, each told by name (see `fair_prelude.lua`'s `wake_channel`).
     pub(crate) fn wake_channel(&self, holder: &Holder) -> String {
-        [&*self.names().wake_prefix, holder.id()].concat()
+        let id = holder.id();
+        let client = id.rsplit_once(':').map_or(id, |(client, _)| client);
+        [&*self.names().wake_prefix, client].concat()
     }
 
     /// The name of another key (or channel) of this lock, in the lock's slot:

@@ -337,6 +337,11 @@ impl Attempts for RwAttempts<'_> {
         }
     }
 
+    /// A reader is admitted by name.
+    fn holder(&self) -> Option<&str> {
+        (self.mode == RwMode::Read).then(|| self.target.holder.id())
+    }
+
     /// A waiter retries before its registration runs out: a writer so that readers stay
     /// held back, a reader so that it is admitted.
     fn recheck(&self) -> Option<Duration> {

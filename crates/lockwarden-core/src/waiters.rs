@@ -11,6 +11,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use futures_util::FutureExt;
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::time::Instant;
 
@@ -37,8 +38,20 @@ struct Channel {
     everyone: watch::Sender<()>,
     /// Whether release notices for this channel are being received.
     ready: watch::Sender<Readiness>,
-    /// Locks handed to this channel's waiters on release: holder id to fencing token.
-    grants: Mutex<HashMap<Box<str>, u64>>,
+    /// The waiters that wait as a named holder (fair, read), by holder id: a release may
+    /// hand one the lock, or wake it alone.
+    named: Mutex<HashMap<Box<str>, Named>>,
+}
+
+/// The waiters of one channel that wait as one holder.
+#[derive(Default)]
+struct Named {
+    /// How many are registered (several tasks may wait as one given holder).
+    waiters: usize,
+    /// Wakes them (one at a time: a permit is kept for one between two sleeps).
+    wake: Arc<Notify>,
+    /// The fencing token of a lock a release handed to this holder, until taken.
+    grant: Option<u64>,
 }
 
 /// Whether release notices for a channel are being received.
@@ -81,13 +94,22 @@ impl Waiters {
         self.channels.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Registers one waiter on `channel` until the returned handle is dropped.
-    pub(crate) fn register(self: &Arc<Self>, channel: &str) -> Waiting {
+    /// Registers one waiter on `channel`, as `holder` if a release may hand it the lock
+    /// by name, until the returned handle is dropped. Also says whether the channel's
+    /// notices were being received already, for other waiters: then a notice sent before
+    /// this registration reached them (or, a grant to `holder`, waits here), so the
+    /// caller need not try again before it sleeps.
+    pub(crate) fn register(
+        self: &Arc<Self>,
+        channel: &str,
+        holder: Option<&str>,
+    ) -> (Waiting, bool) {
         let mut channels = self.channels();
-        let (name, shared) = match channels.get_mut(channel) {
+        let (name, shared, listened) = match channels.get_mut(channel) {
             Some(entry) => {
                 entry.waiters += 1;
-                (entry.name.clone(), entry.shared.clone())
+                let listened = *entry.shared.ready.borrow() == Readiness::Ready;
+                (entry.name.clone(), entry.shared.clone(), listened)
             }
             None => {
                 let name: Arc<str> = channel.into();
@@ -99,7 +121,7 @@ impl Waiters {
                     } else {
                         Readiness::Pending
                     }),
-                    grants: Mutex::default(),
+                    named: Mutex::default(),
                 });
                 channels.insert(
                     name.clone(),
@@ -112,16 +134,25 @@ impl Waiters {
                 if let Some(changes) = &self.changes {
                     let _ = changes.send(name.clone());
                 }
-                (name, shared)
+                (name, shared, false)
             }
         };
+        let holder = holder.map(|holder| {
+            let mut named = shared.named();
+            let entry = named.entry(holder.into()).or_default();
+            entry.waiters += 1;
+            (Box::<str>::from(holder), entry.wake.clone())
+        });
+        drop(channels);
         metrics::waiters(1.0);
-        Waiting {
+        let waiting = Waiting {
             registry: self.clone(),
             name,
             everyone: Mutex::new(shared.everyone.subscribe()),
             shared,
-        }
+            holder,
+        };
+        (waiting, listened)
     }
 
     /// Wakes one local waiter of `channel`, if any (others wait for their own notice).
@@ -131,36 +162,52 @@ impl Waiters {
         }
     }
 
-    /// Hands a lock a release granted to `holders` (a fair lock's head, on a channel of
-    /// its own; a read-write lock's admitted readers, on the readers' channel) with its
-    /// fencing `token`, and wakes the channel's waiters (each takes its own grant).
+    /// Hands a lock a release granted to `holders` (a fair lock's head; a read-write
+    /// lock's admitted readers) with its fencing `token`, and wakes each of them alone.
     pub(crate) fn grant<'h>(
         &self,
         channel: &str,
         token: u64,
         holders: impl Iterator<Item = &'h str>,
     ) {
-        if let Some(entry) = self.channels().get(channel) {
-            entry
-                .shared
-                .grants
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .extend(holders.map(|holder| (holder.into(), token)));
-            entry.shared.everyone.send_replace(());
+        self.wake_named(channel, Some(token), holders);
+    }
+
+    /// Wakes the waiters of `channel` that wait as one of `holders` (a fair lock's head,
+    /// whose turn a force unlock left to it), alone.
+    pub(crate) fn wake<'h>(&self, channel: &str, holders: impl Iterator<Item = &'h str>) {
+        self.wake_named(channel, None, holders);
+    }
+
+    fn wake_named<'h>(
+        &self,
+        channel: &str,
+        token: Option<u64>,
+        holders: impl Iterator<Item = &'h str>,
+    ) {
+        let Some(shared) = self.channels().get(channel).map(|e| e.shared.clone()) else {
+            return;
+        };
+        let mut named = shared.named();
+        for holder in holders {
+            // Kept for a waiter that registers next (it was between attempt and sleep).
+            let named = named.entry(holder.into()).or_default();
+            if token.is_some() {
+                named.grant = token;
+            }
+            named.wake.notify_one();
         }
     }
 
     /// The token of a lock granted to `holder` on `channel`, once.
     pub(crate) fn take_grant(&self, channel: &str, holder: &str) -> Option<u64> {
-        let channels = self.channels();
-        let mut grants = channels
-            .get(channel)?
-            .shared
-            .grants
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        grants.remove(holder)
+        let shared = self.channels().get(channel)?.shared.clone();
+        let mut named = shared.named();
+        let entry = named.get_mut(holder)?;
+        let token = entry.grant.take()?;
+        // Its wake-up is used up too: the next sleep waits for the next notice.
+        let _ = entry.wake.notified().now_or_never();
+        Some(token)
     }
 
     /// Wakes every local waiter of `channel`, including one that is between attempts.
@@ -222,6 +269,12 @@ impl Waiters {
     }
 }
 
+impl Channel {
+    fn named(&self) -> MutexGuard<'_, HashMap<Box<str>, Named>> {
+        self.named.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
 /// One registered waiter; deregisters on drop.
 pub(crate) struct Waiting {
     registry: Arc<Waiters>,
@@ -229,6 +282,8 @@ pub(crate) struct Waiting {
     shared: Arc<Channel>,
     /// Remembers which notices for everyone this waiter has seen.
     everyone: Mutex<watch::Receiver<()>>,
+    /// The holder it waits as, and what wakes that holder alone.
+    holder: Option<(Box<str>, Arc<Notify>)>,
 }
 
 impl Waiting {
@@ -237,13 +292,25 @@ impl Waiting {
         &self.name
     }
 
+    /// The holder it waits as, if a release may hand it the lock by name.
+    pub(crate) fn holder(&self) -> Option<&str> {
+        self.holder.as_ref().map(|(holder, _)| &**holder)
+    }
+
     /// Resolves on a release notice for this channel: one meant for one waiter, or one for
     /// everyone sent since the last call returned.
     pub(crate) async fn notified(&self) {
         let mut everyone = self.everyone().clone();
+        let named = async {
+            match &self.holder {
+                Some((_, wake)) => wake.notified().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = self.shared.notify.notified() => {}
             _ = everyone.changed() => {}
+            _ = named => {}
         }
         self.everyone().mark_unchanged();
     }
@@ -273,6 +340,17 @@ impl Waiting {
 impl Drop for Waiting {
     fn drop(&mut self) {
         metrics::waiters(-1.0);
+        if let Some((holder, _)) = &self.holder {
+            let mut named = self.shared.named();
+            if let Some(entry) = named.get_mut(holder) {
+                entry.waiters -= 1;
+                // A grant nobody waits for any more goes too: the store takes it back
+                // (the waiter withdraws) or lets it run out.
+                if entry.waiters == 0 {
+                    named.remove(holder);
+                }
+            }
+        }
         let mut channels = self.registry.channels();
         let Some(entry) = channels.get_mut(&self.name) else {
             return;

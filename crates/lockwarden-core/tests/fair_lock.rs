@@ -430,7 +430,9 @@ async fn only_the_head_is_woken() {
     for i in 0..WAITERS {
         let client = &clients[i % 2];
         let me = client.holder();
-        channels.push(format!("lockwarden:{{head}}:released:{}", me.id()));
+        // Its client's channel: the holder id up to its last ':'.
+        let (client_id, _) = me.id().rsplit_once(':').unwrap();
+        channels.push(format!("lockwarden:{{head}}:released:{client_id}"));
         let lock = client
             .fair_lock("head")
             .lease(lease)
@@ -442,7 +444,7 @@ async fn only_the_head_is_woken() {
         }));
         queued(&lock, i + 1).await;
     }
-    // Every waiter subscribed to its own channel, and no attempt in flight any more.
+    // Every waiter's client subscribed to its channel, and no attempt in flight any more.
     eventually(
         Duration::from_secs(10),
         "every waiter subscribed, no attempt in flight",
@@ -755,4 +757,50 @@ async fn dead_waiter_stalls_the_next_for_its_timeout_only() {
         behind_at - dead_until
     );
     assert!(behind_at - released <= CHILD_QUEUE_TIMEOUT + Duration::from_millis(500));
+}
+
+/// Promise: a client's fair waiters of one lock share one subscription (its client's
+/// channel, each told its turn by name): three waiters of one client subscribe once and
+/// ask once each, but for the first, which asks again once subscribed; each then holds
+/// on its grant alone, in turn, without asking again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_fair_waiters_share_one_subscription() {
+    let env = Env::redis();
+    let server = env.server();
+    let owner = env.client().await;
+    let client = env.client().await;
+    // Loads the fair scripts, so the counted calls are single EVALSHAs.
+    take_and_release("warm-up", owner.fair_lock("warm-up").acquire()).await;
+    take_and_release("warm-up", client.fair_lock("warm-up").acquire()).await;
+    let held = owner.fair_lock("shared").acquire().await.unwrap();
+    let (scripts, subscribes) = (
+        server.command_calls("evalsha"),
+        server.command_calls("subscribe"),
+    );
+    let lock = client.fair_lock("shared").queue_timeout(PATIENT);
+    let mut waiters = Vec::new();
+    for n in 1..=3 {
+        waiters.push(wait_in_line(&lock, n).await);
+        // Its attempts are done once it sleeps on the channel.
+        eventually(Duration::from_secs(5), "the waiter sleeps", || async {
+            client.stats().waited_channels == 1
+        })
+        .await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(server.command_calls("subscribe") - subscribes, 1);
+    // Three first attempts, the first waiter's second, and the `queued` probes' none.
+    assert_eq!(server.command_calls("evalsha") - scripts, 4);
+
+    let scripts = server.command_calls("evalsha");
+    held.release().await.unwrap();
+    for waiter in waiters {
+        let guard = finishes(Duration::from_secs(5), "each waiter's turn", waiter)
+            .await
+            .unwrap();
+        guard.release().await.unwrap();
+    }
+    // Four releases, each handing the lock on; no waiter asked again.
+    assert_eq!(server.command_calls("evalsha") - scripts, 4);
+    assert_eq!(server.command_calls("subscribe") - subscribes, 1);
 }

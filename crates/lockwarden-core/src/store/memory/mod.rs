@@ -95,7 +95,8 @@ impl MemoryStore {
 
     fn wake_turn(&self, key: &Key, next: Option<Holder>) {
         if let Some(next) = next {
-            self.waiters.notify_one(&key.wake_channel(&next));
+            let channel = key.wake_channel(&next);
+            self.waiters.wake(&channel, std::iter::once(next.id()));
         }
     }
 

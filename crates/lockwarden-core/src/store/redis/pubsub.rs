@@ -245,10 +245,11 @@ impl Session<'_> {
                     Some(Event::Notice { channel, payload }) if matches!(&payload[..], b"completed" | b"read") => {
                         self.waiters.notify_all(&channel);
                     }
-                    Some(Event::Notice { channel, payload }) => match granted(&payload) {
-                        Some((token, holders)) => {
+                    Some(Event::Notice { channel, payload }) => match named(&payload) {
+                        Some(Named::Granted(token, holders)) => {
                             self.waiters.grant(&channel, token, holders.split(' '));
                         }
+                        Some(Named::Woken(holders)) => self.waiters.wake(&channel, holders.split(' ')),
                         None => self.waiters.notify_one(&channel),
                     },
                     Some(Event::Gap) => {
@@ -457,12 +458,20 @@ fn tokio_stream<T>(mut rx: mpsc::UnboundedReceiver<T>) -> impl Stream<Item = T> 
     futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
 
-/// A lock a release handed to named waiters: its fencing token and their holder ids
-/// (`granted:<token>:<holder id> <holder id>..`, see `fair_prelude.lua` and
-/// `rw_prelude.lua`).
-fn granted(payload: &[u8]) -> Option<(u64, &str)> {
-    let (token, holders) = std::str::from_utf8(payload.strip_prefix(b"granted:")?)
-        .ok()?
-        .split_once(':')?;
-    Some((token.parse().ok()?, holders))
+/// A notice for named waiters (holder ids, space-separated).
+enum Named<'a> {
+    /// A lock a release handed to them, with its fencing token:
+    /// `granted:<token>:<holder id> <holder id>..` (see `fair_prelude.lua`, `rw_prelude.lua`).
+    Granted(u64, &'a str),
+    /// Their turn, to take by asking (a fair lock's head after a force unlock): `wake:<holder id>`.
+    Woken(&'a str),
+}
+
+fn named(payload: &[u8]) -> Option<Named<'_>> {
+    let text = std::str::from_utf8(payload).ok()?;
+    if let Some(holders) = text.strip_prefix("wake:") {
+        return Some(Named::Woken(holders));
+    }
+    let (token, holders) = text.strip_prefix("granted:")?.split_once(':')?;
+    Some(Named::Granted(token.parse().ok()?, holders))
 }
