@@ -16,7 +16,8 @@ use crate::waiters::Waiters;
 use crate::watchdog::Watchdog;
 
 pub(crate) struct Engine {
-    /// Random per client: the first half of every holder id it makes.
+    /// Random per client (its waiters registry's): the first half of every holder id it
+    /// makes.
     id: Box<str>,
     keys: KeySpace,
     store: Store,
@@ -36,7 +37,7 @@ impl Engine {
         waiters: Arc<Waiters>,
     ) -> Self {
         Self {
-            id: uuid::Uuid::new_v4().to_string().into(),
+            id: waiters.client().into(),
             keys,
             watchdog: Watchdog::new(watchdog_lease, store.clone()),
             store,

@@ -18,11 +18,14 @@ use tokio::time::Instant;
 use crate::error::BackendError;
 use crate::metrics;
 
-#[derive(Default)]
 pub(crate) struct Waiters {
     channels: Mutex<HashMap<Arc<str>, Entry>>,
     /// Told the name of each channel that gained its first or lost its last waiter.
     changes: Option<mpsc::UnboundedSender<Arc<str>>>,
+    /// The client's id, random: the first half of every holder id it makes. A notice
+    /// naming holders names every client's (readers' admissions do), and only this
+    /// client's are kept for a waiter not registered yet.
+    client: Box<str>,
 }
 
 struct Entry {
@@ -74,7 +77,7 @@ pub(crate) struct Refusal {
 impl Waiters {
     /// A registry whose channels are always ready (notices are delivered in-process).
     pub(crate) fn local() -> Self {
-        Self::default()
+        Self::new(None)
     }
 
     /// A registry whose channels are ready once a listener says so; the receiver is told
@@ -82,11 +85,20 @@ impl Waiters {
     /// listener to (un)subscribe.
     pub(crate) fn remote() -> (Self, mpsc::UnboundedReceiver<Arc<str>>) {
         let (changes, listener) = mpsc::unbounded_channel();
-        let waiters = Self {
+        (Self::new(Some(changes)), listener)
+    }
+
+    fn new(changes: Option<mpsc::UnboundedSender<Arc<str>>>) -> Self {
+        Self {
             channels: Mutex::default(),
-            changes: Some(changes),
-        };
-        (waiters, listener)
+            changes,
+            client: uuid::Uuid::new_v4().to_string().into(),
+        }
+    }
+
+    /// The client's id (see [`Holder`](crate::Holder)).
+    pub(crate) fn client(&self) -> &str {
+        &self.client
     }
 
     fn channels(&self) -> MutexGuard<'_, HashMap<Arc<str>, Entry>> {
@@ -190,8 +202,16 @@ impl Waiters {
         };
         let mut named = shared.named();
         for holder in holders {
-            // Kept for a waiter that registers next (it was between attempt and sleep).
-            let named = named.entry(holder.into()).or_default();
+            let ours = holder
+                .rsplit_once(':')
+                .is_some_and(|(client, _)| client == &*self.client);
+            let named = match named.get_mut(holder) {
+                Some(named) => named,
+                // Kept for a waiter of this client that registers next (it was between
+                // its attempt and its sleep); another client's is none of ours.
+                None if ours => named.entry(holder.into()).or_default(),
+                None => continue,
+            };
             if token.is_some() {
                 named.grant = token;
             }
@@ -363,5 +383,57 @@ impl Drop for Waiting {
                 let _ = changes.send(self.name.clone());
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_grant_waits_for_a_waiter_of_this_client_only() {
+        let waiters = Arc::new(Waiters::local());
+        let ours = format!("{}:7", waiters.client());
+        let theirs = "another-client:7";
+        // Someone here listens on the channel, so its notices are handled.
+        let (_listener, _) = waiters.register("ch", None);
+        waiters.grant("ch", 42, [ours.as_str(), theirs].into_iter());
+        assert_eq!(
+            waiters.take_grant("ch", theirs),
+            None,
+            "kept another client's"
+        );
+        // Ours registers after its grant came: woken at once, and takes it once.
+        let (mine, listened) = waiters.register("ch", Some(&ours));
+        assert!(listened);
+        tokio::time::timeout(Duration::from_secs(1), mine.notified())
+            .await
+            .expect("woken by its grant");
+        assert_eq!(waiters.take_grant("ch", &ours), Some(42));
+        assert_eq!(waiters.take_grant("ch", &ours), None);
+    }
+
+    #[tokio::test]
+    async fn a_grant_wakes_its_holder_alone() {
+        let waiters = Arc::new(Waiters::local());
+        let (a, b) = (
+            format!("{}:1", waiters.client()),
+            format!("{}:2", waiters.client()),
+        );
+        let (wa, _) = waiters.register("ch", Some(&a));
+        let (wb, _) = waiters.register("ch", Some(&b));
+        waiters.grant("ch", 7, std::iter::once(a.as_str()));
+        tokio::time::timeout(Duration::from_secs(1), wa.notified())
+            .await
+            .expect("the granted holder is woken");
+        let other = tokio::time::timeout(Duration::from_millis(50), wb.notified()).await;
+        assert!(other.is_err(), "another holder was woken");
+        // Its wake-up is used up with the grant taken: the next sleep waits.
+        waiters.grant("ch", 8, std::iter::once(b.as_str()));
+        assert_eq!(waiters.take_grant("ch", &b), Some(8));
+        let again = tokio::time::timeout(Duration::from_millis(50), wb.notified()).await;
+        assert!(again.is_err(), "woken again by a grant already taken");
     }
 }
