@@ -23,7 +23,7 @@ use lockwarden_core::KeyLayout;
 use serde::Serialize;
 
 use crate::error::CliError;
-use crate::names::{LockKeys, Part, Space};
+use crate::names::{turn_channel, LockKeys, Part, Space};
 use crate::scan::Found;
 use crate::target::{bounded, Target};
 
@@ -90,7 +90,8 @@ pub struct QueuedView {
     pub holder: String,
     /// Until the waiter is dropped unless it retries, ms (server clock).
     pub deadline_ms: Option<i64>,
-    /// Connections subscribed to its turn channel.
+    /// Connections subscribed to its turn channel (its client's, shared by the client's
+    /// other waiters of this lock).
     pub subscribers: u64,
 }
 
@@ -389,16 +390,17 @@ async fn read_one(
         channels,
         outcome,
     };
-    // The turn channels are those of the queued holders.
-    let turns: Vec<ChannelView> = view
+    // The turn channels are those of the queued holders' clients (one per client).
+    let turns: BTreeSet<String> = view
         .queue
         .iter()
-        .map(|q| ChannelView {
-            channel: keys.turn_channel(&q.holder),
-            role: "turn",
-            subscribers: 0,
-        })
+        .map(|q| keys.turn_channel(&q.holder))
         .collect();
+    let turns = turns.into_iter().map(|channel| ChannelView {
+        channel,
+        role: "turn",
+        subscribers: 0,
+    });
     view.channels.extend(turns);
     Ok(Some(view))
 }
@@ -445,7 +447,7 @@ async fn count_subscribers(target: &Target, views: &mut [LockView]) -> Result<()
             channel.subscribers = counts.get(&channel.channel).copied().unwrap_or(0);
         }
         for queued in &mut view.queue {
-            let turn = format!("{}:{}", view.channels[0].channel, queued.holder);
+            let turn = turn_channel(&view.channels[0].channel, &queued.holder);
             queued.subscribers = counts.get(&turn).copied().unwrap_or(0);
         }
         view.subscribers = view.channels.iter().map(|c| c.subscribers).sum();

@@ -87,9 +87,9 @@ pub struct LockKeys {
 }
 
 impl LockKeys {
-    /// The channel on which the fair waiter `holder` hears its turn.
+    /// The channel on which the fair waiter `holder` hears its turn (see [`turn_channel`]).
     pub fn turn_channel(&self, holder: &str) -> String {
-        format!("{}:{holder}", self.channel)
+        turn_channel(&self.channel, holder)
     }
 
     /// The key of `part`.
@@ -468,6 +468,14 @@ fn class_match(p: &[char], at: usize, c: char) -> Option<(bool, usize)> {
         }
     }
     Some((hit != negate, i))
+}
+
+/// The channel on which a queued fair waiter of the lock whose release channel is
+/// `release` hears its turn: its client's, the holder id up to its last `:` (the core's
+/// `fair_prelude.lua` publishes there, naming the holder).
+pub fn turn_channel(release: &str, holder: &str) -> String {
+    let client = holder.rsplit_once(':').map_or(holder, |(client, _)| client);
+    format!("{release}:{client}")
 }
 
 #[cfg(test)]
