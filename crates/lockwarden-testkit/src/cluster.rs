@@ -433,6 +433,143 @@ impl RedisCluster {
         })
     }
 
+    /// Adds a replica of master `of`: a new node that meets the cluster and
+    /// `CLUSTER REPLICATE`s it, returned as its index in
+    /// [`nodes`](RedisCluster::nodes) once its link to the master is up
+    /// (`INFO replication`: `master_link_status:up`, waiting up to 20 s). The
+    /// slot ranges stay the masters'; [`fail_over`](RedisCluster::fail_over)
+    /// promotes it.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` in a proxied or TLS cluster (a replica there would need
+    /// a proxy or certificates of its own) or for an unknown master; any
+    /// error starting the node or from a cluster command; `TimedOut` if it
+    /// does not learn the master or sync in time.
+    pub fn add_replica(&mut self, of: usize) -> io::Result<usize> {
+        if !self.proxies.is_empty() || self.nodes.iter().any(|n| n.client_port() != n.port()) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "replicas are for plain clusters only (no proxies, no TLS)",
+            ));
+        }
+        let Some(master_id) = self.ids.get(of).cloned() else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("no node {of} to replicate: nodes 0..{}", self.nodes.len()),
+            ));
+        };
+        let (node, bus_port) = start_node(None, None)?;
+        let id: String = run(&node, &["CLUSTER", "MYID"])?;
+        run::<()>(
+            &self.nodes[of],
+            &[
+                "CLUSTER",
+                "MEET",
+                "127.0.0.1",
+                &node.client_port().to_string(),
+                &bus_port.to_string(),
+            ],
+        )?;
+        let index = self.nodes.len();
+        self.nodes.push(node);
+        self.ids.push(id);
+        let replica = &self.nodes[index];
+        wait_for(FORM_TIMEOUT, "learn its master", || {
+            let nodes: String = run(replica, &["CLUSTER", "NODES"])?;
+            Ok((!nodes.contains(&master_id)).then(|| format!("no {master_id} in:\n{nodes}")))
+        })?;
+        run::<()>(replica, &["CLUSTER", "REPLICATE", &master_id])?;
+        wait_for(FORM_TIMEOUT, "sync with its master", || {
+            let info: String = run(replica, &["INFO", "replication"])?;
+            let up = info.lines().any(|l| l.trim() == "master_link_status:up");
+            Ok((!up).then(|| info.trim().to_owned()))
+        })?;
+        Ok(index)
+    }
+
+    /// Promotes replica `replica` (see [`add_replica`](RedisCluster::add_replica))
+    /// with a manual `CLUSTER FAILOVER`: its master stops taking writes, the
+    /// replica catches up and takes the master's slots, so no write is lost.
+    /// Returns once every node's `CLUSTER SLOTS` names it as the owner of
+    /// every slot its master had, and the old master replicates it and every
+    /// node's `CLUSTER NODES` says so (waiting up to 20 s).
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` if `replica` is not a replica of a node of this
+    /// cluster; a failing command; `TimedOut` if the nodes do not agree in
+    /// time.
+    pub fn fail_over(&self, replica: usize) -> io::Result<()> {
+        let node = self.nodes.get(replica).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidInput, format!("no node {replica}"))
+        })?;
+        let info: String = run(node, &["INFO", "replication"])?;
+        let master_port = info
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("master_port:"))
+            .and_then(|port| port.parse::<u16>().ok())
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("node {replica} is not a replica: {}", info.trim()),
+                )
+            })?;
+        let theirs: Vec<(u16, u16)> = self
+            .any_node(cluster_slots)?
+            .iter()
+            .filter(|r| r.port == master_port)
+            .map(|r| (r.start, r.end))
+            .collect();
+        let old_master = self
+            .nodes
+            .iter()
+            .position(|n| n.port() == master_port)
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("node {replica}'s master :{master_port} is not of this cluster"),
+                )
+            })?;
+        run::<()>(node, &["CLUSTER", "FAILOVER"])?;
+        let port = node.port();
+        let (old_id, new_id) = (&self.ids[old_master], &self.ids[replica]);
+        self.wait_until("fail over", FORM_TIMEOUT, |seen_by| {
+            let slots = cluster_slots(seen_by)?;
+            let moved = theirs.iter().all(|&(start, end)| {
+                slots
+                    .iter()
+                    .any(|r| r.start == start && r.end == end && r.port == port)
+            });
+            if !moved {
+                return Ok(Some(format!(
+                    "127.0.0.1:{} sees {slots:?}, not {theirs:?} on {port}",
+                    seen_by.port()
+                )));
+            }
+            // `<id> <addr> <flags> <master id> ...`: the old master is the new one's replica.
+            let nodes: String = run(seen_by, &["CLUSTER", "NODES"])?;
+            let demoted = nodes.lines().any(|line| {
+                let fields: Vec<&str> = line.split(' ').collect();
+                fields.first() == Some(&old_id.as_str())
+                    && fields.get(2).is_some_and(|flags| flags.contains("slave"))
+                    && fields.get(3) == Some(&new_id.as_str())
+            });
+            if !demoted {
+                return Ok(Some(format!(
+                    "127.0.0.1:{} does not see {old_id} replicating {new_id}:\n{nodes}",
+                    seen_by.port()
+                )));
+            }
+            Ok(None)
+        })?;
+        wait_for(FORM_TIMEOUT, "replicate its new master", || {
+            let info: String = run(&self.nodes[old_master], &["INFO", "replication"])?;
+            let up = info.lines().any(|l| l.trim() == "master_link_status:up");
+            Ok((!up).then(|| info.trim().to_owned()))
+        })
+    }
+
     /// The index of the node that `node`'s `CLUSTER SLOTS` names as owner
     /// of `slot`.
     fn owner_seen_by(&self, node: &RedisServer, slot: u16) -> io::Result<usize> {
@@ -669,6 +806,30 @@ fn parse_cluster_slots(reply: &redis::Value) -> Option<Vec<SlotRange>> {
             })
         })
         .collect()
+}
+
+/// Polls `check` until it says nothing is pending (`Ok(None)`), for at most
+/// `timeout`; `TimedOut` names `what` and the last pending reason.
+fn wait_for(
+    timeout: Duration,
+    what: &str,
+    check: impl Fn() -> io::Result<Option<String>>,
+) -> io::Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let reason = match check() {
+            Ok(None) => return Ok(()),
+            Ok(Some(reason)) => reason,
+            Err(e) => e.to_string(),
+        };
+        if Instant::now() >= deadline {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("a replica did not {what} within {timeout:?}: {reason}"),
+            ));
+        }
+        thread::sleep(POLL_INTERVAL);
+    }
 }
 
 #[cfg(test)]

@@ -164,6 +164,17 @@ impl RedisServer {
         reply.first().map_or(0, |(_, n)| *n)
     }
 
+    /// How many connections are subscribed to the shard channel `channel`
+    /// (`PUBSUB SHARDNUMSUB`: `SSUBSCRIBE`d on this node).
+    ///
+    /// # Panics
+    ///
+    /// If the server does not answer.
+    pub fn shard_subscribers(&self, channel: &str) -> u64 {
+        let reply: Vec<(String, u64)> = self.probe(&["PUBSUB", "SHARDNUMSUB", channel]);
+        reply.first().map_or(0, |(_, n)| *n)
+    }
+
     /// The channels at least one connection is subscribed to
     /// (`PUBSUB CHANNELS`), sorted.
     ///
