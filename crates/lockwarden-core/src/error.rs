@@ -177,6 +177,18 @@ impl BackendError {
                     || e.is_connection_dropped()
                     || e.is_connection_refusal()
                     || e.is_timeout()
+                    // A slot between masters (MOVED, ASK, TRYAGAIN, CLUSTERDOWN: a failover
+                    // or a slot move redis-rs's own retries did not outlast), a master
+                    // down or demoted, a server loading its data: none ran the command.
+                    || e.is_cluster_error()
+                    || matches!(
+                        e.kind(),
+                        redis::ErrorKind::Server(
+                            redis::ServerErrorKind::MasterDown
+                                | redis::ServerErrorKind::BusyLoading
+                                | redis::ServerErrorKind::ReadOnly
+                        )
+                    )
             }
             BackendError::TimedOut(_) | BackendError::Unreachable(_) => true,
             BackendError::Protocol(_)

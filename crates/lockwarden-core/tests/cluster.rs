@@ -365,3 +365,96 @@ async fn sharded_notices_stay_on_the_owning_master_and_classic_ones_reach_every_
         }
     }
 }
+
+/// Promise (the performance issue's sharded notices): a waiter keeps hearing releases
+/// with sharded notices when its lock's master changes.
+/// - A manual `CLUSTER FAILOVER`: Redis keeps the subscription on the demoted master,
+///   which still receives what its shard publishes, so the release (on the new master)
+///   wakes the waiter at once.
+/// - The master the waiter subscribed on is SIGKILLed and its replica takes over by
+///   itself: the subscription moves to the new master, where the release wakes the
+///   waiter at once.
+///
+/// Either way well before the holder's 30 s lease would have.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_follows_a_failover_with_sharded_notices() {
+    const FIRST: usize = 0;
+    let mut cluster = RedisCluster::start(3).unwrap();
+    let second = cluster.add_replica(FIRST).unwrap();
+    let a = client_with(&cluster, LockClientBuilder::sharded_notices).await;
+    let b = client_with(&cluster, LockClientBuilder::sharded_notices).await;
+    let wait = |name: &str| {
+        let (b, name) = (b.clone(), name.to_owned());
+        tokio::spawn(async move { b.try_acquire(&name, Duration::from_secs(25)).await })
+    };
+
+    // A manual failover: FIRST becomes SECOND's replica.
+    let name = name_on(&cluster, &a, FIRST, "failover");
+    let guard = a.acquire(&name).await.unwrap();
+    let (key, channel) = (
+        guard.key().redis_key().to_owned(),
+        guard.key().channel().to_owned(),
+    );
+    let waiter = wait(&name);
+    subscribed(&cluster, FIRST, &channel).await;
+    cluster.fail_over(second).unwrap();
+    assert_eq!(cluster.owner(&key).unwrap(), second);
+    assert!(
+        !waiter.is_finished(),
+        "the waiter ended: {:?}",
+        waiter.await
+    );
+    let released = Instant::now();
+    guard.release().await.unwrap();
+    let next = waiter.await.unwrap().unwrap();
+    let served = released.elapsed();
+    assert!(served < SERVED, "served {served:?} after the release");
+    next.release().await.unwrap();
+
+    // SECOND, the master now, dies; FIRST takes over by itself. The waiter's client is
+    // new, so it subscribes on SECOND (b's slot map may still name FIRST, and a replica
+    // takes a subscription too).
+    let name = name_on(&cluster, &a, second, "killed");
+    let guard = a.acquire(&name).await.unwrap();
+    let (key, channel) = (
+        guard.key().redis_key().to_owned(),
+        guard.key().channel().to_owned(),
+    );
+    let c = client_with(&cluster, LockClientBuilder::sharded_notices).await;
+    let waiter = {
+        let name = name.clone();
+        tokio::spawn(async move { c.try_acquire(&name, Duration::from_secs(25)).await })
+    };
+    subscribed(&cluster, second, &channel).await;
+    // The hold reaches the replica before its master dies.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cluster.nodes_mut()[second].kill();
+    eventually(
+        Duration::from_secs(30),
+        "the replica takes over",
+        || async { cluster.owner(&key).is_ok_and(|owner| owner == FIRST) },
+    )
+    .await;
+    subscribed(&cluster, FIRST, &channel).await;
+    assert!(
+        !waiter.is_finished(),
+        "the waiter ended: {:?}",
+        waiter.await
+    );
+    let released = Instant::now();
+    guard.release().await.unwrap();
+    let next = waiter.await.unwrap().unwrap();
+    let served = released.elapsed();
+    assert!(served < SERVED, "served {served:?} after the release");
+    next.release().await.unwrap();
+}
+
+/// Waits (bounded) until one connection is subscribed to the shard channel `channel` on
+/// node `node`.
+async fn subscribed(cluster: &RedisCluster, node: usize, channel: &str) {
+    let what = format!("the waiter subscribes on node {node}");
+    eventually(Duration::from_secs(15), what, || async {
+        cluster.nodes()[node].shard_subscribers(channel) == 1
+    })
+    .await;
+}

@@ -55,8 +55,11 @@ enum Event {
         channel: String,
         payload: Vec<u8>,
     },
-    /// A node connection dropped and came back: notices may have been missed.
+    /// A node connection dropped: notices may be missed until it is made again.
     Gap,
+    /// Redis unsubscribed the connection from a shard channel: asked to, or because the
+    /// node no longer serves the channel's slot (a failover, a slot moved away).
+    Dropped(String),
     /// The connection is gone.
     End,
 }
@@ -252,9 +255,28 @@ impl Session<'_> {
                         Some(Named::Woken(holders)) => self.waiters.wake(&channel, holders.split(' ')),
                         None => self.waiters.notify_one(&channel),
                     },
+                    // A cluster node's connection dropped. redis-rs subscribes again only
+                    // on a node that comes back, and this connection sends nothing that
+                    // would make it learn the slots' new masters (a failover): start
+                    // afresh from the cluster's current slot map, then waiters retry.
                     Some(Event::Gap) => {
-                        tracing::info!("a pub/sub node connection came back; waiters retry");
-                        self.waiters.wake_all();
+                        tracing::info!("a pub/sub node connection dropped; reconnecting");
+                        return Ended::Lost;
+                    }
+                    // Not asked for (still subscribed here, still wanted): the slot has a
+                    // new master, where the channel is subscribed again (redis-rs forgets
+                    // a shard channel Redis unsubscribed), and its waiters retry, as
+                    // notices may have been missed meanwhile.
+                    Some(Event::Dropped(channel)) => {
+                        let Some(name) = self.subscribed.take(channel.as_str()) else {
+                            continue;
+                        };
+                        tracing::info!(channel, "Redis dropped a shard channel; subscribing again");
+                        self.waiters.set_ready(&name, false);
+                        if self.sync(sub, vec![name]).await.is_err() {
+                            return Ended::Lost;
+                        }
+                        self.waiters.notify_all(&channel);
                     }
                     Some(Event::End) | None => return Ended::Lost,
                 },
@@ -450,6 +472,12 @@ fn cluster_event(push: PushInfo) -> Option<Event> {
             _ => None,
         },
         PushKind::Disconnection => Some(Event::Gap),
+        PushKind::SUnsubscribe => match push.data.first() {
+            Some(Value::BulkString(channel)) => {
+                Some(Event::Dropped(String::from_utf8(channel.clone()).ok()?))
+            }
+            _ => None,
+        },
         _ => None,
     }
 }
