@@ -13,7 +13,10 @@ if KEYS[3] then
     return {3, outcome}
   end
 end
-if redis.call('EXISTS', KEYS[1]) == 0 then
+-- PTTL, not EXISTS: -2 says the lock is free, and a busy lock's answer needs it anyway
+-- (a refused attempt is then two calls, PTTL and HMGET).
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl == -2 then
   -- Tokens come from the server clock (µs) and never repeat the last one, so a lost
   -- fencing key cannot make tokens go backwards.
   local now = redis.call('TIME')
@@ -40,10 +43,10 @@ if held[1] then
   set_count(KEYS[1], ARGV[1], tonumber(held[1]) + 1, call)
   -- A re-entry never shortens the hold: one with a short lease inside a longer (or
   -- watchdog) hold would otherwise let the lock expire under its outer holder.
-  if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
+  if ttl < tonumber(ARGV[2]) then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     redis.call('PEXPIRE', KEYS[2], ARGV[2])
   end
   return {2, tonumber(redis.call('GET', KEYS[2])) or 0}
 end
-return {0, redis.call('PTTL', KEYS[1])}
+return {0, ttl}
