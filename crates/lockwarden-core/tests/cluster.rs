@@ -9,7 +9,7 @@
 
 use std::time::{Duration, Instant};
 
-use lockwarden_core::{Claim, LockClient, LockClientBuilder, LockError};
+use lockwarden_core::{Claim, LockClient, LockClientBuilder, LockError, LockGuard};
 use lockwarden_testkit::{eventually, RedisCluster};
 
 /// Long enough that a waiter served before it was served by a release notice.
@@ -404,12 +404,7 @@ async fn a_waiter_follows_a_failover_with_sharded_notices() {
         "the waiter ended: {:?}",
         waiter.await
     );
-    let released = Instant::now();
-    guard.release().await.unwrap();
-    let next = waiter.await.unwrap().unwrap();
-    let served = released.elapsed();
-    assert!(served < SERVED, "served {served:?} after the release");
-    next.release().await.unwrap();
+    served_on_release(guard, waiter).await;
 
     // SECOND, the master now, dies; FIRST takes over by itself. The waiter's client is
     // new, so it subscribes on SECOND (b's slot map may still name FIRST, and a replica
@@ -441,12 +436,7 @@ async fn a_waiter_follows_a_failover_with_sharded_notices() {
         "the waiter ended: {:?}",
         waiter.await
     );
-    let released = Instant::now();
-    guard.release().await.unwrap();
-    let next = waiter.await.unwrap().unwrap();
-    let served = released.elapsed();
-    assert!(served < SERVED, "served {served:?} after the release");
-    next.release().await.unwrap();
+    served_on_release(guard, waiter).await;
 }
 
 /// Waits (bounded) until one connection is subscribed to the shard channel `channel` on
@@ -457,4 +447,18 @@ async fn subscribed(cluster: &RedisCluster, node: usize, channel: &str) {
         cluster.nodes()[node].shard_subscribers(channel) == 1
     })
     .await;
+}
+
+/// Releases `guard` and asserts that `waiter` gets the lock within [`SERVED`] (a notice,
+/// not the holder's lease), then releases that too.
+async fn served_on_release(
+    guard: LockGuard,
+    waiter: tokio::task::JoinHandle<Result<LockGuard, LockError>>,
+) {
+    let released = Instant::now();
+    guard.release().await.unwrap();
+    let next = waiter.await.unwrap().unwrap();
+    let served = released.elapsed();
+    assert!(served < SERVED, "served {served:?} after the release");
+    next.release().await.unwrap();
 }

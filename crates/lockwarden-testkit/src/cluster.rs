@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::eventually::poll_until;
 use crate::proxy::FaultProxy;
 use crate::server::{free_port, RedisServer};
 use crate::tls::TlsCerts;
@@ -815,21 +816,12 @@ fn wait_for(
     what: &str,
     check: impl Fn() -> io::Result<Option<String>>,
 ) -> io::Result<()> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let reason = match check() {
-            Ok(None) => return Ok(()),
-            Ok(Some(reason)) => reason,
-            Err(e) => e.to_string(),
-        };
-        if Instant::now() >= deadline {
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!("a replica did not {what} within {timeout:?}: {reason}"),
-            ));
-        }
-        thread::sleep(POLL_INTERVAL);
-    }
+    poll_until(timeout, check).map_err(|reason| {
+        io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("a replica did not {what} within {timeout:?}: {reason}"),
+        )
+    })
 }
 
 #[cfg(test)]

@@ -2,6 +2,8 @@
 
 use std::fmt::Display;
 use std::future::Future;
+use std::io;
+use std::thread;
 use std::time::{Duration, Instant};
 
 /// How long [`eventually`] sleeps between two checks.
@@ -46,6 +48,28 @@ where
             panic!("not within {within:?}: {what}");
         }
         tokio::time::sleep(POLL_INTERVAL).await;
+    }
+}
+
+/// The blocking twin of [`eventually`] for the testkit's own start-up waits: polls
+/// `check` (`Some(reason)` while not there yet) every [`POLL_INTERVAL`] until it returns
+/// `None`; after `within`, the last reason (or error) is returned for the caller to
+/// report with what it knows (a node's log, say).
+pub(crate) fn poll_until(
+    within: Duration,
+    check: impl Fn() -> io::Result<Option<String>>,
+) -> Result<(), String> {
+    let deadline = Instant::now() + within;
+    loop {
+        let reason = match check() {
+            Ok(None) => return Ok(()),
+            Ok(Some(reason)) => reason,
+            Err(e) => e.to_string(),
+        };
+        if Instant::now() >= deadline {
+            return Err(reason);
+        }
+        thread::sleep(POLL_INTERVAL);
     }
 }
 

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::eventually::poll_until;
 use crate::server::RedisServer;
 use crate::tls::TlsCerts;
 
@@ -281,26 +282,17 @@ fn wait_for(
     log_of: &RedisServer,
     check: impl Fn() -> io::Result<Option<String>>,
 ) -> io::Result<()> {
-    let deadline = Instant::now() + START_TIMEOUT;
-    loop {
-        let reason = match check() {
-            Ok(None) => return Ok(()),
-            Ok(Some(reason)) => reason,
-            Err(e) => e.to_string(),
-        };
-        if Instant::now() >= deadline {
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!(
-                    "timed out after {START_TIMEOUT:?} waiting for {what}: {reason}\n\
-                     --- log of 127.0.0.1:{} ---\n{}",
-                    log_of.port(),
-                    log_of.log_tail()
-                ),
-            ));
-        }
-        thread::sleep(POLL_INTERVAL);
-    }
+    poll_until(START_TIMEOUT, check).map_err(|reason| {
+        io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!(
+                "timed out after {START_TIMEOUT:?} waiting for {what}: {reason}\n\
+                 --- log of 127.0.0.1:{} ---\n{}",
+                log_of.port(),
+                log_of.log_tail()
+            ),
+        )
+    })
 }
 
 /// Runs one command on `server` with the short helper timeouts, turning redis
