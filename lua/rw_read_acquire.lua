@@ -14,6 +14,16 @@ if mode == 'foreign' then
 end
 local me = ARGV[1]
 local field = me .. ':r'
+
+-- A new hold ends this holder's registration, if it may have one: one of this
+-- acquisition, or of another task waiting as the same given holder (whose next attempt
+-- must then count as a re-entry, not take this hold for its admission). A holder made
+-- for this acquisition that never registered has none: no call.
+local function no_longer_waiting()
+  if ARGV[3] ~= '1' or ARGV[5] == '1' then
+    redis.call('ZREM', KEYS[5], me)
+  end
+end
 local writers_wait = redis.call('ZCARD', KEYS[4]) > 0
 if not mode then
   -- Writer preference: a free lock goes to a waiting writer first.
@@ -21,7 +31,7 @@ if not mode then
     register_reader(me, ARGV[4])
     return busy(true)
   end
-  redis.call('ZREM', KEYS[5], me)
+  no_longer_waiting()
   local token = fresh_token()
   set_count(KEYS[1], field, 1, call, 'mode', 'read')
   lease_at_least(field, ARGV[2])
@@ -52,7 +62,7 @@ end
 -- phase and share its token, unless a writer waits (refusing a downgrade would deadlock:
 -- the writer waits for this holder).
 if held[3] or (mode == 'read' and not writers_wait) then
-  redis.call('ZREM', KEYS[5], me)
+  no_longer_waiting()
   set_count(KEYS[1], field, 1, call)
   lease_at_least(field, ARGV[2])
   return {1, token}
