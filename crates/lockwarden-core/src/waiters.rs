@@ -51,7 +51,7 @@ struct Channel {
 struct Named {
     /// How many are registered (several tasks may wait as one given holder).
     waiters: usize,
-    /// Wakes them (one at a time: a permit is kept for one between two sleeps).
+    /// Wakes them (all that sleep, and a permit is kept for one between two sleeps).
     wake: Arc<Notify>,
     /// The fencing token of a lock a release handed to this holder, until taken.
     grant: Option<u64>,
@@ -215,6 +215,9 @@ impl Waiters {
             if token.is_some() {
                 named.grant = token;
             }
+            // Every task waiting as this holder (a given holder may wait in several, and
+            // each may go on: the others re-enter), and a permit for one between sleeps.
+            named.wake.notify_waiters();
             named.wake.notify_one();
         }
     }

@@ -21,6 +21,7 @@ conformance!(
     write_release_wakes_all_waiting_readers_at_once,
     a_write_release_admits_the_waiting_readers_itself,
     an_admission_given_up_frees_the_lock,
+    a_given_reader_waiting_in_two_tasks_counts_each_once,
     dead_reader_expires_on_its_own_lease_while_others_renew,
     watchdog_keeps_read_and_write_holds_past_their_lease,
     fencing_tokens_increase_with_each_write,
@@ -503,6 +504,46 @@ async fn a_write_release_admits_the_waiting_readers_itself(env: Env) {
         guard.release().await.unwrap();
     }
     assert!(!owner.rw_lock("admit").is_locked().await.unwrap());
+}
+
+/// Promise: a given holder waiting as a reader in two tasks gets the lock in both once a
+/// release admits it: the admission is taken up once and the other task re-enters, so
+/// the count is 2 and two releases free the lock.
+async fn a_given_reader_waiting_in_two_tasks_counts_each_once(env: Env) {
+    let owner = env.client().await;
+    let client = env.client().await;
+    let writer = owner.rw_lock("twice").write().acquire().await.unwrap();
+    let me = client.holder();
+    let side = client.rw_lock("twice").read().holder(&me);
+    let tasks: Vec<_> = (0..2)
+        .map(|_| {
+            let side = side.clone();
+            tokio::spawn(async move { side.try_acquire(Duration::from_secs(10)).await })
+        })
+        .collect();
+    // Both have made their first attempt and sleep.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(side.hold_count(&me).await.unwrap(), 0);
+    writer.release().await.unwrap();
+    let mut guards = Vec::new();
+    for task in tasks {
+        let guard = tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("both tasks get the lock soon after the release")
+            .unwrap()
+            .unwrap();
+        guards.push(guard);
+    }
+    assert_eq!(
+        side.hold_count(&me).await.unwrap(),
+        2,
+        "each task counts once"
+    );
+    let last = guards.pop().unwrap();
+    guards.pop().unwrap().release().await.unwrap();
+    assert!(owner.rw_lock("twice").is_locked().await.unwrap());
+    last.release().await.unwrap();
+    assert!(!owner.rw_lock("twice").is_locked().await.unwrap());
 }
 
 /// Promise: a reader admitted while it was not running that gives up (its acquire is
