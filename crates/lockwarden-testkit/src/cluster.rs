@@ -68,7 +68,8 @@ const MIGRATE_TIMEOUT_MS: &str = "5000";
 /// ```
 #[derive(Debug)]
 pub struct RedisCluster {
-    /// The nodes; index `i` was given the `i`-th slot range.
+    /// The nodes: the masters first (index `i` was given the `i`-th slot
+    /// range), then the replicas [added](RedisCluster::add_replica).
     nodes: Vec<RedisServer>,
     /// Cluster node id (`CLUSTER MYID`) of each node, by index.
     ids: Vec<String>,
@@ -200,17 +201,8 @@ impl RedisCluster {
                 ],
             )?;
         }
-        for (node, bus_port) in nodes.iter().zip(&bus_ports).skip(1) {
-            run::<()>(
-                &nodes[0],
-                &[
-                    "CLUSTER",
-                    "MEET",
-                    "127.0.0.1",
-                    &node.client_port().to_string(),
-                    &bus_port.to_string(),
-                ],
-            )?;
+        for (node, &bus_port) in nodes.iter().zip(&bus_ports).skip(1) {
+            meet(&nodes[0], node, bus_port)?;
         }
 
         let cluster = RedisCluster {
@@ -309,7 +301,8 @@ impl RedisCluster {
             .collect()
     }
 
-    /// The nodes, by index (node `i` started with the `i`-th slot range).
+    /// The nodes, by index: master `i` started with the `i`-th slot range;
+    /// [replicas](RedisCluster::add_replica) come after the masters.
     pub fn nodes(&self) -> &[RedisServer] {
         &self.nodes
     }
@@ -462,16 +455,7 @@ impl RedisCluster {
         };
         let (node, bus_port) = start_node(None, None)?;
         let id: String = run(&node, &["CLUSTER", "MYID"])?;
-        run::<()>(
-            &self.nodes[of],
-            &[
-                "CLUSTER",
-                "MEET",
-                "127.0.0.1",
-                &node.client_port().to_string(),
-                &bus_port.to_string(),
-            ],
-        )?;
+        meet(&self.nodes[of], &node, bus_port)?;
         let index = self.nodes.len();
         self.nodes.push(node);
         self.ids.push(id);
@@ -807,6 +791,15 @@ fn parse_cluster_slots(reply: &redis::Value) -> Option<Vec<SlotRange>> {
             })
         })
         .collect()
+}
+
+/// Has `introducer` `CLUSTER MEET` `node`, whose cluster bus listens on `bus_port`.
+fn meet(introducer: &RedisServer, node: &RedisServer, bus_port: u16) -> io::Result<()> {
+    let (port, bus_port) = (node.client_port().to_string(), bus_port.to_string());
+    run(
+        introducer,
+        &["CLUSTER", "MEET", "127.0.0.1", &port, &bus_port],
+    )
 }
 
 /// Polls `check` until it says nothing is pending (`Ok(None)`), for at most
