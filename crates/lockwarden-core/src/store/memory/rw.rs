@@ -299,15 +299,9 @@ impl RwLocks {
                     ..Notices::default()
                 }
             }
+            // An admission not taken up goes back as a release of it would.
             RwMode::Read if entry.readers.remove(holder).is_some() => {
-                match entry.holds.get_mut(&(holder.clone(), mode)) {
-                    Some(hold) if hold.count > 1 => {
-                        hold.count -= 1;
-                        Notices::default()
-                    }
-                    Some(_) => entry.end_hold(holder, mode, last_token),
-                    None => Notices::default(),
-                }
+                return self.release(mode, key, holder, now, last_token).1;
             }
             RwMode::Read => Notices::default(),
         };
