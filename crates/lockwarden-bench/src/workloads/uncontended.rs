@@ -165,32 +165,28 @@ async fn clustered(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
         .ratio_to(raw.median, "÷ 2×EVALSHA median (cluster)")
         .note("a cluster PUBLISH is relayed to every node"),
     );
-    report.push(
-        Row::new(
-            NAME,
-            "lockwarden, connect_cluster",
-            "acquire + release, 3-master cluster",
-            "µs",
-        )
-        .summary(Summary::micros(&samples))
-        .ratio_to(raw.median, "÷ 2×EVALSHA median (cluster)")
-        .note(format!(
-            "{classic_relayed:.2} notices relayed to other masters per release"
-        )),
-    );
-    report.push(
-        Row::new(
-            NAME,
+    for (implementation, samples, relayed) in [
+        ("lockwarden, connect_cluster", &samples, classic_relayed),
+        (
             "lockwarden, connect_cluster + sharded_notices",
-            "acquire + release, 3-master cluster",
-            "µs",
-        )
-        .summary(Summary::micros(&sharded_samples))
-        .ratio_to(raw.median, "÷ 2×EVALSHA median (cluster)")
-        .note(format!(
-            "{sharded_relayed:.2} notices relayed to other masters per release"
-        )),
-    );
+            &sharded_samples,
+            sharded_relayed,
+        ),
+    ] {
+        report.push(
+            Row::new(
+                NAME,
+                implementation,
+                "acquire + release, 3-master cluster",
+                "µs",
+            )
+            .summary(Summary::micros(samples))
+            .ratio_to(raw.median, "÷ 2×EVALSHA median (cluster)")
+            .note(format!(
+                "{relayed:.2} notices relayed to other masters per release"
+            )),
+        );
+    }
     Ok(())
 }
 
