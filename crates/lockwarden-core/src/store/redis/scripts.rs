@@ -152,7 +152,7 @@ impl std::fmt::Display for What {
 impl Call {
     fn script(script: &'static LazyLock<Lua>, keys: &[&str]) -> Self {
         let lua: &'static Lua = script;
-        let mut cmd = redis::cmd("EVALSHA");
+        let mut cmd = evalsha(keys.len(), keys.iter().map(|k| k.len()).sum());
         cmd.arg(lua.get_hash()).arg(keys.len()).arg(keys);
         Self {
             script: Some(lua),
@@ -206,15 +206,33 @@ impl Call {
         if notices == Notices::Classic {
             return self;
         }
-        let mut cmd = redis::cmd("EVALSHA");
+        let args = || {
+            self.cmd.args_iter().skip(2).filter_map(|arg| match arg {
+                redis::Arg::Simple(bytes) => Some(bytes),
+                _ => None,
+            })
+        };
+        let mut cmd = evalsha(args().count(), args().map(<[u8]>::len).sum());
         cmd.arg(sharded.get_hash());
-        for arg in self.cmd.args_iter().skip(2) {
-            if let redis::Arg::Simple(bytes) = arg {
-                cmd.arg(bytes);
-            }
+        for arg in args() {
+            cmd.arg(arg);
         }
         Self { cmd, ..self }
     }
+}
+
+/// An `EVALSHA` command with room for `args` more arguments of `bytes` in all and the
+/// script's own (digest, key count, a handful of `ARGV`), so building it allocates once:
+/// growing from empty reallocated at almost every argument (about 5,000 instructions a
+/// lock cycle, measured with callgrind).
+fn evalsha(args: usize, bytes: usize) -> Cmd {
+    /// `EVALSHA`, a digest and a key count, and the `ARGV` of the longest scripts.
+    const OWN_ARGS: usize = 12;
+    /// `EVALSHA`, the 40-byte digest, and `ARGV` such as holder ids and channel names.
+    const OWN_BYTES: usize = 256;
+    let mut cmd = Cmd::with_capacity(args + OWN_ARGS, bytes + OWN_BYTES);
+    cmd.arg("EVALSHA");
+    cmd
 }
 
 /// Every script a pipeline may send with `notices`, to load them all when Redis lost them.
