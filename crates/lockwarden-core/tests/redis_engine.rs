@@ -287,3 +287,28 @@ async fn tokens_never_go_back_even_if_the_server_clock_does() {
     assert_eq!(stored, (ahead + 2).to_string());
     second.release().await.unwrap();
 }
+
+/// The server's clock in µs, as `TIME` tells it.
+fn server_micros(server: &RedisServer) -> u64 {
+    let time: Vec<String> = server.query(&["TIME"]).unwrap();
+    time[0].parse::<u64>().unwrap() * 1_000_000 + time[1].parse::<u64>().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_locks_token_is_the_server_clock_in_microseconds() {
+    // Many locks, so their µs cover the small values too (the script writes the token as
+    // the seconds and the zero-padded µs).
+    let server = RedisServer::start().unwrap();
+    let client = LockClient::connect(&server.url()).await.unwrap();
+    for i in 0..200 {
+        let before = server_micros(&server);
+        let guard = client.acquire(format!("clock:{i}")).await.unwrap();
+        let after = server_micros(&server);
+        let token = guard.fencing_token();
+        assert!(
+            (before..=after).contains(&token),
+            "token {token} outside the server clock's {before}..={after}"
+        );
+        guard.release().await.unwrap();
+    }
+}
