@@ -10,10 +10,12 @@
 //!   in rounds A B C C B A so drift hits the apps alike. Requests/s, latency, CPU per
 //!   request.
 //!
-//! Diagnostic apps show where the time goes: two raw `EVALSHA` in the handler (the floor
-//! for an acquire and a release on the request path, as the layer has them: it hands on
-//! the last body frame only once the release is done; 1 connection only), the lock
-//! engine called in the handler without the layer (`try_acquire(0)`, build the response,
+//! Diagnostic apps show where the time goes: two raw `EVALSHA` of a trivial script in the
+//! handler (the floor for an acquire and a release on the request path, as the layer has
+//! them: it hands on the last body frame only once the release is done; 1 connection
+//! only), lockwarden's own acquire and release scripts sent raw from the handler (the
+//! same floor with the Redis side of a lock cycle; 1 connection only), the lock engine
+//! called in the handler without the layer (`try_acquire(0)`, build the response,
 //! `release().await`), and the layer with a fixed lease instead of the watchdog
 //! (1 connection only).
 //!
@@ -41,7 +43,7 @@ use serde_json::{json, Value};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
 
-use crate::baselines::{connection_manager, evalsha_pair, BoxError};
+use crate::baselines::{connection_manager, evalsha_pair, own_scripts_pair, BoxError};
 use crate::check::Checks;
 use crate::stats::{Report, Row, Summary, Windows};
 use crate::workloads::{cpu_time, join_all, Ctx};
@@ -63,6 +65,7 @@ const LEASE: Duration = Duration::from_secs(10);
 enum App {
     Plain,
     Evalsha,
+    OwnScripts,
     Engine,
     Layer,
     LayerLease,
@@ -71,11 +74,13 @@ enum App {
 }
 
 impl App {
-    /// The apps of the 1-connection part. The first three are the references, in this
-    /// order: no lock, the 2 × EVALSHA floor, the lock in the handler.
-    const SEQUENTIAL: [App; 5] = [
+    /// The apps of the 1-connection part. The first four are the references, in this
+    /// order: no lock, the 2 × EVALSHA floor, lockwarden's scripts raw, the lock in the
+    /// handler.
+    const SEQUENTIAL: [App; 6] = [
         App::Plain,
         App::Evalsha,
+        App::OwnScripts,
         App::Engine,
         App::Layer,
         App::LayerLease,
@@ -87,6 +92,7 @@ impl App {
         match self {
             App::Plain => "axum, no lock",
             App::Evalsha => "axum + 2 × EVALSHA in handler",
+            App::OwnScripts => "axum + lockwarden's 2 scripts, raw, in handler",
             App::Engine => "axum + lock in handler (no layer)",
             App::Layer => "axum + LockLayer::by_header",
             App::LayerLease => "axum + LockLayer (10 s lease)",
@@ -98,6 +104,7 @@ impl App {
         match self {
             App::Plain => "plain",
             App::Evalsha => "eval",
+            App::OwnScripts => "own",
             App::Engine => "engine",
             App::Layer => "layer",
             App::LayerLease => "lease",
@@ -116,6 +123,9 @@ impl App {
             App::Plain => orders,
             App::Evalsha => Router::new()
                 .route("/orders", post(create_order_after_evalsha))
+                .with_state(redis.clone()),
+            App::OwnScripts => Router::new()
+                .route("/orders", post(create_order_after_own_scripts))
                 .with_state(redis.clone()),
             App::Engine => Router::new()
                 .route("/orders", post(create_order_under_lock))
@@ -155,6 +165,22 @@ async fn create_order_after_evalsha(
         return (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response();
     }
     create_order(lock, order).await
+}
+
+/// The Redis side of a lock cycle with no client-side work: lockwarden's acquire and
+/// release scripts sent raw on the request's key.
+async fn create_order_after_own_scripts(
+    State(mut redis): State<ConnectionManager>,
+    headers: HeaderMap,
+    order: Json<Value>,
+) -> Response {
+    let Some(key) = headers.get(KEY_HEADER).and_then(|v| v.to_str().ok()) else {
+        return (StatusCode::BAD_REQUEST, "no key").into_response();
+    };
+    if let Err(e) = own_scripts_pair(&mut redis, key).await {
+        return (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response();
+    }
+    create_order(None, order).await
 }
 
 /// The layer's work done by hand: lock the key (one attempt, as the layer's default),
@@ -297,7 +323,7 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
     let samples = sequential(ctx, &mut senders, sequential_requests, sequential_limit).await?;
     drop(senders);
     let latency: Vec<Summary> = samples.iter().map(|s| Summary::micros(s)).collect();
-    let (plain, floor, engine) = (latency[0], latency[1], latency[2]);
+    let (plain, floor, own, engine) = (latency[0], latency[1], latency[2], latency[3]);
     for (app, s) in App::SEQUENTIAL.iter().zip(&latency) {
         let mut row = Row::new(SEQUENTIAL, app.name(), "latency per request", "µs")
             .summary(*s)
@@ -320,13 +346,20 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
         .note(format!("p99 difference {:.0} µs", s.p99 - plain.p99));
         row = match app {
             App::Evalsha => row.note("the floor: two round trips on the request path"),
-            App::Engine => row.note(format!(
-                "{:+.1} µs vs the 2 × EVALSHA app",
+            App::OwnScripts => row.note(format!(
+                "{:+.1} µs vs the 2 × EVALSHA app: the Redis side of a lock cycle",
                 s.median - floor.median
             )),
-            _ => row.note(format!(
-                "{:+.1} µs vs the 2 × EVALSHA app, {:+.1} µs vs the lock in the handler",
+            App::Engine => row.note(format!(
+                "{:+.1} µs vs the 2 × EVALSHA app, {:+.1} µs vs lockwarden's scripts raw",
                 s.median - floor.median,
+                s.median - own.median
+            )),
+            _ => row.note(format!(
+                "{:+.1} µs vs the 2 × EVALSHA app, {:+.1} µs vs lockwarden's scripts raw, \
+                 {:+.1} µs vs the lock in the handler",
+                s.median - floor.median,
+                s.median - own.median,
                 s.median - engine.median
             )),
         };
