@@ -1,13 +1,17 @@
 -- Delete a lock whoever holds it, whatever its kind (an admin action), and wake its
 -- waiters as its own release would have.
 -- KEYS[1] lock hash, KEYS[2] a read-write lock's leases, KEYS[3] a fair lock's queue,
--- KEYS[4] its waiters' deadlines, KEYS[5] the fencing key
+-- KEYS[4] its waiters' deadlines, KEYS[5] the fencing key, KEYS[6] a read-write lock's
+-- waiting readers
 -- ARGV[1] release channel, ARGV[2] readers' channel, ARGV[3] fair wake channel prefix
 -- Returns 1 if a lock was deleted, 0 if there was none.
 if redis.call('DEL', KEYS[1]) == 0 then
   return 0
 end
-redis.call('DEL', KEYS[2])
+-- Readers' registrations go too: an admitted reader stays registered while it holds, and
+-- the next write release would admit it again, to a hold it lost (and whose renewal would
+-- then succeed). Waiting readers, woken below, register again.
+redis.call('DEL', KEYS[2], KEYS[6])
 -- The last token moves on: a release by the holder whose hold this was is told it lost
 -- the lock, not that its release ran already (see once.lua).
 local last = redis.call('GET', KEYS[5])

@@ -21,6 +21,7 @@ conformance!(
     write_release_wakes_all_waiting_readers_at_once,
     a_write_release_admits_the_waiting_readers_itself,
     an_admission_given_up_frees_the_lock,
+    a_force_unlock_ends_admissions_for_good,
     a_given_reader_waiting_in_two_tasks_counts_each_once,
     dead_reader_expires_on_its_own_lease_while_others_renew,
     watchdog_keeps_read_and_write_holds_past_their_lease,
@@ -563,6 +564,45 @@ async fn an_admission_given_up_frees_the_lock(env: Env) {
         .await
         .expect("the lock is free once the admitted readers gave up");
     guard.release().await.unwrap();
+}
+
+/// Promise: a force unlock ends every hold, read holds that a write release admitted
+/// included: their readers stay registered while they hold, and the next write release
+/// must not admit them again (their guards would renew a hold they lost and never learn).
+async fn a_force_unlock_ends_admissions_for_good(env: Env) {
+    let owner = env.client().await;
+    let readers_client = env.client().await;
+    let writer = owner.rw_lock("forced").write().acquire().await.unwrap();
+    let waiting: Vec<_> = (0..3)
+        .map(|_| {
+            let lock = readers_client.rw_lock("forced");
+            tokio::spawn(async move { lock.read().try_acquire(Duration::from_secs(10)).await })
+        })
+        .collect();
+    // Each has made its first attempt (and registered) and sleeps.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    writer.release().await.unwrap();
+    let mut guards = Vec::new();
+    for reader in waiting {
+        guards.push(reader.await.unwrap().expect("admitted"));
+    }
+    assert!(owner.rw_lock("forced").force_unlock().await.unwrap());
+    let next = owner
+        .rw_lock("forced")
+        .write()
+        .try_acquire(Duration::ZERO)
+        .await
+        .expect("free after the force unlock");
+    next.release().await.unwrap();
+    let side = readers_client.rw_lock("forced").read();
+    for guard in &guards {
+        assert_eq!(
+            side.hold_count(guard.holder()).await.unwrap(),
+            0,
+            "a reader whose hold was force-unlocked was admitted again"
+        );
+    }
+    assert!(!owner.rw_lock("forced").is_locked().await.unwrap());
 }
 
 /// Promise: a reader that stops renewing (its guard leaked with a 600 ms lease) stops

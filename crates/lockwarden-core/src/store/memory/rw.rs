@@ -325,11 +325,15 @@ impl RwLocks {
         count
     }
 
-    /// Drops every hold of `key` (waiting writers stay registered); whether any was live.
+    /// Drops every hold of `key` and every reader's registration: an admitted reader's
+    /// would get it admitted again by the next write release, a hold it lost and whose
+    /// renewal would then succeed. Waiting readers, woken, register again; waiting
+    /// writers stay registered. Whether any hold was live.
     pub(super) fn remove(&mut self, key: &Key, now: Instant) -> bool {
         let entry = self.entry(key, now);
         let held = !entry.holds.is_empty();
         entry.holds.clear();
+        entry.readers.clear();
         self.tidy(key);
         held
     }

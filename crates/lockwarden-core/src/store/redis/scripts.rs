@@ -497,6 +497,7 @@ pub(super) fn force_unlock(key: &Key) -> Call {
         &names.queue,
         &names.deadlines,
         key.fence_key(),
+        &names.waiting_readers,
     ];
     Call::script(&FORCE_RELEASE, &keys)
         .arg(key.channel())
