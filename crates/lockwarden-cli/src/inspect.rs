@@ -6,7 +6,7 @@
 //! - a hash without one is **fair** if the lock has a queue (`…:queue`), else **plain**
 //!   (a fair lock nobody waits for looks exactly like a plain one);
 //! - no hash, but a queue: **fair** (free, its next waiter about to take it); no hash but
-//!   registered writers: **read-write** (free, a writer about to take it);
+//!   registered writers or readers: **read-write** (free, a waiter about to take it);
 //! - no hash, a stored outcome (`…:done`): **claim-outcome** (a completed claim);
 //! - only a fencing key (a lock released less than a lease ago): **free**;
 //! - nothing: no such lock.
@@ -27,7 +27,8 @@ use crate::names::{turn_channel, LockKeys, Part, Space};
 use crate::scan::Found;
 use crate::target::{bounded, Target};
 
-/// Queue entries and waiting writers listed per lock (their number is always exact).
+/// Queue entries, waiting writers and waiting readers listed per lock (their number is
+/// always exact).
 pub const SHOWN: usize = 100;
 /// A Redisson-layout hash with more fields than this is not taken for a lock.
 pub const MAX_FIELDS: i64 = 10_000;
@@ -95,9 +96,9 @@ pub struct QueuedView {
     pub subscribers: u64,
 }
 
-/// A writer registered as waiting on a read-write lock.
+/// A writer or reader registered as waiting on a read-write lock.
 #[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct WriterView {
+pub struct WaiterView {
     /// The waiting holder.
     pub holder: String,
     /// Until its registration lapses unless it retries, ms.
@@ -151,7 +152,14 @@ pub struct LockView {
     /// Writers registered as waiting (read-write).
     pub writers_waiting: u64,
     /// The first [`SHOWN`] of them, earliest deadline first.
-    pub waiting_writers: Vec<WriterView>,
+    pub waiting_writers: Vec<WaiterView>,
+    /// Readers registered as waiting (read-write). A reader a write release admitted
+    /// holds the lock and is no longer counted, though it may stay registered until its
+    /// hold ends.
+    pub readers_waiting: u64,
+    /// Those of the first [`SHOWN`] registered readers that wait, earliest deadline
+    /// first.
+    pub waiting_readers: Vec<WaiterView>,
     /// Connections subscribed to the lock's channels, in all.
     pub subscribers: u64,
     /// Each channel asked about.
@@ -166,10 +174,10 @@ impl LockView {
         !self.holders.is_empty()
     }
 
-    /// Holders, queued waiters and waiting writers, plus subscribed connections: what
+    /// Queued waiters, waiting writers and readers, plus subscribed connections: what
     /// ranks a lock as busy.
     pub fn waiting(&self) -> u64 {
-        self.queue_length + self.writers_waiting + self.subscribers
+        self.queue_length + self.writers_waiting + self.readers_waiting + self.subscribers
     }
 }
 
@@ -264,6 +272,13 @@ async fn read_one(
         .arg(0)
         .arg(SHOWN - 1)
         .arg("WITHSCORES")
+        .cmd("ZCARD")
+        .arg(&keys.waiting_readers)
+        .cmd("ZRANGE")
+        .arg(&keys.waiting_readers)
+        .arg(0)
+        .arg(SHOWN - 1)
+        .arg("WITHSCORES")
         .cmd("STRLEN")
         .arg(&keys.done)
         .cmd("PTTL")
@@ -284,10 +299,12 @@ async fn read_one(
     let leases: HashMap<String, f64> = scored(&v[7]).into_iter().collect();
     let writers_waiting = uint(&v[8]);
     let writers = scored(&v[9]);
-    let outcome = match int(&v[11]) {
+    let readers_registered = uint(&v[10]);
+    let readers = scored(&v[11]);
+    let outcome = match int(&v[13]) {
         Some(-2) | None => None,
         Some(ttl) => Some(OutcomeView {
-            bytes: uint(&v[10]),
+            bytes: uint(&v[12]),
             ttl_ms: (ttl >= 0).then_some(ttl),
         }),
     };
@@ -308,7 +325,7 @@ async fn read_one(
         (true, None) if queue_length > 0 => Kind::Fair,
         (true, None) => Kind::Plain,
         (false, _) if queue_length > 0 => Kind::Fair,
-        (false, _) if writers_waiting > 0 => Kind::ReadWrite,
+        (false, _) if writers_waiting + readers_registered > 0 => Kind::ReadWrite,
         (false, _) if outcome.is_some() => Kind::ClaimOutcome,
         (false, _) if fence.is_some() => Kind::Free,
         (false, _) => return Ok(None),
@@ -365,12 +382,25 @@ async fn read_one(
             subscribers: 0,
         })
         .collect();
-    let waiting_writers = writers
+    let registered = |(holder, deadline): (String, f64)| WaiterView {
+        holder,
+        deadline_ms: Some(deadline as i64 - now_ms),
+    };
+    let waiting_writers = writers.into_iter().map(registered).collect();
+    let reading: BTreeSet<&str> = holders
+        .iter()
+        .filter(|h| h.side == "read")
+        .map(|h| h.id.as_str())
+        .collect();
+    let admitted = match readers_registered {
+        0 => 0,
+        _ => registered_among(target, &keys.waiting_readers, &reading).await?,
+    };
+    let readers_waiting = readers_registered.saturating_sub(admitted);
+    let waiting_readers = readers
         .into_iter()
-        .map(|(holder, deadline)| WriterView {
-            holder,
-            deadline_ms: Some(deadline as i64 - now_ms),
-        })
+        .filter(|(id, _)| !reading.contains(id.as_str()))
+        .map(registered)
         .collect();
     let channels = channels_of(&keys);
     let mut view = LockView {
@@ -386,6 +416,8 @@ async fn read_one(
         queue,
         writers_waiting,
         waiting_writers,
+        readers_waiting,
+        waiting_readers,
         subscribers: 0,
         channels,
         outcome,
@@ -403,6 +435,24 @@ async fn read_one(
     });
     view.channels.extend(turns);
     Ok(Some(view))
+}
+
+/// How many of `holders` are in the registry `key`: read holders still registered, whom
+/// a write release admitted (they stay registered until their holds end).
+async fn registered_among(
+    target: &Target,
+    key: &str,
+    holders: &BTreeSet<&str>,
+) -> Result<u64, CliError> {
+    if holders.is_empty() {
+        return Ok(0);
+    }
+    let mut pipe = redis::pipe();
+    for holder in holders {
+        pipe.cmd("ZSCORE").arg(key).arg(*holder);
+    }
+    let scores = target.keyed(&mut pipe).await?;
+    Ok(scores.iter().filter(|s| !matches!(s, Value::Nil)).count() as u64)
 }
 
 /// The lock's own channels (the turn channels of queued waiters are added to them).

@@ -31,17 +31,20 @@ pub enum Part {
     Leases,
     /// A read-write lock's waiting writers (a zset: holder id → server ms).
     Writers,
+    /// A read-write lock's waiting readers (a zset: holder id → server ms).
+    Readers,
 }
 
 impl Part {
     /// Every companion (every part but the hash), with the word the layouts use for it.
-    pub const COMPANIONS: [(Part, &'static str); 6] = [
+    pub const COMPANIONS: [(Part, &'static str); 7] = [
         (Part::Fence, "fence"),
         (Part::Done, "done"),
         (Part::Queue, "queue"),
         (Part::Deadlines, "deadlines"),
         (Part::Leases, "leases"),
         (Part::Writers, "writers"),
+        (Part::Readers, "readers"),
     ];
 
     fn from_word(word: &str) -> Option<Part> {
@@ -80,6 +83,8 @@ pub struct LockKeys {
     pub leases: String,
     /// A read-write lock's waiting writers.
     pub writers: String,
+    /// A read-write lock's waiting readers.
+    pub waiting_readers: String,
     /// The release channel (plain waiters, waiting writers, Redisson's waiters).
     pub channel: String,
     /// The channel of a read-write lock's waiting readers.
@@ -102,6 +107,7 @@ impl LockKeys {
             Part::Deadlines => &self.deadlines,
             Part::Leases => &self.leases,
             Part::Writers => &self.writers,
+            Part::Readers => &self.waiting_readers,
         }
     }
 }
@@ -164,6 +170,7 @@ impl Space {
             deadlines: companion("deadlines"),
             leases: companion("leases"),
             writers: companion("writers"),
+            waiting_readers: companion("readers"),
             readers_channel: companion("readable"),
             channel: key.channel().to_owned(),
             lock,

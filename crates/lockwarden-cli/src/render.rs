@@ -91,10 +91,10 @@ pub fn kind_cell(view: &LockView) -> String {
     }
 }
 
-/// Queued holders: a fair lock's queue, or a read-write lock's waiting writers.
+/// Queued holders: a fair lock's queue, or a read-write lock's waiting writers and readers.
 pub fn queued_cell(view: &LockView) -> String {
     match view.kind {
-        Kind::ReadWrite => view.writers_waiting.to_string(),
+        Kind::ReadWrite => (view.writers_waiting + view.readers_waiting).to_string(),
         _ => view.queue_length.to_string(),
     }
 }
@@ -178,15 +178,20 @@ pub fn show(v: &LockView) -> String {
             v.queue_length - v.queue.len() as u64
         );
     }
-    if v.kind == Kind::ReadWrite || v.writers_waiting > 0 {
-        let _ = writeln!(out, "{:<12}{}", "writers", v.writers_waiting);
-        for w in &v.waiting_writers {
-            let _ = writeln!(
-                out,
-                "  {}  registered for {}",
-                w.holder,
-                opt_ms(w.deadline_ms)
-            );
+    if v.kind == Kind::ReadWrite {
+        for (side, count, waiters) in [
+            ("writers", v.writers_waiting, &v.waiting_writers),
+            ("readers", v.readers_waiting, &v.waiting_readers),
+        ] {
+            let _ = writeln!(out, "{side:<12}{count} waiting");
+            for w in waiters {
+                let _ = writeln!(
+                    out,
+                    "  {}  registered for {}",
+                    w.holder,
+                    opt_ms(w.deadline_ms)
+                );
+            }
         }
     }
     let _ = writeln!(out, "{:<12}{}", "subscribers", v.subscribers);

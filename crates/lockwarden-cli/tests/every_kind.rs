@@ -4,8 +4,11 @@
 mod common;
 
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 use common::*;
+use lockwarden_core::LockClient;
+use lockwarden_testkit::{eventually, RedisServer, TestProcess};
 use serde_json::Value;
 
 /// Not a test on its own: the child process of the tests below.
@@ -117,6 +120,17 @@ fn list_json_shows_every_kind_with_holders_queues_and_subscribers() {
         readers_channel["subscribers"], 1,
         "the waiting readers' client"
     );
+    assert_eq!(writer["writers_waiting"], 0);
+    assert_eq!(
+        writer["readers_waiting"], 2,
+        "both refused readers registered"
+    );
+    let waiting = writer["waiting_readers"].as_array().unwrap();
+    assert_eq!(waiting.len(), 2);
+    for r in waiting {
+        let deadline = r["deadline_ms"].as_i64().unwrap();
+        assert!(deadline > 0 && deadline <= 30_000, "{r}");
+    }
 
     let claim = by_name(&list, CLAIM);
     assert_eq!(claim["kind"], "claim-outcome");
@@ -294,6 +308,8 @@ fn show_gives_queue_order_reader_leases_and_outcome() {
         writer.contains("readers  lockwarden:{report}:readable  1"),
         "{writer}"
     );
+    assert!(writer.contains("writers     0 waiting"), "{writer}");
+    assert!(writer.contains("readers     2 waiting"), "{writer}");
 
     let awkward = f.run(&["show", AWKWARD, "--json"]).json();
     assert_eq!(awkward["name"], AWKWARD);
@@ -413,4 +429,69 @@ fn unlock_on_a_terminal_asks_and_only_yes_confirms() {
     assert_eq!(confirmed.status.code(), Some(0), "{text}");
     assert!(text.contains("unlocked \"orders:42\""), "{text}");
     f.wait_got(PLAIN);
+}
+
+#[test]
+fn readers_a_write_release_admitted_hold_and_no_longer_wait() {
+    let server = RedisServer::start().expect("start redis-server");
+    let url = server.url();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let writer = rt.block_on(async {
+        let client = LockClient::connect(&url).await.unwrap();
+        client.rw_lock(LEDGER).write().acquire().await.unwrap()
+    });
+    let env = format!("read-after-write {url}");
+    let mut child = TestProcess::spawn("child", &[(CHILD_ENV, &env)]).expect("spawn the child");
+    let registered = || {
+        server
+            .query::<i64>(&["ZCARD", "lockwarden:{ledger}:readers"])
+            .unwrap()
+    };
+    rt.block_on(eventually(
+        Duration::from_secs(30),
+        "both readers registered",
+        || async { registered() == 2 },
+    ));
+    let show = |json: bool| {
+        let mut args = vec!["--url", url.as_str(), "show", LEDGER];
+        if json {
+            args.push("--json");
+        }
+        lockwarden(&args)
+    };
+    let view = show(true).json();
+    assert_eq!(view["readers_waiting"], 2, "{view}");
+    let waiting: BTreeSet<String> = view["waiting_readers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["holder"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(waiting.len(), 2, "{view}");
+
+    // Stopped, the readers cannot run: the release admits them (they hold) and their
+    // registrations stay until their holds end. Neither waits any longer.
+    child.pause();
+    rt.block_on(writer.release()).unwrap();
+    assert_eq!(registered(), 2, "registrations kept");
+    let view = show(true).json();
+    assert_eq!(view["kind"], "read-write");
+    assert_eq!(view["mode"], "read");
+    assert_eq!(ids(&view["holders"]), waiting, "the waiting readers hold");
+    assert_eq!(view["readers_waiting"], 0, "{view}");
+    assert!(view["waiting_readers"].as_array().unwrap().is_empty());
+    let text = show(false).ok().to_owned();
+    assert!(text.contains("readers     0 waiting"), "{text}");
+
+    // Running again, each finds it holds.
+    child.resume();
+    for _ in 0..2 {
+        assert_eq!(
+            child.wait_for_line("GOT ", Duration::from_secs(30)),
+            "ledger read"
+        );
+    }
+    let view = show(true).json();
+    assert_eq!(ids(&view["holders"]), waiting);
+    assert_eq!(view["readers_waiting"], 0);
 }

@@ -41,6 +41,8 @@ pub const AWKWARD: &str = "we{ir}d%7B name ünï/✓";
 pub const REDISSON: &str = "redisson:res";
 /// A plain lock taken and released over and over (scenario `churn`).
 pub const HOT: &str = "hot";
+/// A read-write lock two readers wait for (scenario `read-after-write`).
+pub const LEDGER: &str = "ledger";
 
 /// Runs `lockwarden` with `args` (stdin empty, `REDIS_URL` unset), within 60 s.
 pub fn lockwarden(args: &[&str]) -> Run {
@@ -184,6 +186,8 @@ impl Fixture {
             .await;
             eventually(within, "the readers wait", || async {
                 s.subscribers("lockwarden:{report}:readable") == 1
+                    && s.query::<i64>(&["ZCARD", "lockwarden:{report}:readers"])
+                        .is_ok_and(|n| n == 2)
             })
             .await;
             eventually(within, "the Redisson waiter subscribes", || async {
@@ -207,6 +211,7 @@ pub fn child_body() {
         match scenario {
             "every-kind" => every_kind(url).await,
             "churn" => churn(url).await,
+            "read-after-write" => read_after_write(url).await,
             other => panic!("unknown scenario {other}"),
         }
     });
@@ -310,6 +315,28 @@ async fn every_kind(url: &str) {
     });
 
     println!("READY");
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    drop(held);
+}
+
+/// Two readers of one client wait for [`LEDGER`] (someone else holds it for writing);
+/// prints `GOT ledger read` as each gets it, then holds it until killed (at most 120 s).
+async fn read_after_write(url: &str) {
+    let readers = client(url).await;
+    let waiting: Vec<_> = (0..2)
+        .map(|_| {
+            let lock = readers.rw_lock(LEDGER);
+            tokio::spawn(async move {
+                let g = lock.read().acquire().await.unwrap();
+                println!("GOT {LEDGER} read");
+                g
+            })
+        })
+        .collect();
+    let mut held = Vec::new();
+    for reader in waiting {
+        held.push(reader.await.unwrap());
+    }
     tokio::time::sleep(Duration::from_secs(120)).await;
     drop(held);
 }
