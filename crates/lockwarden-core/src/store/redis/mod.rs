@@ -98,7 +98,8 @@ impl RedisStore {
         changes: mpsc::UnboundedReceiver<Arc<str>>,
     ) -> Result<Self> {
         let timeout = options.command_timeout;
-        let (conn, source) = deployment.connect(timeout, timeout, &options.tls).await?;
+        // Every call on it goes through `Commands`, which bounds it.
+        let (conn, source) = deployment.connect(timeout, None, &options.tls).await?;
         let notices = Notices::on(conn.is_cluster(), options.sharded_notices);
         let commands = Commands {
             conn,
@@ -112,7 +113,7 @@ impl RedisStore {
             None => None,
             Some((n, wait)) => {
                 let (conn, _) = deployment
-                    .connect(timeout, timeout + wait, &options.tls)
+                    .connect(timeout, Some(timeout + wait), &options.tls)
                     .await?;
                 Some(Replicated::new(conn, n, wait))
             }
