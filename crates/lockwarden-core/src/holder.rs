@@ -1,6 +1,6 @@
 //! Holder identities: who holds a lock, and which task acts as whom.
 
-use std::fmt;
+use std::fmt::{self, Write as _};
 use std::future::Future;
 use std::sync::Arc;
 
@@ -41,7 +41,13 @@ pub struct Holder(Arc<str>);
 
 impl Holder {
     pub(crate) fn new(client_id: &str, number: u64) -> Self {
-        Holder(format!("{client_id}:{number}").into())
+        // Sized up front: `format!` guesses, and grew the string on every new holder.
+        let mut id = String::with_capacity(client_id.len() + 1 + 20);
+        id.push_str(client_id);
+        id.push(':');
+        // Writing to a `String` cannot fail.
+        let _ = write!(id, "{number}");
+        Holder(id.into())
     }
 
     /// The holder id as stored in Redis.

@@ -291,6 +291,11 @@ fn validate(name: &str, max_len: usize) -> Result<(), KeyError> {
 /// Percent-encodes the characters that could form or break a hash tag (and `%` itself,
 /// so the encoding stays one-to-one).
 fn escape_into(out: &mut String, raw: &str) {
+    // Most names have nothing to escape: copied whole, not pushed char by char.
+    if !raw.contains(['%', '{', '}']) {
+        out.push_str(raw);
+        return;
+    }
     for c in raw.chars() {
         match c {
             '%' => out.push_str("%25"),

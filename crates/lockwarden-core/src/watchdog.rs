@@ -188,13 +188,16 @@ impl Holds {
 
     fn unregister(&self, hold: &Hold, generation: u64) {
         let mut entries = self.entries();
-        if let Some(entry) = entries.get_mut(hold) {
-            if entry.generation == generation {
-                entry.guards -= 1;
-                if entry.guards == 0 {
-                    entries.remove(hold);
-                }
-            }
+        // Taken out and put back when other guards share it (or it is a newer hold's):
+        // the common last guard then hashes the hold once, not twice.
+        let Some((hold, mut entry)) = entries.remove_entry(hold) else {
+            return;
+        };
+        if entry.generation == generation {
+            entry.guards -= 1;
+        }
+        if entry.guards > 0 {
+            entries.insert(hold, entry);
         }
     }
 
