@@ -1,4 +1,4 @@
--- Take or re-enter a lock in one step (after once.lua).
+-- Take or re-enter a lock in one step (after once.lua and token.lua).
 -- KEYS[1] lock hash (field = holder id, value = re-entry count)
 -- KEYS[2] fencing key (last token issued for this lock; lives as long as the lock)
 -- KEYS[3] optional: the outcome key of a claim (see release.lua); when it exists the
@@ -17,22 +17,11 @@ end
 -- (a refused attempt is then two calls, PTTL and HMGET).
 local ttl = redis.call('PTTL', KEYS[1])
 if ttl == -2 then
-  -- Tokens come from the server clock (µs) and never repeat the last one, so a lost
-  -- fencing key cannot make tokens go backwards. Written as the seconds and the
-  -- zero-padded µs joined: about 1 µs of Redis CPU less than string.format of the sum.
-  local now = redis.call('TIME')
-  local written = now[1] .. string.sub('00000' .. now[2], -6)
-  local token = tonumber(written)
-  -- SET .. GET writes the token and reads the last one in one call; only a clock that
-  -- stepped back needs the second write. %.0f: tostring would write 1.7e+15.
-  local last = tonumber(redis.call('SET', KEYS[2], written, 'PX', ARGV[2], 'GET'))
-  if last and last >= token then
-    token = last + 1
-    redis.call('SET', KEYS[2], string.format('%.0f', token), 'PX', ARGV[2])
-  end
+  -- The server clock is read only here: a lock found busy does not need it.
+  local token = issue_token(KEYS[2], redis.call('TIME'), 'PX', ARGV[2])
   set_count(KEYS[1], ARGV[1], 1, call)
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, token}
+  return {1, tonumber(token)}
 end
 local held = redis.call('HMGET', KEYS[1], ARGV[1], op_of(ARGV[1]))
 if held[1] then

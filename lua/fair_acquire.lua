@@ -41,7 +41,7 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
       redis.call('LPOP', KEYS[3])
       redis.call('ZREM', KEYS[4], me)
     end
-    return {1, take(me, now + tonumber(ARGV[2]), call)}
+    return {1, tonumber(take(me, now + tonumber(ARGV[2]), call))}
   end
   -- Free, but another waiter's turn (the lock expired, or a waiter ahead was dropped):
   -- the head gets it now, as a release would have given it.

@@ -1,5 +1,6 @@
--- Prepended to every fair_*.lua script (after clock.lua and once.lua): the fair lock's layout, the
--- pruning of silent waiters and the direct handoff to the head of the queue.
+-- Prepended to every fair_*.lua script (after clock.lua, once.lua and token.lua): the fair
+-- lock's layout, the pruning of silent waiters and the direct handoff to the head of the
+-- queue.
 --
 -- KEYS[1] lock hash (same shape as acquire.lua, so renew.lua renews it)
 -- KEYS[2] fencing key
@@ -21,18 +22,11 @@ local function prune()
 end
 
 -- Takes the free lock for `holder` until `until_ms` (server clock), for the call `call`
--- (see once.lua): a new fencing token from the server clock (µs), never at or below the
--- last one.
+-- (see once.lua); returns its new fencing token (see token.lua), in digits.
 local function take(holder, until_ms, call)
-  local token = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
-  local last = tonumber(redis.call('GET', KEYS[2]))
-  if last and last >= token then
-    token = last + 1
-  end
   set_count(KEYS[1], holder, 1, call)
   redis.call('PEXPIREAT', KEYS[1], until_ms)
-  redis.call('SET', KEYS[2], int(token), 'PXAT', until_ms)
-  return token
+  return issue_token(KEYS[2], clock, 'PXAT', int(until_ms))
 end
 
 -- The channel on which `holder` hears its turn: its client's (`prefix` and the holder id
@@ -52,7 +46,7 @@ local function grant_head(prefix)
     local until_ms = tonumber(redis.call('ZSCORE', KEYS[4], head))
     if until_ms then
       local token = take(head, until_ms, '')
-      redis.call('PUBLISH', wake_channel(prefix, head), 'granted:' .. int(token) .. ':' .. head)
+      redis.call('PUBLISH', wake_channel(prefix, head), 'granted:' .. token .. ':' .. head)
       return
     end
     -- A place without a deadline (its keys were cut apart): no live waiter holds it.

@@ -1,4 +1,4 @@
--- Take (or re-enter) several locks at once, all or nothing (after once.lua).
+-- Take (or re-enter) several locks at once, all or nothing (after once.lua and token.lua).
 -- KEYS: lock hash and fencing key of each lock, in pairs: lock1, fence1, lock2, fence2, ...
 -- ARGV[1] holder id, ARGV[2] lease in ms, ARGV[3] '1' for a holder made for this call,
 -- last: this call's id (see once.lua)
@@ -21,8 +21,7 @@ for i = 1, n do
     return {0, i, redis.call('PTTL', lock)}
   end
 end
-local now = redis.call('TIME')
-local clock = tonumber(now[1]) * 1000000 + tonumber(now[2])
+local clock = redis.call('TIME')
 local out = {1}
 for i = 1, n do
   local lock, fence = KEYS[2 * i - 1], KEYS[2 * i]
@@ -38,14 +37,7 @@ for i = 1, n do
     end
   end
   if count == 1 then
-    -- Fresh: a new token, above the last one even if the clock stepped back.
-    local token = clock
-    local last = tonumber(redis.call('SET', fence, string.format('%.0f', token), 'PX', ARGV[2], 'GET'))
-    if last and last >= token then
-      token = last + 1
-      redis.call('SET', fence, string.format('%.0f', token), 'PX', ARGV[2])
-    end
-    out[i + 1] = token
+    out[i + 1] = tonumber(issue_token(fence, clock, 'PX', ARGV[2]))
     redis.call('PEXPIRE', lock, ARGV[2])
   else
     -- A re-entry (or a hold taken again) never shortens the hold (see acquire.lua).

@@ -1,5 +1,5 @@
--- Prepended to every rw_*.lua script (after clock.lua and once.lua): the read-write lock's layout and
--- the pruning of holds whose lease ran out.
+-- Prepended to every rw_*.lua script (after clock.lua, once.lua and token.lua): the
+-- read-write lock's layout and the pruning of holds whose lease ran out.
 --
 -- KEYS[1] lock hash: `mode` ('read' or 'write'), `token` (the fencing token of the
 --         current phase: the write hold, or the read phase the readers joined), and one
@@ -49,15 +49,12 @@ local function prune()
   return mode
 end
 
--- A new fencing token, from the server clock (µs), never at or below the last one.
+-- A new fencing token (see token.lua), in digits, also kept in the hash for the holds
+-- of this phase. The fencing key expires with the lock's other keys
+-- (`expire_with_latest`).
 local function fresh_token()
-  local token = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
-  local last = tonumber(redis.call('GET', KEYS[3]))
-  if last and last >= token then
-    token = last + 1
-  end
-  redis.call('SET', KEYS[3], int(token))
-  redis.call('HSET', KEYS[1], 'token', int(token))
+  local token = issue_token(KEYS[3], clock)
+  redis.call('HSET', KEYS[1], 'token', token)
   return token
 end
 
@@ -169,7 +166,7 @@ local function admit_readers(channel)
   local phase = redis.call('HMGET', KEYS[1], 'mode', 'token')
   local token = phase[2]
   if not phase[1] then
-    token = int(fresh_token())
+    token = fresh_token()
   end
   counts[#counts + 1] = 'mode'
   counts[#counts + 1] = 'read'

@@ -32,7 +32,7 @@ if not mode then
     return busy(true)
   end
   no_longer_waiting()
-  local token = fresh_token()
+  local token = tonumber(fresh_token())
   set_count(KEYS[1], field, 1, call, 'mode', 'read')
   lease_at_least(field, ARGV[2])
   return {1, token}

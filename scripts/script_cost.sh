@@ -6,8 +6,9 @@
 #
 #   scripts/script_cost.sh [acquire.lua] [release.lua] [ROUNDS]
 #
-# Each script runs after lua/once.lua, as the client sends it, with a fresh holder's
-# arguments (no call id: one server never resends a call).
+# Each script runs after lua/once.lua (the acquire also after lua/token.lua), as the
+# client sends it, with a fresh holder's arguments (no call id: one server never resends
+# a call).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 acquire=${1:-lua/acquire.lua} release=${2:-lua/release.lua} rounds=${3:-2000}
@@ -16,7 +17,7 @@ dir=$(mktemp -d)
 trap 'redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true; rm -rf "$dir"' EXIT
 redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" --daemonize yes >/dev/null
 until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.05; done
-a=$(redis-cli -p "$port" SCRIPT LOAD "$(cat lua/once.lua "$acquire")")
+a=$(redis-cli -p "$port" SCRIPT LOAD "$(cat lua/once.lua lua/token.lua "$acquire")")
 r=$(redis-cli -p "$port" SCRIPT LOAD "$(cat lua/once.lua "$release")")
 python3 - "$a" "$r" "$rounds" > "$dir/cycles.resp" <<'PY'
 import sys

@@ -32,10 +32,11 @@ static COMPARE_AND_DELETE: LazyLock<Script> = LazyLock::new(|| {
 });
 /// The cheapest script: the round-trip cost of EVALSHA itself.
 pub static TRIVIAL: LazyLock<Script> = LazyLock::new(|| Script::new("return 1"));
-// As the client sends them: after the count-once helpers.
+// As the client sends them: after the count-once helpers (and the token maker).
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         include_str!("../../../lua/once.lua"),
+        include_str!("../../../lua/token.lua"),
         include_str!("../../../lua/acquire.lua")
     ))
 });

@@ -843,7 +843,7 @@ async fn a_refusal_inside_a_script_keeps_what_the_script_wrote() {
     );
     let client = connect_unchecked(&url, |b| b).await;
     let refused = client.try_acquire("invoice:1", Duration::ZERO).await;
-    expect_refused(refused.map(drop), "PEXPIRE (line 34 of acquire.lua)");
+    expect_refused(refused.map(drop), "PEXPIRE (line 23 of acquire.lua)");
     let key = client.key("invoice:1").unwrap().redis_key().to_owned();
     assert!(forever(&key), "{key}: {}", server.pttl(&key));
     let fields: Vec<String> = server.query(&["HKEYS", &key]).unwrap();
@@ -866,7 +866,7 @@ async fn a_refusal_inside_a_script_keeps_what_the_script_wrote() {
         .read()
         .try_acquire(Duration::ZERO)
         .await;
-    expect_refused(refused.map(drop), "PEXPIREAT (line 68 of rw_prelude.lua)");
+    expect_refused(refused.map(drop), "PEXPIREAT (line 65 of rw_prelude.lua)");
     let key = client.key("invoice:2").unwrap().redis_key().to_owned();
     assert!(forever(&key), "{key}: {}", server.pttl(&key));
     assert!(forever(&format!("{key}:leases")));

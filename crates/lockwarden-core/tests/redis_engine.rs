@@ -5,6 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::kinds::{Kind, Opts};
 use common::{connect_with, finishes};
 use lockwarden_core::{LockClient, LockError};
 use lockwarden_testkit::{eventually, RedisServer};
@@ -286,6 +287,49 @@ async fn tokens_never_go_back_even_if_the_server_clock_does() {
     let stored: String = server.query(&["GET", "lockwarden:{clock}:fence"]).unwrap();
     assert_eq!(stored, (ahead + 2).to_string());
     second.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_kind_issues_its_tokens_above_a_last_token_ahead_of_the_clock() {
+    // One token maker serves every kind (lua/token.lua); each kind hands it its own
+    // fencing key and expiry, so each is checked: the first hold after a last token far
+    // ahead of the clock gets the next one, and the fencing key then says so.
+    let server = RedisServer::start().unwrap();
+    let client = LockClient::connect(&server.url()).await.unwrap();
+    for (i, kind) in [
+        Kind::Plain,
+        Kind::Fair,
+        Kind::Read,
+        Kind::Write,
+        Kind::Multi,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let name = format!("ahead:{kind:?}");
+        let ahead = 8_000_000_000_000_000 + 1_000 * i as u64;
+        let fences: Vec<String> = kind
+            .redis_keys(&client, &name)
+            .into_iter()
+            .map(|key| format!("{key}:fence"))
+            .collect();
+        for fence in &fences {
+            let _: () = server
+                .query(&["SET", fence, &ahead.to_string(), "PX", "60000"])
+                .unwrap();
+        }
+        let held = kind
+            .acquire(&client, &name, &Opts::default())
+            .await
+            .unwrap();
+        assert_eq!(held.tokens(), vec![ahead + 1; fences.len()], "{kind:?}");
+        for fence in &fences {
+            let stored: String = server.query(&["GET", fence]).unwrap();
+            assert_eq!(stored, (ahead + 1).to_string(), "{kind:?}: {fence}");
+            assert!(server.pttl(fence) > 0, "{kind:?}: {fence} never expires");
+        }
+        held.release().await.unwrap();
+    }
 }
 
 /// The server's clock in µs, as `TIME` tells it.

@@ -146,7 +146,11 @@ mod tests {
     #[test]
     fn a_refusal_inside_a_script_names_the_command_on_its_line() {
         let acquire = scripts::named("acquire.lua");
-        let prelude = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/once.lua"));
+        let prelude = [
+            include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/once.lua")),
+            include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/token.lua")),
+        ]
+        .concat();
         let own = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/acquire.lua"));
         let pexpire = own
             .lines()
@@ -172,6 +176,7 @@ mod tests {
         let prelude = [
             include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/clock.lua")),
             include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/once.lua")),
+            include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/token.lua")),
             include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/rw_prelude.lua")),
         ]
         .concat();

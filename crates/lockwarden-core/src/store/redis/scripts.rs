@@ -77,13 +77,14 @@ impl std::ops::Deref for Lua {
 
 /// A script made of files of `lua/` (each ending with a newline, so lines add up).
 /// `fair: f` and `rw: f` put a fair or read-write script after the clock, the count-once
-/// helpers and its kind's prelude (layout, pruning; the fair one also the handoff).
+/// helpers, the token maker and its kind's prelude (layout, pruning; the fair one also the
+/// handoff).
 macro_rules! script {
     (fair: $file:literal) => {
-        script!("clock.lua", "once.lua", "fair_prelude.lua", $file)
+        script!("clock.lua", "once.lua", "token.lua", "fair_prelude.lua", $file)
     };
     (rw: $file:literal) => {
-        script!("clock.lua", "once.lua", "rw_prelude.lua", $file)
+        script!("clock.lua", "once.lua", "token.lua", "rw_prelude.lua", $file)
     };
     ($($file:literal),+) => {
         LazyLock::new(|| {
@@ -99,11 +100,11 @@ macro_rules! script {
     };
 }
 
-static ACQUIRE: LazyLock<Lua> = script!("once.lua", "acquire.lua");
+static ACQUIRE: LazyLock<Lua> = script!("once.lua", "token.lua", "acquire.lua");
 static RENEW: LazyLock<Lua> = script!("renew.lua");
 static RELEASE: LazyLock<Lua> = script!("once.lua", "release.lua");
 static FORCE_RELEASE: LazyLock<Lua> = script!("force_release.lua");
-static MULTI_ACQUIRE: LazyLock<Lua> = script!("once.lua", "multi_acquire.lua");
+static MULTI_ACQUIRE: LazyLock<Lua> = script!("once.lua", "token.lua", "multi_acquire.lua");
 static FAIR_ACQUIRE: LazyLock<Lua> = script!(fair: "fair_acquire.lua");
 static FAIR_RELEASE: LazyLock<Lua> = script!(fair: "fair_release.lua");
 static FAIR_LEAVE: LazyLock<Lua> = script!(fair: "fair_leave.lua");
