@@ -12,9 +12,9 @@
 //!
 //! Diagnostic apps show where the time goes: two raw `EVALSHA` of a trivial script in the
 //! handler (the floor for an acquire and a release on the request path, as the layer has
-//! them: it hands on the last body frame only once the release is done; 1 connection
-//! only), lockwarden's own acquire and release scripts sent raw from the handler (the
-//! same floor with the Redis side of a lock cycle; 1 connection only), the lock engine
+//! them: it hands on the last body frame only once the release is done), lockwarden's own
+//! acquire and release scripts sent raw from the handler (the same floor with the Redis
+//! side of a lock cycle), the lock engine
 //! called in the handler without the layer (`try_acquire(0)`, build the response,
 //! `release().await`), and the layer with a fixed lease instead of the watchdog
 //! (1 connection only).
@@ -85,8 +85,16 @@ impl App {
         App::Layer,
         App::LayerLease,
     ];
-    /// The apps of the 64-connection part, run in this order and then reversed.
-    const CONCURRENT: [App; 4] = [App::Plain, App::Engine, App::Layer, App::Replay];
+    /// The apps of the 64-connection part, run in this order and then reversed: the same
+    /// references first (no lock first: the others' ratios are to it).
+    const CONCURRENT: [App; 6] = [
+        App::Plain,
+        App::Evalsha,
+        App::OwnScripts,
+        App::Engine,
+        App::Layer,
+        App::Replay,
+    ];
 
     fn name(self) -> &'static str {
         match self {
@@ -398,6 +406,8 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
         .map(|t| Summary::rates(t.rates.clone()))
         .collect();
     let latencies: Vec<Summary> = totals.iter().map(|t| Summary::micros(&t.samples)).collect();
+    let at = |wanted: App| apps.iter().position(|a| *a == wanted).unwrap_or(0);
+    let (floor, own) = (at(App::Evalsha), at(App::OwnScripts));
     for (k, (app, t)) in apps.iter().zip(&totals).enumerate() {
         let done = t.samples.len() as f64;
         let mut row = Row::new(CONCURRENT, app.name(), "requests/s", "/s")
@@ -421,6 +431,13 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
         ));
         if k > 0 {
             row = row.ratio_to(rates[0].median, "÷ no-lock median");
+        }
+        if app.locked() {
+            row = row.note(format!(
+                "÷ the 2 × EVALSHA app {:.2}, ÷ lockwarden's scripts raw {:.2}",
+                rates[k].median / rates[floor].median,
+                rates[k].median / rates[own].median
+            ));
         }
         if t.stopped_early {
             row = row.note("stopped by the time limit");
