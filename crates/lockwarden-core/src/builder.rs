@@ -7,7 +7,7 @@ use crate::client::LockClient;
 use crate::engine::Engine;
 use crate::error::LockError;
 use crate::key::{KeyLayout, KeySpace};
-use crate::store::redis::{ConnectOptions, Deployment, Tls, PROBE};
+use crate::store::redis::{config_error, ConnectOptions, Credentials, Deployment, Tls, PROBE};
 use crate::store::Store;
 use crate::waiters::Waiters;
 
@@ -70,6 +70,8 @@ pub struct LockClientBuilder {
     keys: KeySpace,
     watchdog_lease: Duration,
     connect: ConnectOptions,
+    /// Who to log in as on the primary Sentinel names.
+    primary: Option<Credentials>,
 }
 
 impl Default for LockClientBuilder {
@@ -84,6 +86,7 @@ impl Default for LockClientBuilder {
                 check_permissions: true,
                 sharded_notices: false,
             },
+            primary: None,
         }
     }
 }
@@ -307,6 +310,37 @@ impl LockClientBuilder {
         self
     }
 
+    /// Logs in to the primary that [`connect_sentinel`](Self::connect_sentinel)'s
+    /// sentinels name, and to each replica promoted after it, as the ACL user `username`
+    /// with `password` (for a primary with only `requirepass`: the user `default`).
+    /// Credentials in the sentinel URLs are the sentinels' own; these are the data
+    /// servers', and every connection to the primary uses them: commands, the pub/sub
+    /// connection that carries release notices, and the `WAIT` connection of
+    /// [`wait_for_replicas`](Self::wait_for_replicas). The user needs what any
+    /// lockwarden user needs (see the README); connecting checks it. The other connects
+    /// refuse this setting: a server's or a cluster's credentials go in its URLs.
+    ///
+    /// ```no_run
+    /// # use lockwarden_core::LockClient;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = LockClient::builder()
+    ///     .primary_credentials("locks", std::env::var("REDIS_PASSWORD")?)
+    ///     .connect_sentinel(["redis://127.0.0.1:26379/"], "mymaster")
+    ///     .await?;
+    /// # drop(client); Ok(()) }
+    /// ```
+    pub fn primary_credentials(
+        mut self,
+        username: impl Into<String>,
+        password: impl Into<String>,
+    ) -> Self {
+        self.primary = Some(Credentials {
+            username: username.into(),
+            password: password.into(),
+        });
+        self
+    }
+
     /// A client on a new in-process store.
     ///
     /// ```
@@ -497,7 +531,7 @@ impl LockClientBuilder {
     /// [`LockError::Backend`] if an address is invalid or no sentinel names a reachable
     /// primary within the command timeout.
     pub async fn connect_sentinel<I, S>(
-        self,
+        mut self,
         sentinels: I,
         service: &str,
     ) -> Result<LockClient, LockError>
@@ -509,14 +543,24 @@ impl LockClientBuilder {
             .into_iter()
             .map(|n| n.as_ref().to_owned())
             .collect();
+        let primary = self.primary.take();
         self.connect_to(Deployment::Sentinel {
             sentinels,
             service: service.to_owned(),
+            primary,
         })
         .await
     }
 
     async fn connect_to(self, deployment: Deployment) -> Result<LockClient, LockError> {
+        // `connect_sentinel` took them.
+        if self.primary.is_some() {
+            return Err(config_error(
+                "primary_credentials is for connect_sentinel",
+                "give a server's or a cluster's credentials in its URL".to_owned(),
+            )
+            .into());
+        }
         deployment.check()?;
         // The user's permissions are checked on a key and channel of this key space.
         let probe = match self.connect.check_permissions {

@@ -154,3 +154,131 @@ async fn a_lock_the_new_primary_never_got_is_reported_lost() {
     // A lost guard's release says so rather than pretending.
     assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
 }
+
+/// Leaves the data servers' default user what Sentinel and replication need (every
+/// command, no key, only the sentinels' hello channel) and adds the ACL user `locks`,
+/// on both servers (ACLs are not replicated), so only `locks` can lock.
+fn only_the_locks_user_may_lock(sentinel: &RedisSentinel) {
+    for server in sentinel.servers() {
+        server
+            .cmd(&[
+                "ACL",
+                "SETUSER",
+                "locks",
+                "on",
+                ">s3cret",
+                "~lockwarden:*",
+                "&lockwarden:*",
+                "+@all",
+            ])
+            .unwrap();
+        server
+            .cmd(&[
+                "ACL",
+                "SETUSER",
+                "default",
+                "resetkeys",
+                "resetchannels",
+                "&__sentinel__:hello",
+            ])
+            .unwrap();
+    }
+}
+
+/// How many connections of the current primary are logged in as `user` and subscribed.
+fn subscribed_as(sentinel: &RedisSentinel, user: &str) -> usize {
+    let port = sentinel.master_port().unwrap();
+    let primary = sentinel
+        .servers()
+        .iter()
+        .find(|s| s.port() == port)
+        .expect("the primary is one of the pair");
+    let clients: String = primary.query(&["CLIENT", "LIST"]).unwrap();
+    clients
+        .lines()
+        .filter(|l| l.contains(&format!(" user={user} ")) && l.contains(" flags=P "))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_only_an_acl_user_may_use_is_reached_as_that_user_across_a_failover() {
+    let mut sentinel = RedisSentinel::start().unwrap();
+    only_the_locks_user_may_lock(&sentinel);
+    let old = sentinel.master_port().unwrap();
+
+    // As the default user (credentials in a sentinel URL are the sentinel's): no lock.
+    let as_default = client_with(&sentinel, |b| b).await;
+    let refused = as_default.try_acquire("refused", Duration::ZERO).await;
+    assert!(
+        matches!(
+            refused,
+            Err(LockError::Backend(BackendError::NotPermitted { .. }))
+        ),
+        "{refused:?}"
+    );
+    let wrong = LockClient::builder()
+        .primary_credentials("locks", "not-the-password")
+        .connect_sentinel([sentinel.sentinel_url()], sentinel.service())
+        .await;
+    assert!(wrong.is_err(), "a wrong password connected");
+
+    let login = |b: LockClientBuilder| b.primary_credentials("locks", "s3cret");
+    let a = client_with(&sentinel, login).await;
+    let b = client_with(&sentinel, login).await;
+    // A fixed 30 s lease and a waiter: served soon after the release only if its
+    // client's pub/sub connection, logged in as `locks`, heard the notice.
+    let held = a
+        .lock("noticed")
+        .lease(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let waiter = {
+        let b = b.clone();
+        tokio::spawn(async move { b.try_acquire("noticed", Duration::from_secs(28)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        subscribed_as(&sentinel, "locks") >= 1,
+        "no pub/sub connection logged in as locks"
+    );
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let next = waiter.await.unwrap().unwrap();
+    assert!(
+        released.elapsed() < Duration::from_secs(3),
+        "waiter served {:?} after the release: no notice",
+        released.elapsed()
+    );
+    next.release().await.unwrap();
+
+    // The replica Sentinel promotes is logged in to the same way.
+    sentinel.servers_mut()[0].kill();
+    sentinel.wait_for_failover(old, FAILOVER).unwrap();
+    let after = acquire_after_failover(&a, "after").await;
+    // The other client, once it follows too, finds it held there.
+    let deadline = Instant::now() + FAILOVER;
+    loop {
+        match b.try_acquire("after", Duration::ZERO).await {
+            Err(LockError::Timeout { .. }) => break,
+            Err(LockError::Backend(_)) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            other => panic!("the other client on the new primary: {other:?}"),
+        }
+    }
+    after.release().await.unwrap();
+    take_and_release("released", b.try_acquire("after", Duration::ZERO)).await;
+}
+
+#[tokio::test]
+async fn primary_credentials_are_refused_outside_sentinel_and_never_shown() {
+    let builder = LockClient::builder().primary_credentials("locks", "s3cret");
+    let shown = format!("{builder:?}");
+    assert!(shown.contains("locks"), "{shown}");
+    assert!(!shown.contains("s3cret"), "the password shows: {shown}");
+    // Refused before any connection is tried (nothing listens on port 1).
+    let refused = builder.connect("redis://127.0.0.1:1/").await;
+    let message = refused.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(message.contains("connect_sentinel"), "{message}");
+}

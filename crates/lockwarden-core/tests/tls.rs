@@ -482,6 +482,81 @@ async fn sentinel_over_tls_names_the_primary_and_follows_a_failover() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_over_tls_logs_in_to_the_primary_as_the_given_user() {
+    let certs = certs();
+    let sentinel = RedisSentinel::start_tls(&certs).unwrap();
+    // Only the ACL user `locks` may lock (the default user keeps what Sentinel and
+    // replication need: no key, the sentinels' hello channel).
+    for server in sentinel.servers() {
+        let acl = [
+            &[
+                "ACL",
+                "SETUSER",
+                "locks",
+                "on",
+                ">s3cret",
+                "~lockwarden:*",
+                "&lockwarden:*",
+                "+@all",
+            ][..],
+            &[
+                "ACL",
+                "SETUSER",
+                "default",
+                "resetkeys",
+                "resetchannels",
+                "&__sentinel__:hello",
+            ],
+        ];
+        for command in acl {
+            server.cmd(command).unwrap();
+        }
+    }
+    let (certs, sentinel) = (&certs, &sentinel);
+    let connect = |login: bool| async move {
+        let builder = trusting(certs);
+        let builder = match login {
+            true => builder.primary_credentials("locks", "s3cret"),
+            false => builder,
+        };
+        builder
+            .connect_sentinel([sentinel.sentinel_url()], sentinel.service())
+            .await
+            .expect("connect through the TLS sentinel")
+    };
+    let refused = connect(false)
+        .await
+        .try_acquire("tls:acl", Duration::ZERO)
+        .await;
+    assert!(
+        matches!(
+            refused,
+            Err(LockError::Backend(BackendError::NotPermitted { .. }))
+        ),
+        "{refused:?}"
+    );
+    let holder = connect(true).await;
+    let waiter = connect(true).await;
+    let guard = holder
+        .lock("tls:acl")
+        .lease(LEASE)
+        .try_acquire(Duration::ZERO)
+        .await
+        .unwrap();
+    let waiting = spawn_timed(async move { waiter.try_acquire("tls:acl", LEASE / 2).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released = Instant::now();
+    guard.release().await.unwrap();
+    let (got, at) = finishes(SERVED * 2, "the woken waiter", waiting).await;
+    got.expect("the waiter gets the lock")
+        .release()
+        .await
+        .unwrap();
+    assert!(at.duration_since(released) < SERVED);
+    all_over_tls(&sentinel.servers()[0]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_untrusted_cluster_or_sentinel_is_a_clear_error_too() {
     let certs = certs();
     let cluster = RedisCluster::start_tls(1, &certs).unwrap();

@@ -7,7 +7,8 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisFuture, Value};
+use redis::sentinel::SentinelNodeConnectionInfo;
+use redis::{Cmd, Pipeline, RedisConnectionInfo, RedisFuture, Value};
 
 use std::sync::Arc;
 
@@ -24,10 +25,12 @@ pub(crate) enum Deployment {
     Server(redis::Client),
     /// A Redis Cluster, found through any of these nodes.
     Cluster(Vec<String>),
-    /// The primary the sentinels name for `service`, followed across failovers.
+    /// The primary the sentinels name for `service`, followed across failovers, logged in
+    /// to as `primary` (else as the default user).
     Sentinel {
         sentinels: Vec<String>,
         service: String,
+        primary: Option<Credentials>,
     },
     /// One server through an application's deadpool-redis pool; the pub/sub connection
     /// comes from `notices` (a pooled connection cannot subscribe).
@@ -54,8 +57,12 @@ impl Deployment {
                 ClusterClient::new(nodes.iter().map(String::as_str))?;
                 Ok(())
             }
-            Deployment::Sentinel { sentinels, service } => {
-                sentinel_client(sentinels, service.clone())?;
+            Deployment::Sentinel {
+                sentinels,
+                service,
+                primary,
+            } => {
+                sentinel_client(sentinels, service.clone(), primary.as_ref())?;
                 Ok(())
             }
             #[cfg(feature = "deadpool")]
@@ -93,10 +100,15 @@ impl Deployment {
                 let builder = Arc::new(move || cluster_builder(&nodes, timeout, &tls));
                 Ok((conn, Source::Cluster(builder)))
             }
-            Deployment::Sentinel { sentinels, service } => {
-                let sentinel = match tls.sentinel_client(sentinels, service)? {
+            Deployment::Sentinel {
+                sentinels,
+                service,
+                primary,
+            } => {
+                let primary = primary.as_ref();
+                let sentinel = match tls.sentinel_client(sentinels, service, primary)? {
                     Some(over_tls) => over_tls,
-                    None => sentinel_client(sentinels, service.clone())?,
+                    None => sentinel_client(sentinels, service.clone(), primary)?,
                 };
                 let config = manager_config(timeout, response);
                 let followed = Followed::connect(sentinel, config, timeout).await?;
@@ -132,15 +144,50 @@ fn cluster_builder(nodes: &[String], timeout: Duration, tls: &Tls) -> ClusterCli
     tls.cluster(builder)
 }
 
+/// A client setting that cannot work, refused at connect: `what` failed, `detail` says
+/// why.
+pub(crate) fn config_error(what: &'static str, detail: String) -> BackendError {
+    BackendError::Redis(redis::RedisError::from((
+        redis::ErrorKind::InvalidClientConfig,
+        what,
+        detail,
+    )))
+}
+
+/// A user name and password to log in with; `Debug` never shows the password.
+#[derive(Clone)]
+pub(crate) struct Credentials {
+    pub(crate) username: String,
+    pub(crate) password: String,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("username", &self.username)
+            .finish_non_exhaustive()
+    }
+}
+
 // `service` by value: `build` takes a `String`, or `impl AsRef<str>` with TLS enabled.
+// Credentials in the sentinel URLs are each sentinel's own; `primary` are the data
+// servers'.
 fn sentinel_client(
     sentinels: &[String],
     service: String,
+    primary: Option<&Credentials>,
 ) -> Result<redis::sentinel::SentinelClient, BackendError> {
+    let servers = primary.map(|login| {
+        SentinelNodeConnectionInfo::default().set_redis_connection_info(
+            RedisConnectionInfo::default()
+                .set_username(&login.username)
+                .set_password(&login.password),
+        )
+    });
     Ok(redis::sentinel::SentinelClient::build(
         sentinels.iter().map(String::as_str).collect(),
         service,
-        None,
+        servers,
         redis::sentinel::SentinelServerType::Master,
     )?)
 }

@@ -52,7 +52,7 @@ use crate::store::contract::{
 };
 use crate::waiters::Waiters;
 use commands::Commands;
-pub(crate) use conn::Deployment;
+pub(crate) use conn::{config_error, Credentials, Deployment};
 pub(crate) use permissions::PROBE;
 use replicated::Replicated;
 use scripts::NOT_REPLICATED;

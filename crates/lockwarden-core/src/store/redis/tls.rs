@@ -9,6 +9,7 @@
 
 use redis::sentinel::SentinelClient;
 
+use super::conn::{config_error, Credentials};
 use crate::error::BackendError;
 
 /// The TLS settings of a client; empty by default (system roots, no client certificate).
@@ -37,14 +38,6 @@ impl std::fmt::Debug for Tls {
 fn has_tls_scheme(url: &str) -> bool {
     let url = url.trim_start().to_ascii_lowercase();
     url.starts_with("rediss://") || url.starts_with("valkeys://")
-}
-
-fn config_error(what: &'static str, detail: String) -> BackendError {
-    BackendError::Redis(redis::RedisError::from((
-        redis::ErrorKind::InvalidClientConfig,
-        what,
-        detail,
-    )))
 }
 
 impl Tls {
@@ -164,7 +157,8 @@ impl Tls {
     }
 
     /// A sentinel client for TLS sentinels (`rediss://`), which reaches the primary they
-    /// name over TLS too, both with these settings; `None` for plain-text sentinels.
+    /// name over TLS too (logged in as `primary` if given), both with these settings;
+    /// `None` for plain-text sentinels.
     ///
     /// Credentials in the first sentinel URL are used for every sentinel (redis-rs's
     /// builder takes one set).
@@ -172,6 +166,7 @@ impl Tls {
         &self,
         sentinels: &[String],
         service: &str,
+        primary: Option<&Credentials>,
     ) -> Result<Option<SentinelClient>, BackendError> {
         if !self.check(sentinels.iter().map(String::as_str))? {
             return Ok(None);
@@ -196,6 +191,11 @@ impl Tls {
                     builder = builder.set_client_to_sentinel_password(password);
                 }
             }
+            if let Some(login) = primary {
+                builder = builder
+                    .set_client_to_redis_username(&login.username)
+                    .set_client_to_redis_password(&login.password);
+            }
             if let Some(certificates) = self.certificates() {
                 builder = builder
                     .set_client_to_sentinel_certificates(certificates.clone())
@@ -206,7 +206,7 @@ impl Tls {
         // `check` refuses TLS URLs in a build without TLS.
         #[cfg(not(feature = "tls"))]
         {
-            let _ = service;
+            let _ = (service, primary);
             Ok(None)
         }
     }
