@@ -145,11 +145,13 @@ pub struct LockView {
     /// How long the current hold (phase) has lasted, from its token (µs of the server
     /// clock at acquisition), ms.
     pub held_for_ms: Option<u64>,
-    /// A fair lock's queue length.
+    /// A fair lock's queue length (waiters whose deadline has not passed: the lock
+    /// drops the others at its next call).
     pub queue_length: u64,
     /// The first [`SHOWN`] of the queue, in order.
     pub queue: Vec<QueuedView>,
-    /// Writers registered as waiting (read-write).
+    /// Writers registered as waiting (read-write), not counting registrations that
+    /// lapsed (the lock drops those at its next call and ignores them until then).
     pub writers_waiting: u64,
     /// The first [`SHOWN`] of them, earliest deadline first.
     pub waiting_writers: Vec<WaiterView>,
@@ -293,14 +295,29 @@ async fn read_one(
         hash.clear();
     }
     let fence = int(&v[3]).and_then(|t| u64::try_from(t).ok());
-    let queue_length = uint(&v[4]);
-    let queue_ids = strings(&v[5]);
-    let deadlines: HashMap<String, f64> = scored(&v[6]).into_iter().collect();
+    // Waiters whose deadline has passed are not counted or listed: the lock's scripts
+    // drop them at their next call and take no account of them meanwhile.
+    let lapsed = |deadline: f64| deadline <= now_ms as f64;
+    let deadlines: HashMap<String, f64> = scored(&v[6])
+        .into_iter()
+        .filter(|(_, d)| !lapsed(*d))
+        .collect();
+    let queue_length = uint(&v[4]).min(deadlines.len() as u64);
+    let queue_ids: Vec<String> = strings(&v[5])
+        .into_iter()
+        .filter(|id| deadlines.contains_key(id))
+        .collect();
     let leases: HashMap<String, f64> = scored(&v[7]).into_iter().collect();
-    let writers_waiting = uint(&v[8]);
-    let writers = scored(&v[9]);
-    let readers_registered = uint(&v[10]);
-    let readers = scored(&v[11]);
+    let (writers_waiting, writers) =
+        live(target, &keys.writers, now_ms, uint(&v[8]), scored(&v[9])).await?;
+    let (readers_registered, readers) = live(
+        target,
+        &keys.waiting_readers,
+        now_ms,
+        uint(&v[10]),
+        scored(&v[11]),
+    )
+    .await?;
     let outcome = match int(&v[13]) {
         Some(-2) | None => None,
         Some(ttl) => Some(OutcomeView {
@@ -394,7 +411,7 @@ async fn read_one(
         .collect();
     let admitted = match readers_registered {
         0 => 0,
-        _ => registered_among(target, &keys.waiting_readers, &reading).await?,
+        _ => registered_among(target, &keys.waiting_readers, &reading, now_ms).await?,
     };
     let readers_waiting = readers_registered.saturating_sub(admitted);
     let waiting_readers = readers
@@ -437,12 +454,14 @@ async fn read_one(
     Ok(Some(view))
 }
 
-/// How many of `holders` are in the registry `key`: read holders still registered, whom
-/// a write release admitted (they stay registered until their holds end).
+/// How many of `holders` are registered in `key` past `now_ms`: read holders still
+/// registered, whom a write release admitted (they stay registered until their holds
+/// end).
 async fn registered_among(
     target: &Target,
     key: &str,
     holders: &BTreeSet<&str>,
+    now_ms: i64,
 ) -> Result<u64, CliError> {
     if holders.is_empty() {
         return Ok(0);
@@ -452,7 +471,39 @@ async fn registered_among(
         pipe.cmd("ZSCORE").arg(key).arg(*holder);
     }
     let scores = target.keyed(&mut pipe).await?;
-    Ok(scores.iter().filter(|s| !matches!(s, Value::Nil)).count() as u64)
+    let live = |score: &Value| int_or_float(score).is_some_and(|d| d > now_ms as f64);
+    Ok(scores.iter().filter(|s| live(s)).count() as u64)
+}
+
+/// The registrations in `key` whose deadline is after `now_ms`: how many, and the first
+/// [`SHOWN`], earliest deadline first. `count` and `first` are all of them, as read: read
+/// again only when a lapsed one is among them (lapsed ones come first).
+async fn live(
+    target: &Target,
+    key: &str,
+    now_ms: i64,
+    count: u64,
+    first: Vec<(String, f64)>,
+) -> Result<(u64, Vec<(String, f64)>), CliError> {
+    if first.first().is_none_or(|(_, d)| *d > now_ms as f64) {
+        return Ok((count, first));
+    }
+    let after = format!("({now_ms}");
+    let mut pipe = redis::pipe();
+    pipe.cmd("ZCOUNT")
+        .arg(key)
+        .arg(&after)
+        .arg("+inf")
+        .cmd("ZRANGEBYSCORE")
+        .arg(key)
+        .arg(&after)
+        .arg("+inf")
+        .arg("WITHSCORES")
+        .arg("LIMIT")
+        .arg(0)
+        .arg(SHOWN);
+    let v = target.keyed(&mut pipe).await?;
+    Ok((uint(&v[0]), scored(&v[1])))
 }
 
 /// The lock's own channels (the turn channels of queued waiters are added to them).
@@ -547,6 +598,14 @@ pub(crate) fn text(v: &Value) -> Option<String> {
 pub(crate) fn int(v: &Value) -> Option<i64> {
     match v {
         Value::Int(n) => Some(*n),
+        other => text(other)?.parse().ok(),
+    }
+}
+
+/// A score: a number, `None` for nil.
+fn int_or_float(v: &Value) -> Option<f64> {
+    match v {
+        Value::Double(d) => Some(*d),
         other => text(other)?.parse().ok(),
     }
 }

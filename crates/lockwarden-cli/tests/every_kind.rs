@@ -495,3 +495,60 @@ fn readers_a_write_release_admitted_hold_and_no_longer_wait() {
     assert_eq!(ids(&view["holders"]), waiting);
     assert_eq!(view["readers_waiting"], 0);
 }
+
+#[test]
+fn waiters_whose_places_lapsed_are_not_counted_while_still_stored() {
+    let server = RedisServer::start().expect("start redis-server");
+    let url = server.url();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // Fixed leases: no renewal runs a script that would drop the lapsed waiters.
+    let held = rt.block_on(async {
+        let client = LockClient::connect(&url).await.unwrap();
+        let lease = Duration::from_secs(120);
+        let read = client.rw_lock(LEDGER).read().lease(lease);
+        let turn = client.fair_lock(FAIR).lease(lease);
+        (read.acquire().await.unwrap(), turn.acquire().await.unwrap())
+    });
+    let show = |name: &str| lockwarden(&["--url", url.as_str(), "show", name, "--json"]).json();
+    let waiting = |n: u64| show(LEDGER)["writers_waiting"] == n && show(FAIR)["queue_length"] == n;
+    let env = format!("lapsing {url}");
+    let mut child = TestProcess::spawn("child", &[(CHILD_ENV, &env)]).expect("spawn the child");
+    child.wait_for_line("WAITING", Duration::from_secs(30));
+    rt.block_on(eventually(
+        Duration::from_secs(30),
+        "two writers and two fair waiters waiting",
+        || async { waiting(2) },
+    ));
+
+    // Stopped, the child tries nothing and runs no script that would drop a lapsed
+    // place: the places kept for LAPSE lapse and stay stored, the others do not lapse.
+    child.pause();
+    rt.block_on(eventually(
+        Duration::from_secs(30),
+        "lapsed places no longer counted",
+        || async { waiting(1) },
+    ));
+    let stored = |command: &str, key: &str| server.query::<i64>(&[command, key]).unwrap();
+    assert_eq!(stored("ZCARD", "lockwarden:{ledger}:writers"), 2);
+    assert_eq!(stored("LLEN", "lockwarden:{tickets}:queue"), 2);
+    let (ledger, tickets) = (show(LEDGER), show(FAIR));
+    let writers = ledger["waiting_writers"].as_array().unwrap();
+    assert_eq!(writers.len(), 1, "{ledger}");
+    assert!(writers[0]["deadline_ms"].as_i64().unwrap() > 0, "{ledger}");
+    let queue = tickets["queue"].as_array().unwrap();
+    assert_eq!(queue.len(), 1, "{tickets}");
+    assert_eq!(queue[0]["position"], 1, "the live place is next: {tickets}");
+    let text = lockwarden(&["--url", url.as_str(), "show", LEDGER])
+        .ok()
+        .to_owned();
+    assert!(text.contains("writers     1 waiting"), "{text}");
+
+    // Running again, the lapsed waiters try again and wait again.
+    child.resume();
+    rt.block_on(eventually(
+        Duration::from_secs(30),
+        "all four waiting again",
+        || async { waiting(2) },
+    ));
+    drop(held);
+}

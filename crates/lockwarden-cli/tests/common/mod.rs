@@ -43,6 +43,8 @@ pub const REDISSON: &str = "redisson:res";
 pub const HOT: &str = "hot";
 /// A read-write lock two readers wait for (scenario `read-after-write`).
 pub const LEDGER: &str = "ledger";
+/// How long the waiters of scenario `lapsing` keep their places without trying again.
+pub const LAPSE: Duration = Duration::from_secs(2);
 
 /// Runs `lockwarden` with `args` (stdin empty, `REDIS_URL` unset), within 60 s.
 pub fn lockwarden(args: &[&str]) -> Run {
@@ -212,6 +214,7 @@ pub fn child_body() {
             "every-kind" => every_kind(url).await,
             "churn" => churn(url).await,
             "read-after-write" => read_after_write(url).await,
+            "lapsing" => lapsing(url).await,
             other => panic!("unknown scenario {other}"),
         }
     });
@@ -339,6 +342,33 @@ async fn read_after_write(url: &str) {
     }
     tokio::time::sleep(Duration::from_secs(120)).await;
     drop(held);
+}
+
+/// Waits as a writer on [`LEDGER`] and in the queue of [`FAIR`] twice: first with places
+/// kept for [`LAPSE`] unless they try again (a writer's registration lasts its client's
+/// watchdog lease), then with places kept for 60 s; prints `WAITING` once all have
+/// tried. Lives until killed (at most 120 s).
+async fn lapsing(url: &str) {
+    let mut waiting = Vec::new();
+    for keep in [LAPSE, Duration::from_secs(60)] {
+        let c = LockClient::builder()
+            .watchdog_timeout(keep)
+            .connect(url)
+            .await
+            .expect("connect");
+        let writer = c.rw_lock(LEDGER).write();
+        let fair = c.fair_lock(FAIR).queue_timeout(keep);
+        waiting.push(tokio::spawn(async move {
+            let budget = Duration::from_secs(120);
+            tokio::join!(writer.try_acquire(budget), fair.try_acquire(budget))
+        }));
+        // The short-lived places first in the queue.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    println!("WAITING");
+    for w in waiting {
+        let _ = w.await;
+    }
 }
 
 /// Takes and releases [`HOT`] over and over (every 20 ms, at most 60 s), each time as a
