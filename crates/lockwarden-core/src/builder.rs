@@ -244,8 +244,9 @@ impl LockClientBuilder {
     /// that replica is among those that acknowledged. Costs the replication delay on every acquisition, and acquisitions
     /// share one connection of their own (`WAIT` blocks the connection it is sent on, so
     /// renewals and releases do not queue behind it). Releases and renewals do not wait.
-    /// Applies to plain, fair and read-write acquisitions and claims; a
-    /// [`multi_lock`](LockClient::multi_lock) does not wait. Ignored by the in-process store.
+    /// Applies to every kind: plain, fair and read-write acquisitions, claims and a
+    /// [`multi_lock`](LockClient::multi_lock) (one `WAIT` after all its locks; a set not
+    /// acknowledged is given back whole). Ignored by the in-process store.
     ///
     /// ```no_run
     /// # use lockwarden_core::LockClient;

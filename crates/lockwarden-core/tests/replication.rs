@@ -156,3 +156,48 @@ async fn fair_and_read_write_acquisitions_wait_for_the_replica_too() {
     let rw = plain.rw_lock("rw-w");
     take_and_release("nothing left held", rw.read().try_acquire(Duration::ZERO)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_lock_waits_for_the_replica_too() {
+    let (primary, replica) = primary_and_replica().await;
+    let waiting = waiting_client(&primary).await;
+    let plain = LockClient::connect(&primary.url()).await.unwrap();
+    let names = ["transfer:from", "transfer:to", "transfer:fee"];
+
+    // Acknowledged: every lock on the replica when acquire returns.
+    for _ in 0..20 {
+        let guards = waiting
+            .multi_lock(names)
+            .try_acquire(Duration::ZERO)
+            .await
+            .unwrap();
+        for guard in guards.guards() {
+            let key = guard.key().redis_key().to_owned();
+            let count: Option<u64> = replica.query(&["HGET", &key, guard.holder().id()]).unwrap();
+            assert_eq!(count, Some(1), "{key} missing on the replica");
+        }
+        guards.release().await.unwrap();
+    }
+
+    // Not acknowledged: refused after the WAIT, and none of the locks left held.
+    replica.pause();
+    let started = Instant::now();
+    let refused = waiting
+        .multi_lock(names)
+        .try_acquire(Duration::ZERO)
+        .await
+        .map(drop);
+    let took = started.elapsed();
+    replica.resume();
+    match refused {
+        Err(LockError::Backend(BackendError::NotReplicated {
+            acknowledged: 0,
+            wanted: 1,
+        })) => {}
+        other => panic!("expected NotReplicated, got {other:?}"),
+    }
+    assert!(took >= WAIT, "answered before the WAIT timeout: {took:?}");
+    for name in names {
+        take_and_release("nothing left held", plain.try_acquire(name, Duration::ZERO)).await;
+    }
+}

@@ -170,7 +170,7 @@ impl LockStore for RedisStore {
     }
 
     async fn acquire_all(&self, ask: &AcquireAll<'_>) -> Result<MultiAttempt> {
-        multi::acquire_all(&self.commands, ask).await
+        multi::acquire_all(&self.commands, self.replicated.as_ref(), ask).await
     }
 
     async fn release(&self, hold: &Hold, token: Option<u64>) -> Result<Released> {

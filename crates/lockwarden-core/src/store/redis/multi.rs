@@ -5,6 +5,11 @@
 //! taken slot by slot, one script per slot, in key order for every caller; when a later
 //! slot's lock is busy, what the earlier scripts took is released before answering, so
 //! the caller still holds nothing while it waits.
+//!
+//! With [`wait_for_replicas`](crate::LockClientBuilder::wait_for_replicas), the scripts go
+//! over the `WAIT` connection and one `WAIT` follows the last of them; a set fewer
+//! replicas acknowledged is given back and reported as not replicated, as a single lock
+//! is.
 
 use std::time::Duration;
 
@@ -13,7 +18,8 @@ use redis::Value;
 
 use super::commands::Commands;
 use super::explain::naming;
-use super::scripts;
+use super::replicated::Replicated;
+use super::scripts::{self, NOT_REPLICATED};
 use super::timeout::bounded;
 use crate::error::BackendError;
 use crate::finish::{BoxFuture, Finish};
@@ -22,9 +28,11 @@ use crate::holder::Holder;
 use crate::key::Key;
 use crate::store::contract::{AcquireAll, MultiAttempt};
 
-/// Takes every lock of `keys` (sorted) for `holder`, or none.
+/// Takes every lock of `keys` (sorted) for `holder`, or none; with `replicated`, only
+/// once its replicas acknowledged them all.
 pub(super) async fn acquire_all(
     commands: &Commands,
+    replicated: Option<&Replicated>,
     &AcquireAll {
         keys,
         holder,
@@ -35,13 +43,15 @@ pub(super) async fn acquire_all(
     let groups = slot_groups(commands.conn.is_cluster(), keys);
     let rounds = u32::try_from(groups.len()).unwrap_or(u32::MAX);
     let (owned, who) = (keys.to_vec(), holder.clone());
+    let sender = replicated.map_or_else(|| commands.clone(), |r| r.commands(commands));
     let take = take_groups(
-        commands.clone(),
+        sender,
         owned.clone(),
         groups,
         who.clone(),
         lease,
         fresh,
+        replicated.cloned(),
     );
     // If the caller goes away while a script is in flight, whatever was taken is
     // released once the replies are in.
@@ -53,7 +63,8 @@ pub(super) async fn acquire_all(
             }
         })
     });
-    let reply = bounded(commands.timeout * rounds, Finish::new(take).or_undo(undo))
+    let limit = commands.timeout * rounds + replicated.map_or(Duration::ZERO, Replicated::timeout);
+    let reply = bounded(limit, Finish::new(take).or_undo(undo))
         .await
         .map_err(|error| naming(error, scripts::What::Script("multi_acquire.lua")))?;
     let ints = reply
@@ -72,6 +83,10 @@ pub(super) async fn acquire_all(
         [0, index, ttl] if (1..=keys.len() as i64).contains(index) => Ok(MultiAttempt::Busy {
             index: (*index - 1) as usize,
             ttl: scripts::pttl(*ttl),
+        }),
+        [NOT_REPLICATED, acknowledged] => Err(BackendError::NotReplicated {
+            acknowledged: u32::try_from(*acknowledged).unwrap_or(0),
+            wanted: replicated.map_or(0, Replicated::replicas),
         }),
         other => Err(BackendError::Protocol(format!(
             "multi-acquire script returned {other:?}"
@@ -96,9 +111,10 @@ fn slot_groups(cluster: bool, keys: &[Key]) -> Vec<Vec<usize>> {
     groups.into_iter().map(|(_, group)| group).collect()
 }
 
-/// Runs the multi-acquire script for each group in turn; answers as one script over all
-/// `keys` would: `{1, tokens...}` with everything taken, or `{0, i, pttl}` (lock `i`,
-/// 1-based, is busy) with nothing held.
+/// Runs the multi-acquire script for each group in turn, then `WAIT` with `replicated`;
+/// answers as one script over all `keys` would: `{1, tokens...}` with everything taken,
+/// or `{0, i, pttl}` (lock `i`, 1-based, is busy) with nothing held; or
+/// `{NOT_REPLICATED, acknowledged}`, nothing held.
 async fn take_groups(
     commands: Commands,
     keys: Vec<Key>,
@@ -106,6 +122,7 @@ async fn take_groups(
     holder: Holder,
     lease: Duration,
     fresh: bool,
+    replicated: Option<Replicated>,
 ) -> redis::RedisResult<Vec<Value>> {
     let mut out = vec![Value::Int(1); keys.len() + 1];
     let mut taken: Vec<Key> = Vec::new();
@@ -128,6 +145,16 @@ async fn take_groups(
             _ => {
                 give_back(&commands, &taken, &holder).await;
                 return reply;
+            }
+        }
+    }
+    if let Some(replicated) = replicated {
+        match replicated.wait().await {
+            Ok(acknowledged) if acknowledged >= i64::from(replicated.replicas()) => {}
+            acknowledged => {
+                give_back(&commands, &taken, &holder).await;
+                let acknowledged = acknowledged?;
+                return Ok(vec![Value::Int(NOT_REPLICATED), Value::Int(acknowledged)]);
             }
         }
     }

@@ -51,6 +51,26 @@ impl Replicated {
         self.timeout
     }
 
+    /// `main`'s settings on this connection: calls whose writes a later
+    /// [`wait`](Self::wait) must count (`WAIT` counts those of its own connection).
+    pub(super) fn commands(&self, main: &Commands) -> Commands {
+        Commands {
+            conn: self.conn.clone(),
+            ..main.clone()
+        }
+    }
+
+    /// `WAIT`s for the writes sent over [`commands`](Self::commands); how many replicas
+    /// acknowledged them (on a cluster, the fewest of any master's).
+    pub(super) async fn wait(&self) -> RedisResult<i64> {
+        let mut conn = self.conn.clone();
+        redis::cmd("WAIT")
+            .arg(self.replicas)
+            .arg(scripts::millis(self.timeout))
+            .query_async(&mut conn)
+            .await
+    }
+
     /// Runs the acquire `call`, then `WAIT`, in one round trip. A lock it took that too
     /// few replicas acknowledged is released (over `main`) before answering
     /// [`NOT_REPLICATED`], so no caller ever holds a lock it was told it did not get.
