@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::take_and_release;
+use common::{only_the_locks_user_may_lock, take_and_release};
 use lockwarden_core::{BackendError, LockClient, LockClientBuilder, LockError};
 use lockwarden_testkit::RedisSentinel;
 
@@ -155,36 +155,6 @@ async fn a_lock_the_new_primary_never_got_is_reported_lost() {
     assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
 }
 
-/// Leaves the data servers' default user what Sentinel and replication need (every
-/// command, no key, only the sentinels' hello channel) and adds the ACL user `locks`,
-/// on both servers (ACLs are not replicated), so only `locks` can lock.
-fn only_the_locks_user_may_lock(sentinel: &RedisSentinel) {
-    for server in sentinel.servers() {
-        server
-            .cmd(&[
-                "ACL",
-                "SETUSER",
-                "locks",
-                "on",
-                ">s3cret",
-                "~lockwarden:*",
-                "&lockwarden:*",
-                "+@all",
-            ])
-            .unwrap();
-        server
-            .cmd(&[
-                "ACL",
-                "SETUSER",
-                "default",
-                "resetkeys",
-                "resetchannels",
-                "&__sentinel__:hello",
-            ])
-            .unwrap();
-    }
-}
-
 /// How many connections of the current primary are logged in as `user` and subscribed.
 fn subscribed_as(sentinel: &RedisSentinel, user: &str) -> usize {
     let port = sentinel.master_port().unwrap();
@@ -203,7 +173,7 @@ fn subscribed_as(sentinel: &RedisSentinel, user: &str) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_primary_only_an_acl_user_may_use_is_reached_as_that_user_across_a_failover() {
     let mut sentinel = RedisSentinel::start().unwrap();
-    only_the_locks_user_may_lock(&sentinel);
+    only_the_locks_user_may_lock(sentinel.servers());
     let old = sentinel.master_port().unwrap();
 
     // As the default user (credentials in a sentinel URL are the sentinel's): no lock.

@@ -15,7 +15,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{finishes, spawn_timed, take_and_release};
+use common::{finishes, only_the_locks_user_may_lock, spawn_timed, take_and_release};
 use lockwarden_core::{BackendError, LockClient, LockClientBuilder, LockError};
 use lockwarden_testkit::{
     eventually, ClientInfo, RedisCluster, RedisSentinel, RedisServer, TlsCerts,
@@ -485,33 +485,7 @@ async fn sentinel_over_tls_names_the_primary_and_follows_a_failover() {
 async fn sentinel_over_tls_logs_in_to_the_primary_as_the_given_user() {
     let certs = certs();
     let sentinel = RedisSentinel::start_tls(&certs).unwrap();
-    // Only the ACL user `locks` may lock (the default user keeps what Sentinel and
-    // replication need: no key, the sentinels' hello channel).
-    for server in sentinel.servers() {
-        let acl = [
-            &[
-                "ACL",
-                "SETUSER",
-                "locks",
-                "on",
-                ">s3cret",
-                "~lockwarden:*",
-                "&lockwarden:*",
-                "+@all",
-            ][..],
-            &[
-                "ACL",
-                "SETUSER",
-                "default",
-                "resetkeys",
-                "resetchannels",
-                "&__sentinel__:hello",
-            ],
-        ];
-        for command in acl {
-            server.cmd(command).unwrap();
-        }
-    }
+    only_the_locks_user_may_lock(sentinel.servers());
     let (certs, sentinel) = (&certs, &sentinel);
     let connect = |login: bool| async move {
         let builder = trusting(certs);

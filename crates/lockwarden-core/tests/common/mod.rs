@@ -231,3 +231,31 @@ macro_rules! conformance {
         }
     };
 }
+
+/// Leaves `servers`' default user what Sentinel and replication need (every command, no
+/// key, only the sentinels' hello channel) and adds the ACL user `locks` (password
+/// `s3cret`) on each (ACLs are not replicated), so only `locks` can lock.
+pub fn only_the_locks_user_may_lock(servers: &[RedisServer]) {
+    let user = [
+        "ACL",
+        "SETUSER",
+        "locks",
+        "on",
+        ">s3cret",
+        "~lockwarden:*",
+        "&lockwarden:*",
+        "+@all",
+    ];
+    let default = [
+        "ACL",
+        "SETUSER",
+        "default",
+        "resetkeys",
+        "resetchannels",
+        "&__sentinel__:hello",
+    ];
+    for server in servers {
+        server.cmd(&user).expect("add the ACL user");
+        server.cmd(&default).expect("restrict the default user");
+    }
+}
