@@ -14,10 +14,10 @@
 //! handler (the floor for an acquire and a release on the request path, as the layer has
 //! them: it hands on the last body frame only once the release is done), lockwarden's own
 //! acquire and release scripts sent raw from the handler (the same floor with the Redis
-//! side of a lock cycle), the lock engine
-//! called in the handler without the layer (`try_acquire(0)`, build the response,
-//! `release().await`), and the layer with a fixed lease instead of the watchdog
-//! (1 connection only).
+//! side of a lock cycle), the lock engine called in the handler without the layer
+//! (`try_acquire(0)`, build the response, `release().await`), the layer keyed by a field
+//! of the JSON body (`by_json_field`: the body buffered before the lock), and the layer
+//! with a fixed lease instead of the watchdog (1 connection only).
 //!
 //! Any non-2xx answer, or a handler that did not see the lock (or saw one where none was
 //! taken), is a problem: the run exits non-zero. Afterwards no lock may be left in Redis.
@@ -55,7 +55,8 @@ const CONNECTIONS: usize = 64;
 const KEY_HEADER: &str = "idempotency-key";
 /// Set by the handler when the request carries a `LockInfo`: proof the layer locked.
 const TOKEN_HEADER: &str = "x-fencing-token";
-const ORDER: &[u8] = br#"{"sku":"A-1001","qty":2}"#;
+/// The order every request posts, after its key as `"order_id"` (see [`order`]).
+const ORDER: &str = r#""sku":"A-1001","qty":2}"#;
 /// Throughput windows: a quick round of the no-lock app lasts only ~0.2 s.
 const WINDOW: Duration = Duration::from_millis(20);
 /// Lease of the fixed-lease layer variant.
@@ -68,6 +69,8 @@ enum App {
     OwnScripts,
     Engine,
     Layer,
+    /// `LockLayer::by_json_field`: the key read from the buffered body.
+    JsonField,
     LayerLease,
     /// `.remember(..)`, every request a retry of one of 64 completed ones: the replay path.
     Replay,
@@ -77,22 +80,24 @@ impl App {
     /// The apps of the 1-connection part. The first four are the references, in this
     /// order: no lock, the 2 × EVALSHA floor, lockwarden's scripts raw, the lock in the
     /// handler.
-    const SEQUENTIAL: [App; 6] = [
+    const SEQUENTIAL: [App; 7] = [
         App::Plain,
         App::Evalsha,
         App::OwnScripts,
         App::Engine,
         App::Layer,
+        App::JsonField,
         App::LayerLease,
     ];
     /// The apps of the 64-connection part, run in this order and then reversed: the same
     /// references first (no lock first: the others' ratios are to it).
-    const CONCURRENT: [App; 6] = [
+    const CONCURRENT: [App; 7] = [
         App::Plain,
         App::Evalsha,
         App::OwnScripts,
         App::Engine,
         App::Layer,
+        App::JsonField,
         App::Replay,
     ];
 
@@ -103,6 +108,7 @@ impl App {
             App::OwnScripts => "axum + lockwarden's 2 scripts, raw, in handler",
             App::Engine => "axum + lock in handler (no layer)",
             App::Layer => "axum + LockLayer::by_header",
+            App::JsonField => "axum + LockLayer::by_json_field",
             App::LayerLease => "axum + LockLayer (10 s lease)",
             App::Replay => "axum + LockLayer.remember, replays",
         }
@@ -115,13 +121,17 @@ impl App {
             App::OwnScripts => "own",
             App::Engine => "engine",
             App::Layer => "layer",
+            App::JsonField => "json",
             App::LayerLease => "lease",
             App::Replay => "replay",
         }
     }
 
     fn locked(self) -> bool {
-        matches!(self, App::Engine | App::Layer | App::LayerLease)
+        matches!(
+            self,
+            App::Engine | App::Layer | App::JsonField | App::LayerLease
+        )
     }
 
     fn router(self, client: &LockClient, redis: &ConnectionManager) -> Router {
@@ -139,6 +149,9 @@ impl App {
                 .route("/orders", post(create_order_under_lock))
                 .with_state(client.clone()),
             App::Layer => orders.layer(layer),
+            App::JsonField => {
+                orders.layer(LockLayer::by_json_field("/order_id").client(client.clone()))
+            }
             App::LayerLease => orders.layer(layer.lease(LEASE)),
             // A retry that overlaps the first request waits for its response.
             App::Replay => orders.layer(
@@ -273,7 +286,9 @@ async fn order(
         .header(header::HOST, "127.0.0.1")
         .header(header::CONTENT_TYPE, "application/json")
         .header(KEY_HEADER, key)
-        .body(Full::new(Bytes::from_static(ORDER)))?;
+        .body(Full::new(Bytes::from(format!(
+            r#"{{"order_id":"{key}",{ORDER}"#
+        ))))?;
     let response = sender.send_request(request).await?;
     let status = response.status();
     let saw_lock = response.headers().contains_key(TOKEN_HEADER);
