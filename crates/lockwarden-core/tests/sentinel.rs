@@ -195,6 +195,14 @@ async fn a_primary_only_an_acl_user_may_use_is_reached_as_that_user_across_a_fai
     let login = |b: LockClientBuilder| b.primary_credentials("locks", "s3cret");
     let a = client_with(&sentinel, login).await;
     let b = client_with(&sentinel, login).await;
+    // Acquisitions that wait for the replica go over a connection of their own: logged
+    // in as `locks` too, or the script would be refused.
+    let replicated = client_with(&sentinel, |b| {
+        login(b).wait_for_replicas(1, Duration::from_secs(1))
+    })
+    .await;
+    let guard = replicated.acquire("replicated").await.unwrap();
+    guard.release().await.unwrap();
     // A fixed 30 s lease and a waiter: served soon after the release only if its
     // client's pub/sub connection, logged in as `locks`, heard the notice.
     let held = a
