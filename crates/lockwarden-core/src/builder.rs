@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use crate::client::LockClient;
 use crate::engine::Engine;
-use crate::error::LockError;
+use crate::error::{BackendError, LockError};
 use crate::key::{KeyLayout, KeySpace};
-use crate::store::redis::{config_error, ConnectOptions, Credentials, Deployment, Tls, PROBE};
+use crate::store::redis::{ConnectOptions, Credentials, Deployment, Tls, PROBE};
 use crate::store::Store;
 use crate::waiters::Waiters;
 
@@ -556,7 +556,7 @@ impl LockClientBuilder {
     async fn connect_to(self, deployment: Deployment) -> Result<LockClient, LockError> {
         // `connect_sentinel` took them.
         if self.primary.is_some() {
-            return Err(config_error(
+            return Err(BackendError::config(
                 "primary_credentials is for connect_sentinel",
                 "give a server's or a cluster's credentials in its URL".to_owned(),
             )

@@ -168,6 +168,16 @@ pub enum BackendError {
 }
 
 impl BackendError {
+    /// A client setting that cannot work, refused at connect: `what` failed, `detail` says
+    /// why.
+    pub(crate) fn config(what: &'static str, detail: String) -> Self {
+        BackendError::Redis(redis::RedisError::from((
+            redis::ErrorKind::InvalidClientConfig,
+            what,
+            detail,
+        )))
+    }
+
     /// Whether retrying may help: the connection failed or Redis was slow, as opposed to
     /// Redis rejecting the command (a wrong type, a script error).
     pub fn is_transient(&self) -> bool {

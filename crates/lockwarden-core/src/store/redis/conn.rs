@@ -12,6 +12,7 @@ use redis::{Cmd, Pipeline, RedisConnectionInfo, RedisFuture, Value};
 
 use std::sync::Arc;
 
+use super::credentials::Credentials;
 use super::pubsub::Source;
 use super::sentinel::Followed;
 use super::timeout::bounded;
@@ -142,31 +143,6 @@ fn cluster_builder(nodes: &[String], timeout: Duration, tls: &Tls) -> ClusterCli
         .retries(3)
         .max_retry_wait(200);
     tls.cluster(builder)
-}
-
-/// A client setting that cannot work, refused at connect: `what` failed, `detail` says
-/// why.
-pub(crate) fn config_error(what: &'static str, detail: String) -> BackendError {
-    BackendError::Redis(redis::RedisError::from((
-        redis::ErrorKind::InvalidClientConfig,
-        what,
-        detail,
-    )))
-}
-
-/// A user name and password to log in with; `Debug` never shows the password.
-#[derive(Clone)]
-pub(crate) struct Credentials {
-    pub(crate) username: String,
-    pub(crate) password: String,
-}
-
-impl std::fmt::Debug for Credentials {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Credentials")
-            .field("username", &self.username)
-            .finish_non_exhaustive()
-    }
 }
 
 // `service` by value: `build` takes a `String`, or `impl AsRef<str>` with TLS enabled.

@@ -18,6 +18,7 @@
 
 mod commands;
 mod conn;
+mod credentials;
 mod explain;
 mod multi;
 mod notices;
@@ -52,7 +53,8 @@ use crate::store::contract::{
 };
 use crate::waiters::Waiters;
 use commands::Commands;
-pub(crate) use conn::{config_error, Credentials, Deployment};
+pub(crate) use conn::Deployment;
+pub(crate) use credentials::Credentials;
 pub(crate) use permissions::PROBE;
 use replicated::Replicated;
 use scripts::NOT_REPLICATED;

@@ -9,7 +9,7 @@
 
 use redis::sentinel::SentinelClient;
 
-use super::conn::{config_error, Credentials};
+use super::credentials::Credentials;
 use crate::error::BackendError;
 
 /// The TLS settings of a client; empty by default (system roots, no client certificate).
@@ -89,7 +89,7 @@ impl Tls {
         urls: impl IntoIterator<Item = &'a str>,
     ) -> Result<(), BackendError> {
         match urls.into_iter().find(|url| has_tls_scheme(url)) {
-            Some(url) if !cfg!(feature = "tls") => Err(config_error(
+            Some(url) if !cfg!(feature = "tls") => Err(BackendError::config(
                 "TLS is not compiled in",
                 format!(
                     "`{}` asks for TLS; enable lockwarden's `tls` cargo feature (on by default)",
@@ -111,7 +111,7 @@ impl Tls {
             Self::supported([url])?;
             let this = has_tls_scheme(url);
             if tls.is_some_and(|before| before != this) {
-                return Err(config_error(
+                return Err(BackendError::config(
                     "mixed TLS and plain-text addresses",
                     "use rediss:// for every address of the deployment, or redis:// for all"
                         .to_owned(),
@@ -121,7 +121,7 @@ impl Tls {
         }
         let tls = tls.unwrap_or(false);
         if !tls && self.is_configured() {
-            return Err(config_error(
+            return Err(BackendError::config(
                 "TLS certificates were configured for a plain-text address",
                 "connect with rediss:// URLs to use TLS".to_owned(),
             ));
