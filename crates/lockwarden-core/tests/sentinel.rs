@@ -7,8 +7,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{only_the_locks_user_may_lock, take_and_release};
-use lockwarden_core::{BackendError, LockClient, LockClientBuilder, LockError};
+use lockwarden_core::{BackendError, LockClient, LockClientBuilder, LockError, LockGuard};
 use lockwarden_testkit::RedisSentinel;
+use tokio::task::JoinHandle;
 
 /// The longest a failover may take here: the sentinel notices after 400 ms, then elects
 /// itself and promotes the replica; a loaded machine adds its share.
@@ -22,6 +23,39 @@ async fn client_with(
         .connect_sentinel([sentinel.sentinel_url()], sentinel.service())
         .await
         .expect("connect through the sentinel")
+}
+
+/// A lock `holder` holds with a fixed 30 s lease and `waiter`'s acquisition of it, waiting
+/// (for 28 s): served soon after the release only if a notice reached the waiter.
+struct Noticed {
+    held: LockGuard,
+    waiting: JoinHandle<Result<LockGuard, LockError>>,
+}
+
+impl Noticed {
+    async fn wait_on(holder: &LockClient, waiter: &LockClient, name: &str) -> Self {
+        let lock = holder.lock(name).lease(Duration::from_secs(30));
+        let held = lock.acquire().await.unwrap();
+        let (waiter, name) = (waiter.clone(), name.to_owned());
+        let waiting =
+            tokio::spawn(async move { waiter.try_acquire(name, Duration::from_secs(28)).await });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        Self { held, waiting }
+    }
+
+    /// Releases, checks that the waiter holds within 3 s (else `no_notice`), and releases
+    /// its hold.
+    async fn released_serves(self, no_notice: &str) {
+        let released = Instant::now();
+        self.held.release().await.unwrap();
+        let next = self.waiting.await.unwrap().unwrap();
+        assert!(
+            released.elapsed() < Duration::from_secs(3),
+            "waiter served {:?} after the release: {no_notice}",
+            released.elapsed()
+        );
+        next.release().await.unwrap();
+    }
 }
 
 /// Retries `name` until the client's commands reach a primary again (they fail while
@@ -62,19 +96,8 @@ async fn a_replicated_lock_survives_a_failover_and_the_client_follows() {
         .query(&["HGET", &key, guard.holder().id()])
         .unwrap();
     assert_eq!(on_replica, Some(1));
-    // A fixed 30 s lease and a waiter subscribed on the old primary: if it is served
-    // soon after the release below, a notice from the new primary reached it.
-    let fixed = a
-        .lock("noticed")
-        .lease(Duration::from_secs(30))
-        .acquire()
-        .await
-        .unwrap();
-    let waiter = {
-        let b = b.clone();
-        tokio::spawn(async move { b.try_acquire("noticed", Duration::from_secs(28)).await })
-    };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // A waiter subscribed on the old primary, to be woken by the new one.
+    let noticed = Noticed::wait_on(&a, &b, "noticed").await;
 
     sentinel.servers_mut()[0].kill();
     let new = sentinel.wait_for_failover(old, FAILOVER).unwrap();
@@ -92,16 +115,10 @@ async fn a_replicated_lock_survives_a_failover_and_the_client_follows() {
     assert!(!guard.is_lost(), "a replicated lock was reported lost");
     let ttl: i64 = sentinel.servers()[1].query(&["PTTL", &key]).unwrap();
     assert!(ttl > 0, "lock not renewed on the new primary: PTTL {ttl}");
-    assert!(!waiter.is_finished(), "the waiter got a held lock");
-    let released = Instant::now();
-    fixed.release().await.unwrap();
-    let next = waiter.await.unwrap().unwrap();
-    assert!(
-        released.elapsed() < Duration::from_secs(3),
-        "waiter served {:?} after the release: no notice from the new primary",
-        released.elapsed()
-    );
-    next.release().await.unwrap();
+    assert!(!noticed.waiting.is_finished(), "the waiter got a held lock");
+    noticed
+        .released_serves("no notice from the new primary")
+        .await;
 
     guard.release().await.unwrap();
     take_and_release("released", b.try_acquire("kept", Duration::ZERO)).await;
@@ -203,32 +220,13 @@ async fn a_primary_only_an_acl_user_may_use_is_reached_as_that_user_across_a_fai
     .await;
     let guard = replicated.acquire("replicated").await.unwrap();
     guard.release().await.unwrap();
-    // A fixed 30 s lease and a waiter: served soon after the release only if its
-    // client's pub/sub connection, logged in as `locks`, heard the notice.
-    let held = a
-        .lock("noticed")
-        .lease(Duration::from_secs(30))
-        .acquire()
-        .await
-        .unwrap();
-    let waiter = {
-        let b = b.clone();
-        tokio::spawn(async move { b.try_acquire("noticed", Duration::from_secs(28)).await })
-    };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Woken only if its client's pub/sub connection, logged in as `locks`, hears.
+    let noticed = Noticed::wait_on(&a, &b, "noticed").await;
     assert!(
         subscribed_as(&sentinel, "locks") >= 1,
         "no pub/sub connection logged in as locks"
     );
-    let released = Instant::now();
-    held.release().await.unwrap();
-    let next = waiter.await.unwrap().unwrap();
-    assert!(
-        released.elapsed() < Duration::from_secs(3),
-        "waiter served {:?} after the release: no notice",
-        released.elapsed()
-    );
-    next.release().await.unwrap();
+    noticed.released_serves("no notice").await;
 
     // The replica Sentinel promotes is logged in to the same way.
     sentinel.servers_mut()[0].kill();
