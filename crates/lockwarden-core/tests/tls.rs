@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{finishes, only_the_locks_user_may_lock, spawn_timed, take_and_release};
-use lockwarden_core::{BackendError, LockClient, LockClientBuilder, LockError};
+use lockwarden_core::{BackendError, LockClient, LockClientBuilder, LockError, LockGuard};
 use lockwarden_testkit::{
     eventually, ClientInfo, RedisCluster, RedisSentinel, RedisServer, TlsCerts,
 };
@@ -77,7 +77,7 @@ async fn subscribed_waiter(
     name: &str,
     server: &RedisServer,
     channel: &str,
-) -> tokio::task::JoinHandle<(Result<lockwarden_core::LockGuard, LockError>, Instant)> {
+) -> tokio::task::JoinHandle<(Result<LockGuard, LockError>, Instant)> {
     let waiting = spawn_timed({
         let (waiter, name) = (waiter.clone(), name.to_owned());
         async move { waiter.try_acquire(&name, LEASE - SERVED).await }
@@ -89,6 +89,27 @@ async fn subscribed_waiter(
     )
     .await;
     waiting
+}
+
+/// Releases `guard` and checks that `waiting` holds within [`SERVED`] of it (so by the
+/// notice: the lease is far longer), then releases that hold; `case` names the deployment.
+async fn release_wakes(
+    guard: LockGuard,
+    waiting: tokio::task::JoinHandle<(Result<LockGuard, LockError>, Instant)>,
+    case: &str,
+) {
+    let released = Instant::now();
+    guard.release().await.unwrap();
+    let (got, at) = finishes(SERVED * 2, "the woken waiter", waiting).await;
+    let took = at.duration_since(released);
+    got.expect("the waiter gets the lock")
+        .release()
+        .await
+        .unwrap();
+    assert!(
+        took < SERVED,
+        "{case}: served {took:?} after the release: not by the notice (the lease is {LEASE:?})"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -153,16 +174,7 @@ async fn a_waiter_is_woken_by_a_release_notice_over_tls() {
         .collect();
     assert_eq!(subscribed.len(), 1, "{subscribed:?}");
 
-    let released = Instant::now();
-    guard.release().await.unwrap();
-    let (got, at) = finishes(SERVED * 2, "the woken waiter", waiting).await;
-    let took = at.duration_since(released);
-    let guard = got.expect("the waiter gets the lock");
-    assert!(
-        took < SERVED,
-        "served {took:?} after the release: not by the notice (the lease is {LEASE:?})"
-    );
-    guard.release().await.unwrap();
+    release_wakes(guard, waiting, "one server").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -395,18 +407,7 @@ async fn a_cluster_over_tls_locks_and_wakes_on_every_master() {
         let channel = guard.key().channel().to_owned();
         let master = &cluster.nodes()[node];
         let waiting = subscribed_waiter(&waiter, &name, master, &channel).await;
-        let released = Instant::now();
-        guard.release().await.unwrap();
-        let (got, at) = finishes(SERVED * 2, "the woken waiter", waiting).await;
-        got.expect("the waiter gets the lock")
-            .release()
-            .await
-            .unwrap();
-        let took = at.duration_since(released);
-        assert!(
-            took < SERVED,
-            "master {node}: served {took:?} after the release"
-        );
+        release_wakes(guard, waiting, &format!("master {node}")).await;
     }
     for node in cluster.nodes() {
         all_over_tls(node);
@@ -439,14 +440,7 @@ async fn sentinel_over_tls_names_the_primary_and_follows_a_failover() {
     let primary = &sentinel.servers()[0];
     assert!(primary.pttl(guard.key().redis_key()) > 0);
     let waiting = subscribed_waiter(&waiter, "tls:sentinel", primary, &channel).await;
-    let released = Instant::now();
-    guard.release().await.unwrap();
-    let (got, at) = finishes(SERVED * 2, "the woken waiter", waiting).await;
-    got.expect("the waiter gets the lock")
-        .release()
-        .await
-        .unwrap();
-    assert!(at.duration_since(released) < SERVED);
+    release_wakes(guard, waiting, "sentinel").await;
     all_over_tls(primary);
     all_over_tls(sentinel.sentinel());
 
@@ -519,14 +513,7 @@ async fn sentinel_over_tls_logs_in_to_the_primary_as_the_given_user() {
         .unwrap();
     let waiting = spawn_timed(async move { waiter.try_acquire("tls:acl", LEASE / 2).await });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let released = Instant::now();
-    guard.release().await.unwrap();
-    let (got, at) = finishes(SERVED * 2, "the woken waiter", waiting).await;
-    got.expect("the waiter gets the lock")
-        .release()
-        .await
-        .unwrap();
-    assert!(at.duration_since(released) < SERVED);
+    release_wakes(guard, waiting, "sentinel, ACL user").await;
     all_over_tls(&sentinel.servers()[0]);
 }
 
