@@ -245,8 +245,9 @@ impl LockClientBuilder {
     /// share one connection of their own (`WAIT` blocks the connection it is sent on, so
     /// renewals and releases do not queue behind it). Releases and renewals do not wait.
     /// Applies to every kind: plain, fair and read-write acquisitions, claims and a
-    /// [`multi_lock`](LockClient::multi_lock) (one `WAIT` after all its locks; a set not
-    /// acknowledged is given back whole). Ignored by the in-process store.
+    /// [`multi_lock`](LockClient::multi_lock) (a set not acknowledged is given back whole).
+    /// On a cluster each `WAIT` goes to the master that took the lock and counts its
+    /// replicas. Ignored by the in-process store.
     ///
     /// ```no_run
     /// # use lockwarden_core::LockClient;

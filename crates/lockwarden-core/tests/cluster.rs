@@ -1,7 +1,8 @@
 //! Redis Cluster: every kind of lock on a real 3-master cluster started by the testkit,
 //! with locks whose keys hash to each master, a multi-lock spanning masters, bulk
-//! renewals and releases across slots, and a held lock whose slot moves to another
-//! master while a waiter waits for it.
+//! renewals and releases across slots, a held lock whose slot moves to another master
+//! while a waiter waits for it, and `wait_for_replicas` counting the replicas of the
+//! master that took each lock.
 //!
 //! A script that touched keys of two slots would fail with CROSSSLOT, and a notice on
 //! the wrong node would leave a waiter to its (30 s) lease timeout: these tests would
@@ -9,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use lockwarden_core::{Claim, LockClient, LockClientBuilder, LockError, LockGuard};
+use lockwarden_core::{BackendError, Claim, LockClient, LockClientBuilder, LockError, LockGuard};
 use lockwarden_testkit::{eventually, RedisCluster};
 
 /// Long enough that a waiter served before it was served by a release notice.
@@ -461,4 +462,55 @@ async fn served_on_release(
     let served = released.elapsed();
     assert!(served < SERVED, "served {served:?} after the release");
     next.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_for_replicas_counts_the_replicas_of_the_master_that_took_the_lock() {
+    const FIRST: usize = 0;
+    let mut cluster = RedisCluster::start(3).unwrap();
+    let replica = cluster.add_replica(FIRST).unwrap();
+    let waiting = client_with(&cluster, |b| {
+        b.wait_for_replicas(1, Duration::from_millis(300))
+    })
+    .await;
+    let plain = client_with(&cluster, |b| b).await;
+    let on_first = |tag: &str| name_on(&cluster, &waiting, FIRST, tag);
+    let (one, pair) = (on_first("one"), [on_first("pair-a"), on_first("pair-b")]);
+    let across = [pair[0].clone(), name_on(&cluster, &waiting, 1, "elsewhere")];
+    let not_replicated = |outcome: Result<(), LockError>| {
+        assert!(
+            matches!(
+                outcome,
+                Err(LockError::Backend(BackendError::NotReplicated { .. }))
+            ),
+            "expected NotReplicated, got {outcome:?}"
+        );
+    };
+
+    // On FIRST, whose replica acknowledges: a lock, and a multi-lock of two locks there.
+    let guard = waiting.try_acquire(&one, Duration::ZERO).await.unwrap();
+    guard.release().await.unwrap();
+    let guards = waiting.multi_lock(&pair).try_acquire(Duration::ZERO).await;
+    guards.unwrap().release().await.unwrap();
+    // Across masters, one of them without a replica: not replicated.
+    not_replicated(
+        waiting
+            .multi_lock(&across)
+            .try_acquire(Duration::ZERO)
+            .await
+            .map(drop),
+    );
+    // FIRST's replica stopped: neither kind is.
+    cluster.nodes()[replica].pause();
+    let single = waiting.try_acquire(&one, Duration::ZERO).await.map(drop);
+    let multi = waiting.multi_lock(&pair).try_acquire(Duration::ZERO).await;
+    cluster.nodes()[replica].resume();
+    not_replicated(single);
+    not_replicated(multi.map(drop));
+    // Nothing refused was left held.
+    for name in [&one, &pair[0], &pair[1], &across[1]] {
+        let guard = plain.try_acquire(name, Duration::ZERO).await;
+        let guard = guard.unwrap_or_else(|e| panic!("{name} was left held: {e}"));
+        guard.release().await.unwrap();
+    }
 }

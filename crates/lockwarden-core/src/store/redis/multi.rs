@@ -6,10 +6,10 @@
 //! slot's lock is busy, what the earlier scripts took is released before answering, so
 //! the caller still holds nothing while it waits.
 //!
-//! With [`wait_for_replicas`](crate::LockClientBuilder::wait_for_replicas), the scripts go
-//! over the `WAIT` connection and one `WAIT` follows the last of them; a set fewer
-//! replicas acknowledged is given back and reported as not replicated, as a single lock
-//! is.
+//! With [`wait_for_replicas`](crate::LockClientBuilder::wait_for_replicas), each script
+//! goes over the `WAIT` connection with a `WAIT` in the same round trip (on a cluster, to
+//! the node that ran it); a set fewer replicas acknowledged is given back and reported as
+//! not replicated, as a single lock is.
 
 use std::time::Duration;
 
@@ -43,9 +43,8 @@ pub(super) async fn acquire_all(
     let groups = slot_groups(commands.conn.is_cluster(), keys);
     let rounds = u32::try_from(groups.len()).unwrap_or(u32::MAX);
     let (owned, who) = (keys.to_vec(), holder.clone());
-    let sender = replicated.map_or_else(|| commands.clone(), |r| r.commands(commands));
     let take = take_groups(
-        sender,
+        commands.clone(),
         owned.clone(),
         groups,
         who.clone(),
@@ -111,9 +110,9 @@ fn slot_groups(cluster: bool, keys: &[Key]) -> Vec<Vec<usize>> {
     groups.into_iter().map(|(_, group)| group).collect()
 }
 
-/// Runs the multi-acquire script for each group in turn, then `WAIT` with `replicated`;
-/// answers as one script over all `keys` would: `{1, tokens...}` with everything taken,
-/// or `{0, i, pttl}` (lock `i`, 1-based, is busy) with nothing held; or
+/// Runs the multi-acquire script for each group in turn (with `replicated`, each with its
+/// `WAIT`); answers as one script over all `keys` would: `{1, tokens...}` with everything
+/// taken, or `{0, i, pttl}` (lock `i`, 1-based, is busy) with nothing held; or
 /// `{NOT_REPLICATED, acknowledged}`, nothing held.
 async fn take_groups(
     commands: Commands,
@@ -128,12 +127,28 @@ async fn take_groups(
     let mut taken: Vec<Key> = Vec::new();
     for group in &groups {
         let call = scripts::acquire_all(group.iter().map(|&at| &keys[at]), &holder, lease, fresh);
-        let reply = commands.send::<Vec<Value>>(call).await;
+        let (reply, acknowledged) = match &replicated {
+            None => (commands.send::<Vec<Value>>(call).await, None),
+            Some(replicated) => match replicated.send_waited(&commands, call).await {
+                Ok((reply, acknowledged)) => (Ok(reply), Some(acknowledged)),
+                Err(error) => {
+                    // The script may have run (only its `WAIT` failed): its locks too.
+                    taken.extend(group.iter().map(|&at| keys[at].clone()));
+                    give_back(&commands, &taken, &holder).await;
+                    return Err(error);
+                }
+            },
+        };
         match reply.as_deref() {
             Ok([Value::Int(1), tokens @ ..]) if tokens.len() == group.len() => {
                 for (&at, token) in group.iter().zip(tokens) {
                     out[at + 1] = token.clone();
                     taken.push(keys[at].clone());
+                }
+                let wanted = replicated.as_ref().map_or(0, Replicated::replicas);
+                if let Some(acknowledged) = acknowledged.filter(|&n| n < i64::from(wanted)) {
+                    give_back(&commands, &taken, &holder).await;
+                    return Ok(vec![Value::Int(NOT_REPLICATED), Value::Int(acknowledged)]);
                 }
                 continue;
             }
@@ -145,16 +160,6 @@ async fn take_groups(
             _ => {
                 give_back(&commands, &taken, &holder).await;
                 return reply;
-            }
-        }
-    }
-    if let Some(replicated) = replicated {
-        match replicated.wait().await {
-            Ok(acknowledged) if acknowledged >= i64::from(replicated.replicas()) => {}
-            acknowledged => {
-                give_back(&commands, &taken, &holder).await;
-                let acknowledged = acknowledged?;
-                return Ok(vec![Value::Int(NOT_REPLICATED), Value::Int(acknowledged)]);
             }
         }
     }

@@ -51,24 +51,34 @@ impl Replicated {
         self.timeout
     }
 
-    /// `main`'s settings on this connection: calls whose writes a later
-    /// [`wait`](Self::wait) must count (`WAIT` counts those of its own connection).
-    pub(super) fn commands(&self, main: &Commands) -> Commands {
-        Commands {
-            conn: self.conn.clone(),
-            ..main.clone()
-        }
-    }
-
-    /// `WAIT`s for the writes sent over [`commands`](Self::commands); how many replicas
-    /// acknowledged them (on a cluster, the fewest of any master's).
-    pub(super) async fn wait(&self) -> RedisResult<i64> {
+    /// Sends `call` (prepared as `main` sends it) then `WAIT` in one pipeline on this
+    /// connection, loading the script if Redis lacks it; the script's reply and how many
+    /// replicas acknowledged it. On a cluster the pipeline goes to the node of `call`'s
+    /// key, `WAIT` included, so it counts that node's replicas.
+    pub(super) async fn send_waited<T: redis::FromRedisValue>(
+        &self,
+        main: &Commands,
+        call: Call,
+    ) -> RedisResult<(T, i64)> {
         let mut conn = self.conn.clone();
-        redis::cmd("WAIT")
+        let call = main.prepare(call);
+        let mut pipe = redis::pipe();
+        pipe.add_command(call.cmd)
+            .cmd("WAIT")
             .arg(self.replicas)
-            .arg(scripts::millis(self.timeout))
-            .query_async(&mut conn)
-            .await
+            .arg(scripts::millis(self.timeout));
+        match pipe.query_async(&mut conn).await {
+            Err(e) if is_noscript(&e) => {
+                if let Some(lua) = call.script {
+                    lua.with(main.notices)
+                        .prepare_invoke()
+                        .load_async(&mut conn)
+                        .await?;
+                }
+                pipe.query_async(&mut conn).await
+            }
+            other => other,
+        }
     }
 
     /// Runs the acquire `call`, then `WAIT`, in one round trip. A lock it took that too
@@ -80,26 +90,9 @@ impl Replicated {
         main: Commands,
         hold: Hold,
     ) -> impl Future<Output = RedisResult<(i64, Value)>> + Send + 'static {
-        let (mut conn, replicas) = (self.conn.clone(), self.replicas);
-        let call = main.prepare(call);
-        let mut pipe = redis::pipe();
-        pipe.add_command(call.cmd)
-            .cmd("WAIT")
-            .arg(replicas)
-            .arg(scripts::millis(self.timeout));
+        let this = self.clone();
         async move {
-            let sent = match pipe.query_async(&mut conn).await {
-                Err(e) if is_noscript(&e) => {
-                    if let Some(lua) = call.script {
-                        lua.with(main.notices)
-                            .prepare_invoke()
-                            .load_async(&mut conn)
-                            .await?;
-                    }
-                    pipe.query_async(&mut conn).await
-                }
-                other => other,
-            };
+            let sent = this.send_waited(&main, call).await;
             let ((state, value), acked): ((i64, Value), i64) = match sent {
                 Ok(replies) => replies,
                 Err(error) if only_wait_failed(&error) => {
@@ -113,7 +106,7 @@ impl Replicated {
                 }
                 Err(error) => return Err(error),
             };
-            if matches!(state, 1 | 2) && acked < i64::from(replicas) {
+            if matches!(state, 1 | 2) && acked < i64::from(this.replicas) {
                 if let Err(error) = main.run::<i64>(scripts::release(&hold, None)).await {
                     tracing::warn!(key = %hold.key, %error,
                         "could not release a lock that was not replicated; it expires with its lease");
