@@ -15,7 +15,8 @@
 //! them: it hands on the last body frame only once the release is done), lockwarden's own
 //! acquire and release scripts sent raw from the handler (the same floor with the Redis
 //! side of a lock cycle), the lock engine called in the handler without the layer
-//! (`try_acquire(0)`, build the response, `release().await`), the layer keyed by a field
+//! (`try_acquire(0)`, build the response, `release().await`), the same through the
+//! `Locked<T>` extractor, the layer keyed by a field
 //! of the JSON body (`by_json_field`: the body buffered before the lock), and the layer
 //! with a fixed lease instead of the watchdog (1 connection only).
 //!
@@ -28,7 +29,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{FromRequestParts, State};
+use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -37,7 +39,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
-use lockwarden::{LockClient, LockInfo, LockLayer};
+use lockwarden::{LockClient, LockInfo, LockKey, LockLayer, Locked};
 use redis::aio::ConnectionManager;
 use serde_json::{json, Value};
 use tokio::net::{TcpListener, TcpStream};
@@ -68,6 +70,8 @@ enum App {
     Evalsha,
     OwnScripts,
     Engine,
+    /// The `Locked<T>` extractor, its guard released before answering.
+    Extractor,
     Layer,
     /// `LockLayer::by_json_field`: the key read from the buffered body.
     JsonField,
@@ -80,22 +84,24 @@ impl App {
     /// The apps of the 1-connection part. The first four are the references, in this
     /// order: no lock, the 2 × EVALSHA floor, lockwarden's scripts raw, the lock in the
     /// handler.
-    const SEQUENTIAL: [App; 7] = [
+    const SEQUENTIAL: [App; 8] = [
         App::Plain,
         App::Evalsha,
         App::OwnScripts,
         App::Engine,
+        App::Extractor,
         App::Layer,
         App::JsonField,
         App::LayerLease,
     ];
     /// The apps of the 64-connection part, run in this order and then reversed: the same
     /// references first (no lock first: the others' ratios are to it).
-    const CONCURRENT: [App; 7] = [
+    const CONCURRENT: [App; 8] = [
         App::Plain,
         App::Evalsha,
         App::OwnScripts,
         App::Engine,
+        App::Extractor,
         App::Layer,
         App::JsonField,
         App::Replay,
@@ -107,6 +113,7 @@ impl App {
             App::Evalsha => "axum + 2 × EVALSHA in handler",
             App::OwnScripts => "axum + lockwarden's 2 scripts, raw, in handler",
             App::Engine => "axum + lock in handler (no layer)",
+            App::Extractor => "axum + Locked<T> extractor (no layer)",
             App::Layer => "axum + LockLayer::by_header",
             App::JsonField => "axum + LockLayer::by_json_field",
             App::LayerLease => "axum + LockLayer (10 s lease)",
@@ -120,6 +127,7 @@ impl App {
             App::Evalsha => "eval",
             App::OwnScripts => "own",
             App::Engine => "engine",
+            App::Extractor => "extract",
             App::Layer => "layer",
             App::JsonField => "json",
             App::LayerLease => "lease",
@@ -130,7 +138,7 @@ impl App {
     fn locked(self) -> bool {
         matches!(
             self,
-            App::Engine | App::Layer | App::JsonField | App::LayerLease
+            App::Engine | App::Extractor | App::Layer | App::JsonField | App::LayerLease
         )
     }
 
@@ -147,6 +155,9 @@ impl App {
                 .with_state(redis.clone()),
             App::Engine => Router::new()
                 .route("/orders", post(create_order_under_lock))
+                .with_state(client.clone()),
+            App::Extractor => Router::new()
+                .route("/orders", post(create_order_locked))
                 .with_state(client.clone()),
             App::Layer => orders.layer(layer),
             App::JsonField => {
@@ -202,6 +213,35 @@ async fn create_order_after_own_scripts(
         return (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response();
     }
     create_order(None, order).await
+}
+
+/// The request's key, as the `Locked<T>` extractor takes it.
+struct OrderKey(String);
+
+impl LockKey for OrderKey {
+    fn lock_key(&self) -> String {
+        format!("extract:{}", self.0)
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for OrderKey {
+    type Rejection = StatusCode;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let key = parts.headers.get(KEY_HEADER).and_then(|v| v.to_str().ok());
+        key.map(|k| OrderKey(k.to_owned()))
+            .ok_or(StatusCode::BAD_REQUEST)
+    }
+}
+
+/// The lock the `Locked<T>` extractor took, released (awaited) before answering, as the
+/// layer does.
+async fn create_order_locked(Locked(key): Locked<OrderKey>, order: Json<Value>) -> Response {
+    let response = create_order(Some(Extension(key.info())), order).await;
+    match key.release().await {
+        Ok(_) => response,
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
 }
 
 /// The layer's work done by hand: lock the key (one attempt, as the layer's default),
