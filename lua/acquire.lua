@@ -5,8 +5,8 @@
 --         work is done already and its outcome is returned instead of the lock
 -- ARGV[1] holder id, ARGV[2] lease in ms, ARGV[3] '1' for a holder made for this
 --         acquisition, last: this call's id (see once.lua)
--- Returns {1, token} taken, {2, token} re-entered, {0, pttl} held by another,
--- {3, outcome} completed before.
+-- Returns the token taken (bare), {2, token} re-entered, {0, pttl} held by another,
+-- {3, outcome} completed before, {1, token} taken by this very call before (see below).
 if KEYS[3] then
   local outcome = redis.call('GET', KEYS[3])
   if outcome then
@@ -14,24 +14,26 @@ if KEYS[3] then
   end
 end
 -- PTTL, not EXISTS: -2 says the lock is free, and a busy lock's answer needs it anyway
--- (a refused attempt is then two calls, PTTL and HMGET).
+-- (a refused attempt is then two calls, PTTL and HGET; HMGET on a cluster, see once.lua).
 local ttl = redis.call('PTTL', KEYS[1])
 if ttl == -2 then
   -- The server clock is read only here: a lock found busy does not need it.
   local token = issue_token(KEYS[2], redis.call('TIME'), 'PX', ARGV[2])
   set_count(KEYS[1], ARGV[1], 1, call)
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, tonumber(token)}
+  -- Bare, not {1, token}: Redis writes a table reply with ~6,500 more instructions, a
+  -- twentieth of the whole cycle (`scripts/script_cost.sh --instructions`).
+  return token
 end
-local held = redis.call('HMGET', KEYS[1], ARGV[1], op_of(ARGV[1]))
-if held[1] then
+local count, last = count_of(KEYS[1], ARGV[1])
+if count then
   -- This very call ran before (a holder made for it holds nothing else; any other finds
   -- its own id): answered as then, counted once.
-  if ARGV[3] == '1' or held[2] == call then
-    local state = (ARGV[3] == '1' or held[1] == '1') and 1 or 2
+  if ARGV[3] == '1' or last == call then
+    local state = (ARGV[3] == '1' or count == '1') and 1 or 2
     return {state, tonumber(redis.call('GET', KEYS[2])) or 0}
   end
-  set_count(KEYS[1], ARGV[1], tonumber(held[1]) + 1, call)
+  set_count(KEYS[1], ARGV[1], tonumber(count) + 1, call)
   -- A re-entry never shortens the hold: one with a short lease inside a longer (or
   -- watchdog) hold would otherwise let the lock expire under its outer holder.
   if ttl < tonumber(ARGV[2]) then

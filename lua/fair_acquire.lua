@@ -12,23 +12,23 @@
 -- ms is -1 if the lock has no expiry and nobody is ahead.
 local me = ARGV[1]
 
-local held = redis.call('HMGET', KEYS[1], me, op_of(me))
-if held[1] then
+local count, last = count_of(KEYS[1], me)
+if count then
   -- Not a re-entry: granted while this acquisition waited (its notice missed), or this
   -- very call ran before (see once.lua). Taken, with this caller's lease, counted once.
   local granted = ARGV[6] == '1' and redis.call('ZREM', KEYS[4], me) == 1
   if granted or ARGV[7] == '1' then
     -- Remembered, so that this call sent again is not taken for a re-entry either.
     if granted and call ~= '' then
-      set_count(KEYS[1], me, held[1], call)
+      set_count(KEYS[1], me, count, call)
     end
     lease_at_least(ARGV[2])
     return {1, tonumber(redis.call('GET', KEYS[2])) or 0}
   end
-  if held[2] == call then
-    return {held[1] == '1' and 1 or 2, tonumber(redis.call('GET', KEYS[2])) or 0}
+  if last == call then
+    return {count == '1' and 1 or 2, tonumber(redis.call('GET', KEYS[2])) or 0}
   end
-  set_count(KEYS[1], me, tonumber(held[1]) + 1, call)
+  set_count(KEYS[1], me, tonumber(count) + 1, call)
   lease_at_least(ARGV[2])
   return {2, tonumber(redis.call('GET', KEYS[2])) or 0}
 end

@@ -22,7 +22,7 @@ local function prune()
 end
 
 -- Takes the free lock for `holder` until `until_ms` (server clock), for the call `call`
--- (see once.lua); returns its new fencing token (see token.lua), in digits.
+-- (see once.lua); returns its new fencing token (see token.lua).
 local function take(holder, until_ms, call)
   set_count(KEYS[1], holder, 1, call)
   redis.call('PEXPIREAT', KEYS[1], until_ms)
@@ -46,7 +46,7 @@ local function grant_head(prefix)
     local until_ms = tonumber(redis.call('ZSCORE', KEYS[4], head))
     if until_ms then
       local token = take(head, until_ms, '')
-      redis.call('PUBLISH', wake_channel(prefix, head), 'granted:' .. token .. ':' .. head)
+      redis.call('PUBLISH', wake_channel(prefix, head), 'granted:' .. int(token) .. ':' .. head)
       return
     end
     -- A place without a deadline (its keys were cut apart): no live waiter holds it.

@@ -5,8 +5,8 @@
 -- To complete a claim as well (see release.lua): KEYS[5] outcome key; ARGV[4] outcome,
 -- ARGV[5] how long to keep it in ms, ARGV[6] the lock's release channel.
 -- Returns -2 or -1 not held by this holder (see once.lua), 0 freed, n > 0 re-entries left.
-local held = redis.call('HMGET', KEYS[1], ARGV[1], op_of(ARGV[1]))
-if not held[1] then
+local count, last = count_of(KEYS[1], ARGV[1])
+if not count then
   -- Lost (taken over or expired): a grant taken up from its notice leaves its entry here;
   -- it goes too, unless this holder also waits in the queue (a place of its own).
   if not redis.call('LPOS', KEYS[3], ARGV[1]) then
@@ -14,15 +14,15 @@ if not held[1] then
   end
   return not_held(KEYS[2], ARGV[3])
 end
-if held[2] == call then
+if last == call then
   -- This very call ran before: what it left.
-  return tonumber(held[1])
+  return tonumber(count)
 end
 if KEYS[5] then
   redis.call('SET', KEYS[5], ARGV[4], 'PX', ARGV[5])
   redis.call('PUBLISH', ARGV[6], 'completed')
 end
-local left = tonumber(held[1]) - 1
+local left = tonumber(count) - 1
 if left > 0 then
   set_count(KEYS[1], ARGV[1], left, call)
   return left

@@ -26,6 +26,17 @@ local function set_count(hash, field, n, call, ...)
   end
 end
 
+-- The count in `field` of `hash` (nil if none) and the id of the last call that changed
+-- it. Where calls are never sent twice (`call` is '') no id is written, so the count
+-- alone is read: one field, and no field name to make.
+local function count_of(hash, field)
+  if call == '' then
+    return redis.call('HGET', hash, field), nil
+  end
+  local held = redis.call('HMGET', hash, field, op_of(field))
+  return held[1], held[2]
+end
+
 -- The answer to a release whose holder holds nothing here: -2 if nobody took the lock
 -- since the hold's token (`token`; '' when unknown), which `fence` still holds as the
 -- lock's last one: this very release ran before, or the hold ran out with nobody after

@@ -7,14 +7,13 @@
 --   The outcome is stored only by the holder, and every waiter is told (all of them can
 --   use it), not only the next one.
 -- Returns -2 or -1 not held by this holder (see once.lua), 0 freed, n > 0 re-entries left.
--- HMGET, not HEXISTS + HINCRBY: the common release is then three calls (HMGET, DEL,
+-- HGET, not HEXISTS + HINCRBY: the common release is then three calls (HGET, DEL,
 -- PUBLISH).
-local held = redis.call('HMGET', KEYS[1], ARGV[1], op_of(ARGV[1]))
-local count = held[1]
+local count, last = count_of(KEYS[1], ARGV[1])
 if not count then
   return not_held(KEYS[2], ARGV[3])
 end
-if held[2] == call then
+if last == call then
   -- This very call ran before (see once.lua): what it left.
   return tonumber(count)
 end

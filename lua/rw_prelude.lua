@@ -49,7 +49,7 @@ local function prune()
   return mode
 end
 
--- A new fencing token (see token.lua), in digits, also kept in the hash for the holds
+-- A new fencing token (see token.lua), also kept in the hash for the holds
 -- of this phase. The fencing key expires with the lock's other keys
 -- (`expire_with_latest`).
 local function fresh_token()
@@ -173,7 +173,7 @@ local function admit_readers(channel)
   in_batches('HSET', KEYS[1], counts)
   in_batches('ZADD', KEYS[2], leases)
   expire_with_latest()
-  redis.call('PUBLISH', channel, 'granted:' .. token .. ':' .. table.concat(ids, ' '))
+  redis.call('PUBLISH', channel, 'granted:' .. int(token) .. ':' .. table.concat(ids, ' '))
 end
 
 -- Ends `holder`'s `side` ('r' or 'w') hold, whose count is down to zero. When the lock is

@@ -283,7 +283,8 @@ pub async fn own_scripts_pair(
         format!("raw:{{{key}}}:fence"),
         format!("raw:{{{key}}}:released"),
     );
-    let (state, _): (i64, i64) = ACQUIRE
+    // A fresh take answers its bare token (see lua/acquire.lua).
+    let token: i64 = ACQUIRE
         .key(&lock)
         .key(&fence)
         .arg("bench-holder")
@@ -301,8 +302,8 @@ pub async fn own_scripts_pair(
         .arg("") // no call id
         .invoke_async(conn)
         .await?;
-    if state != 1 || left != 0 {
-        return Err(format!("own scripts answered {state} / {left} on a fresh key").into());
+    if token <= 0 || left != 0 {
+        return Err(format!("own scripts answered {token} / {left} on a fresh key").into());
     }
     Ok(())
 }

@@ -895,7 +895,7 @@ async fn a_refusal_inside_a_script_keeps_what_the_script_wrote() {
         .await
         .unwrap();
     let key = guard.key().redis_key().to_owned();
-    expect_refused(guard.release().await, "DEL (line 29 of release.lua)");
+    expect_refused(guard.release().await, "DEL (line 28 of release.lua)");
     let ttl = server.pttl(&key);
     assert!(ttl > 0 && ttl <= 30_000, "{key}: {ttl}");
 }

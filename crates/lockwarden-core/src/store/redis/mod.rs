@@ -57,7 +57,7 @@ pub(crate) use conn::Deployment;
 pub(crate) use credentials::Credentials;
 pub(crate) use permissions::PROBE;
 use replicated::Replicated;
-use scripts::NOT_REPLICATED;
+use scripts::{Answer, NOT_REPLICATED};
 pub(crate) use timeout::bounded;
 pub(crate) use tls::Tls;
 
@@ -147,7 +147,7 @@ impl LockStore for RedisStore {
         };
         let mut limit = self.commands.timeout;
         let reply = match &self.replicated {
-            None => Either::Left(self.commands.send::<(i64, Value)>(call)),
+            None => Either::Left(self.commands.send::<Answer>(call)),
             Some(replicated) => {
                 limit += replicated.timeout();
                 Either::Right(replicated.acquire(call, self.commands.clone(), hold.clone()))
@@ -156,19 +156,19 @@ impl LockStore for RedisStore {
         // If the caller goes away (or the bound runs out) while the script is in flight,
         // what it took is given back once its reply is in.
         let undo = orphan::give_back(self.commands.clone(), hold);
-        let (state, value) = bounded(limit, Finish::new(reply).or_undo(undo))
+        let answer = bounded(limit, Finish::new(reply).or_undo(undo))
             .await
             .map_err(|error| explain::naming(error, what))?;
-        if state == NOT_REPLICATED {
+        if answer.state == NOT_REPLICATED {
             return Err(BackendError::NotReplicated {
-                acknowledged: match value {
+                acknowledged: match answer.value {
                     Value::Int(n) => u32::try_from(n).unwrap_or(0),
                     _ => 0,
                 },
                 wanted: self.replicated.as_ref().map_or(0, Replicated::replicas),
             });
         }
-        scripts::attempted(ask.how, state, value)
+        scripts::attempted(ask.how, answer)
     }
 
     async fn acquire_all(&self, ask: &AcquireAll<'_>) -> Result<MultiAttempt> {

@@ -2,19 +2,21 @@
 //! or timed out locally) while its script was in flight is finished in the background,
 //! and what it took is given back, so a dropped acquire never leaves a lock held.
 
-use redis::{RedisResult, Value};
+use redis::RedisResult;
 
 use super::commands::Commands;
-use super::scripts;
+use super::scripts::{self, Answer};
 use crate::finish::{BoxFuture, Undo};
 use crate::hold::{Exclusive, Hold, HoldKind, RwMode};
 use crate::store::contract::Waiter;
 
-/// Undoes what an abandoned acquire of `hold` did, once its `{state, value}` reply is in.
-pub(super) fn give_back(commands: Commands, hold: Hold) -> Undo<RedisResult<(i64, Value)>> {
+/// Undoes what an abandoned acquire of `hold` did, once its reply is in.
+pub(super) fn give_back(commands: Commands, hold: Hold) -> Undo<RedisResult<Answer>> {
     Box::new(move |reply| -> BoxFuture {
         Box::pin(async move {
-            let Ok((state, _)) = reply else { return };
+            let Ok(Answer { state, .. }) = reply else {
+                return;
+            };
             // Taken or re-entered: one count is ours and nobody will release it.
             let call = match (state, hold.kind) {
                 (1 | 2, _) => scripts::release(&hold, None),

@@ -14,7 +14,7 @@ use redis::{RedisResult, Value};
 
 use super::commands::{is_noscript, Commands};
 use super::conn::Conn;
-use super::scripts::{self, Call, NOT_REPLICATED};
+use super::scripts::{self, Answer, Call, NOT_REPLICATED};
 use crate::hold::Hold;
 
 /// Whether `error` is a pipeline's error in which Redis answered the script and refused
@@ -89,11 +89,11 @@ impl Replicated {
         call: Call,
         main: Commands,
         hold: Hold,
-    ) -> impl Future<Output = RedisResult<(i64, Value)>> + Send + 'static {
+    ) -> impl Future<Output = RedisResult<Answer>> + Send + 'static {
         let this = self.clone();
         async move {
             let sent = this.send_waited(&main, call).await;
-            let ((state, value), acked): ((i64, Value), i64) = match sent {
+            let (answer, acked): (Answer, i64) = match sent {
                 Ok(replies) => replies,
                 Err(error) if only_wait_failed(&error) => {
                     // The script ran (it may have taken the lock) and `WAIT` was refused
@@ -106,14 +106,17 @@ impl Replicated {
                 }
                 Err(error) => return Err(error),
             };
-            if matches!(state, 1 | 2) && acked < i64::from(this.replicas) {
+            if matches!(answer.state, 1 | 2) && acked < i64::from(this.replicas) {
                 if let Err(error) = main.run::<i64>(scripts::release(&hold, None)).await {
                     tracing::warn!(key = %hold.key, %error,
                         "could not release a lock that was not replicated; it expires with its lease");
                 }
-                return Ok((NOT_REPLICATED, Value::Int(acked)));
+                return Ok(Answer {
+                    state: NOT_REPLICATED,
+                    value: Value::Int(acked),
+                });
             }
-            Ok((state, value))
+            Ok(answer)
         }
     }
 }

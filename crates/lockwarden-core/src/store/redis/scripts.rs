@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::{Cmd, Script, Value};
+use redis::{Cmd, FromRedisValue, ParsingError, Script, Value};
 
 use super::notices::Notices;
 use crate::error::BackendError;
@@ -308,7 +308,7 @@ fn fair_keys(key: &Key) -> [&str; 4] {
     ]
 }
 
-/// One acquire attempt (`{state, value}` reply, see [`attempted`]).
+/// One acquire attempt (its reply is an [`Answer`], see [`attempted`]).
 pub(super) fn acquire(ask: &Acquire<'_>) -> Call {
     let (key, how) = (ask.key, ask.how);
     let (lock, fence) = (key.redis_key(), key.fence_key());
@@ -363,10 +363,30 @@ fn flag(yes: bool) -> &'static str {
     }
 }
 
-/// Reads an acquire script's `{state, value}` reply: `{1, token}` taken, `{2, token}`
-/// re-entered, `{0, ms}` busy, `{3, outcome}` a claim's stored outcome (a write: `{3, 0}`,
-/// an upgrade refused).
-pub(super) fn attempted(how: How, state: i64, value: Value) -> Result<Attempt, BackendError> {
+/// An acquire script's reply: `{state, value}`, or for a plain lock's fresh take the bare
+/// token (a table costs Redis more to write, see `lua/acquire.lua`), read as `{1, token}`.
+pub(super) struct Answer {
+    pub(super) state: i64,
+    pub(super) value: Value,
+}
+
+impl FromRedisValue for Answer {
+    fn from_redis_value(reply: Value) -> Result<Self, ParsingError> {
+        let (state, value) = match reply {
+            Value::Int(token) => (1, Value::Int(token)),
+            reply => FromRedisValue::from_redis_value(reply)?,
+        };
+        Ok(Answer { state, value })
+    }
+}
+
+/// Reads an acquire script's answer: `{1, token}` taken, `{2, token}` re-entered, `{0,
+/// ms}` busy, `{3, outcome}` a claim's stored outcome (a write: `{3, 0}`, an upgrade
+/// refused).
+pub(super) fn attempted(
+    how: How,
+    Answer { state, value }: Answer,
+) -> Result<Attempt, BackendError> {
     let claim = how == How::Claim;
     let write = matches!(how, How::Write { .. });
     match (state, value) {
@@ -595,4 +615,28 @@ pub(super) fn remaining_ttl(ms: i64) -> Option<Duration> {
 /// commands), at most `u64::MAX`.
 pub(super) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(reply: Value) -> Result<(i64, Value), ParsingError> {
+        Answer::from_redis_value(reply).map(|Answer { state, value }| (state, value))
+    }
+
+    #[test]
+    fn a_bare_token_is_a_take_and_a_table_says_its_state() {
+        let token = 1_795_561_285_892_852;
+        assert_eq!(answer(Value::Int(token)).unwrap(), (1, Value::Int(token)));
+        let busy = Value::Array(vec![Value::Int(0), Value::Int(250)]);
+        assert_eq!(answer(busy).unwrap(), (0, Value::Int(250)));
+        let taken = answer(Value::Array(vec![Value::Int(1), Value::Int(token)])).unwrap();
+        assert!(matches!(
+            attempted(How::Plain, Answer { state: taken.0, value: taken.1 }),
+            Ok(Attempt::Taken { token: t }) if t == token as u64
+        ));
+        assert!(answer(Value::Nil).is_err());
+        assert!(answer(Value::BulkString(b"1".to_vec())).is_err());
+    }
 }
