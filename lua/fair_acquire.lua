@@ -7,7 +7,7 @@
 --         it was granted (its notice missed), not a re-entry
 -- ARGV[7] '1' if the holder was made for this acquisition (it held nothing before),
 -- last: this call's id (see once.lua)
--- Returns {1, token} taken, {2, token} re-entered,
+-- Returns the token taken (bare, see acquire.lua), {2, token} re-entered,
 -- {0, ms} not yours: retry by yourself after ms at the latest (a notice may come sooner);
 -- ms is -1 if the lock has no expiry and nobody is ahead.
 local me = ARGV[1]
@@ -23,7 +23,7 @@ if count then
       set_count(KEYS[1], me, count, call)
     end
     lease_at_least(ARGV[2])
-    return {1, tonumber(redis.call('GET', KEYS[2])) or 0}
+    return tonumber(redis.call('GET', KEYS[2])) or 0
   end
   if last == call then
     return {count == '1' and 1 or 2, tonumber(redis.call('GET', KEYS[2])) or 0}
@@ -41,7 +41,7 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
       redis.call('LPOP', KEYS[3])
       redis.call('ZREM', KEYS[4], me)
     end
-    return {1, tonumber(take(me, now + tonumber(ARGV[2]), call))}
+    return take(me, now + tonumber(ARGV[2]), call)
   end
   -- Free, but another waiter's turn (the lock expired, or a waiter ahead was dropped):
   -- the head gets it now, as a release would have given it.

@@ -5,9 +5,9 @@
 -- for a single try, which never registers), ARGV[5] '1' if an earlier attempt of this
 -- acquisition registered: holding then means it was admitted (its notice missed), not a
 -- re-entry; last: this call's id (see once.lua)
--- Returns {1, token} a new read hold, {2, token} re-entered, {0, ms} refused: retry on a
--- notice or after ms. A holder's first read hold while it holds the write lock (a
--- downgrade) is a new hold with the write's token.
+-- Returns the token of a new read hold (bare, see acquire.lua), {2, token} re-entered,
+-- {0, ms} refused: retry on a notice or after ms. A holder's first read hold while it
+-- holds the write lock (a downgrade) is a new hold with the write's token.
 local mode = prune()
 if mode == 'foreign' then
   return foreign()
@@ -32,10 +32,10 @@ if not mode then
     return busy(true)
   end
   no_longer_waiting()
-  local token = tonumber(fresh_token())
+  local token = fresh_token()
   set_count(KEYS[1], field, 1, call, 'mode', 'read')
   lease_at_least(field, ARGV[2])
-  return {1, token}
+  return token
 end
 local held = redis.call('HMGET', KEYS[1], field, op_of(field), me .. ':w', 'token')
 local token = tonumber(held[4]) or 0
@@ -48,7 +48,7 @@ if held[1] then
       set_count(KEYS[1], field, held[1], call)
     end
     lease_at_least(field, ARGV[2])
-    return {1, token}
+    return token
   end
   -- This very call ran before (see once.lua): answered as then, counted once.
   if ARGV[3] == '1' or held[2] == call then
@@ -65,7 +65,7 @@ if held[3] or (mode == 'read' and not writers_wait) then
   no_longer_waiting()
   set_count(KEYS[1], field, 1, call)
   lease_at_least(field, ARGV[2])
-  return {1, token}
+  return token
 end
 register_reader(me, ARGV[4])
 return busy(mode ~= 'write')

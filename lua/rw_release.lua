@@ -9,15 +9,15 @@ local field = ARGV[1] .. ':' .. ARGV[2]
 if mode == 'foreign' then
   return -1
 end
-local held = redis.call('HMGET', KEYS[1], field, op_of(field))
-if not held[1] then
+local count, last = count_of(KEYS[1], field)
+if not count then
   return not_held(KEYS[3], ARGV[5])
 end
-if held[2] == call then
+if last == call then
   -- This very call ran before: what it left.
-  return tonumber(held[1])
+  return tonumber(count)
 end
-local left = tonumber(held[1]) - 1
+local left = tonumber(count) - 1
 if left > 0 then
   set_count(KEYS[1], field, left, call)
   return left

@@ -4,9 +4,9 @@
 -- for a single try, which never registers),
 -- ARGV[4] '1' if the holder was made for this acquisition (it held nothing before),
 -- last: this call's id (see once.lua)
--- Returns {1, token} taken, {2, token} re-entered, {3, 0} refused for good: this holder
--- holds a read hold and no write hold (an upgrade would wait for itself), {0, ms} refused:
--- retry on a notice or after ms.
+-- Returns the token taken (bare, see acquire.lua), {2, token} re-entered, {3, 0} refused
+-- for good: this holder holds a read hold and no write hold (an upgrade would wait for
+-- itself), {0, ms} refused: retry on a notice or after ms.
 local mode = prune()
 if mode == 'foreign' then
   return foreign()
@@ -15,9 +15,9 @@ local field = ARGV[1] .. ':w'
 if not mode then
   redis.call('ZREM', KEYS[4], ARGV[1])
   set_count(KEYS[1], field, 1, call, 'mode', 'write')
-  local token = tonumber(fresh_token())
+  local token = fresh_token()
   lease_at_least(field, ARGV[2])
-  return {1, token}
+  return token
 end
 local held = redis.call('HMGET', KEYS[1], field, op_of(field), 'token')
 if held[1] then

@@ -363,7 +363,7 @@ fn flag(yes: bool) -> &'static str {
     }
 }
 
-/// An acquire script's reply: `{state, value}`, or for a plain lock's fresh take the bare
+/// An acquire script's reply: `{state, value}`, or for a take (of every kind) the bare
 /// token (a table costs Redis more to write, see `lua/acquire.lua`), read as `{1, token}`.
 pub(super) struct Answer {
     pub(super) state: i64,
