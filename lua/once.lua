@@ -6,10 +6,12 @@
 -- `<count field>:op`, until the count changes again or goes: the second run finds its own
 -- id there and only answers.
 
--- The call's id: every script that changes a count takes it as its last argument; ''
--- for a holder made for its acquisition, and where calls are never sent twice (one
--- server, Sentinel), so no field is written there.
-local call = ARGV[#ARGV]
+-- The call's id. One server and Sentinel never send a call twice: there the scripts go as
+-- written, with none (''), and no field is written. On a cluster each goes in a variant
+-- in which this line reads `local call = ARGV[#ARGV]` (store/redis/scripts.rs): a call
+-- that changes a count then takes its id as its last argument ('' for a holder made for
+-- its acquisition). An argument costs Redis ~1,450 instructions; one server saves it.
+local call = ''
 
 -- The field that remembers the last call that changed the count in `field`.
 local function op_of(field)

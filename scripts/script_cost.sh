@@ -17,8 +17,8 @@
 # defaults to 50 there (a run takes about a minute).
 #
 # Each script runs after lua/once.lua (the acquire also after lua/token.lua), as the
-# client sends it, with a fresh holder's arguments (no call id: one server never resends
-# a call).
+# client sends it to one server, with a fresh holder's arguments (and no call id: one
+# server never sends a call twice).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 instructions=false
@@ -54,8 +54,8 @@ def cmd(*args):
     return out
 with open(out + "/cycles.resp", "w") as f:
     for _ in range(rounds):
-        f.write("".join(cmd("EVALSHA", acquire, 2, "{k%d}" % k, "{k%d}:fence" % k, "holder", 30000, 1, "") for k in range(64)))
-        f.write("".join(cmd("EVALSHA", release, 2, "{k%d}" % k, "{k%d}:fence" % k, "holder", "{k%d}:released" % k, "", "") for k in range(64)))
+        f.write("".join(cmd("EVALSHA", acquire, 2, "{k%d}" % k, "{k%d}:fence" % k, "holder", 30000, 1) for k in range(64)))
+        f.write("".join(cmd("EVALSHA", release, 2, "{k%d}" % k, "{k%d}:fence" % k, "holder", "{k%d}:released" % k, "") for k in range(64)))
 with open(out + "/baseline.resp", "w") as f:
     for _ in range(rounds):
         f.write("".join(cmd("SET", "{b%d}" % k, "holder", "NX", "PX", 30000) for k in range(64)))

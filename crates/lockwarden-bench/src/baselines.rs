@@ -289,8 +289,7 @@ pub async fn own_scripts_pair(
         .key(&fence)
         .arg("bench-holder")
         .arg(30_000)
-        .arg(1) // a holder made for this acquisition
-        .arg("") // no call id: see lua/once.lua
+        .arg(1) // a holder made for this acquisition; no call id on one server (once.lua)
         .invoke_async(conn)
         .await?;
     let left: i64 = RELEASE
@@ -299,7 +298,6 @@ pub async fn own_scripts_pair(
         .arg("bench-holder")
         .arg(&channel)
         .arg("") // the token, needed only to answer a release sent twice
-        .arg("") // no call id
         .invoke_async(conn)
         .await?;
     if token <= 0 || left != 0 {

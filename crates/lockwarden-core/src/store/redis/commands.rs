@@ -62,12 +62,13 @@ impl Commands {
         call: Call,
     ) -> impl Future<Output = RedisResult<T>> + Send + 'static {
         let (mut conn, notices) = (self.conn.clone(), self.notices);
+        let cluster = conn.is_cluster();
         let call = self.prepare(call);
         async move {
             match call.cmd.query_async(&mut conn).await {
                 Err(e) if is_noscript(&e) => {
                     if let Some(lua) = call.script {
-                        let script = lua.with(notices);
+                        let script = lua.with(notices, cluster);
                         script.prepare_invoke().load_async(&mut conn).await?;
                     }
                     call.cmd.query_async(&mut conn).await
@@ -166,7 +167,7 @@ impl Commands {
             Err(BackendError::Redis(e)) if is_noscript(&e) => {
                 // All at once: one after the other they cost a round trip each, which on
                 // a slow link outlasted a watchdog lease (tests/fault_network.rs).
-                let loads = scripts::all(self.notices).map(|script| {
+                let loads = scripts::all(self.notices, self.conn.is_cluster()).map(|script| {
                     let mut conn = conn.clone();
                     async move { script.prepare_invoke().load_async(&mut conn).await }
                 });

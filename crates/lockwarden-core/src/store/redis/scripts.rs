@@ -20,29 +20,52 @@ use crate::store::contract::{Acquire, Attempt, How, Outcome, Released, Renewal, 
 pub(super) struct Lua {
     /// The files it is made of, in order, with their text.
     parts: &'static [(&'static str, &'static str)],
+    /// As written: what one server and Sentinel run.
     script: Script,
-    /// The same script with sharded notices (`SPUBLISH`), if it publishes any.
+    /// For a cluster, if it counts (after `lua/once.lua`): the call's id read from the last
+    /// argument.
+    clustered: Option<Script>,
+    /// For a cluster with sharded notices (`SPUBLISH`), if it publishes any.
     sharded: Option<Script>,
 }
 
 impl Lua {
     fn new(parts: &'static [(&'static str, &'static str)], source: &'static str) -> Self {
         const CLASSIC: &str = "redis.call('PUBLISH'";
+        // `lua/once.lua`'s line, and what it reads where a call may be sent twice.
+        const NO_ID: &str = "\nlocal call = ''\n";
+        const ID: &str = "\nlocal call = ARGV[#ARGV]\n";
+        let clustered = source.contains(NO_ID).then(|| source.replace(NO_ID, ID));
+        let cluster_source = clustered.as_deref().unwrap_or(source);
         Lua {
             parts,
             script: Script::new(source),
-            sharded: source
+            sharded: cluster_source
                 .contains(CLASSIC)
-                .then(|| Script::new(&source.replace(CLASSIC, "redis.call('SPUBLISH'"))),
+                .then(|| Script::new(&cluster_source.replace(CLASSIC, "redis.call('SPUBLISH'"))),
+            clustered: clustered.map(|source| Script::new(&source)),
         }
     }
 
-    /// The script as sent with `notices`.
-    pub(super) fn with(&self, notices: Notices) -> &Script {
-        match (notices, &self.sharded) {
-            (Notices::Sharded, Some(sharded)) => sharded,
-            _ => &self.script,
+    /// The script as sent over a connection that is a cluster's (`cluster`) or not, with
+    /// `notices`. The variants differ within lines, never in their number, so an error's
+    /// line reads the same in each (see [`Lua::line`]).
+    pub(super) fn with(&self, notices: Notices, cluster: bool) -> &Script {
+        if !cluster {
+            return &self.script;
         }
+        let classic = self.clustered.as_ref().unwrap_or(&self.script);
+        match notices {
+            Notices::Sharded => self.sharded.as_ref().unwrap_or(classic),
+            Notices::Classic => classic,
+        }
+    }
+
+    /// Every variant.
+    fn variants(&self) -> impl Iterator<Item = &Script> {
+        std::iter::once(&self.script)
+            .chain(self.clustered.as_ref())
+            .chain(self.sharded.as_ref())
     }
 
     /// The file that makes it what it is (the last one: the read-write scripts run after
@@ -179,7 +202,8 @@ impl Call {
         self
     }
 
-    /// Marks a call that changes a hold's count (its script takes the call's id last).
+    /// Marks a call that changes a hold's count (on a cluster its script takes the call's
+    /// id last).
     fn counted(self, fresh: bool) -> Self {
         Self {
             counted: Some(fresh),
@@ -188,23 +212,23 @@ impl Call {
     }
 
     /// This call as sent over a connection with `notices` that may send a call twice
-    /// (`resent`: a cluster's): a counting call gets its id (`lua/once.lua`), unique in
-    /// this process like the holders it is kept for; empty for a holder made for its
-    /// acquisition (the scripts tell that apart without one) or where no call is sent
-    /// twice. A publishing script's sharded variant has its own digest, so the `EVALSHA`
-    /// is written again with it.
+    /// (`resent`: a cluster's). There a counting call gets its id (`lua/once.lua`), unique
+    /// in this process like the holders it is kept for, or `''` for a holder made for its
+    /// acquisition (the scripts tell that apart without one); elsewhere none. A variant
+    /// of the script other than as written (see [`Lua::with`]) has its own digest, so the
+    /// `EVALSHA` is written again with it.
     pub(super) fn sent(mut self, notices: Notices, resent: bool) -> Self {
         static LAST: AtomicU64 = AtomicU64::new(0);
-        if let Some(fresh) = self.counted.take() {
-            match resent && !fresh {
-                true => self.cmd.arg(LAST.fetch_add(1, Ordering::Relaxed) + 1),
-                false => self.cmd.arg(""),
-            };
-        }
-        let Some(sharded) = self.script.and_then(|lua| lua.sharded.as_ref()) else {
+        match self.counted.take() {
+            Some(true) if resent => self.cmd.arg(""),
+            Some(false) if resent => self.cmd.arg(LAST.fetch_add(1, Ordering::Relaxed) + 1),
+            _ => &mut self.cmd,
+        };
+        let Some(lua) = self.script else {
             return self;
         };
-        if notices == Notices::Classic {
+        let variant = lua.with(notices, resent);
+        if std::ptr::eq(variant, &lua.script) {
             return self;
         }
         let args = || {
@@ -214,7 +238,7 @@ impl Call {
             })
         };
         let mut cmd = evalsha(args().count(), args().map(<[u8]>::len).sum());
-        cmd.arg(sharded.get_hash());
+        cmd.arg(variant.get_hash());
         for arg in args() {
             cmd.arg(arg);
         }
@@ -236,16 +260,17 @@ fn evalsha(args: usize, bytes: usize) -> Cmd {
     cmd
 }
 
-/// Every script a pipeline may send with `notices`, to load them all when Redis lost them.
-pub(super) fn all(notices: Notices) -> [&'static Script; 15] {
-    every().map(|lua| lua.with(notices))
+/// Every script a pipeline may send with `notices` over a connection that is a cluster's
+/// or not, to load them all when Redis lost them.
+pub(super) fn all(notices: Notices, cluster: bool) -> [&'static Script; 15] {
+    every().map(|lua| lua.with(notices, cluster))
 }
 
-/// The script whose SHA1 digest is `sha` (as Redis names it in errors), either variant.
+/// The script whose SHA1 digest is `sha` (as Redis names it in errors), any variant.
 pub(super) fn by_digest(sha: &str) -> Option<&'static Lua> {
-    every().into_iter().find(|lua| {
-        lua.get_hash() == sha || lua.sharded.as_ref().is_some_and(|s| s.get_hash() == sha)
-    })
+    every()
+        .into_iter()
+        .find(|lua| lua.variants().any(|script| script.get_hash() == sha))
 }
 
 /// The text of every file of every lock script, for tests.
@@ -638,5 +663,60 @@ mod tests {
         ));
         assert!(answer(Value::Nil).is_err());
         assert!(answer(Value::BulkString(b"1".to_vec())).is_err());
+    }
+
+    /// The words of `call` after `EVALSHA`: digest, key count, keys, arguments.
+    fn words(call: &Call) -> Vec<String> {
+        let words = call.cmd.args_iter().skip(1).filter_map(|arg| match arg {
+            redis::Arg::Simple(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
+            _ => None,
+        });
+        words.collect()
+    }
+
+    #[test]
+    fn only_a_cluster_gets_call_ids_and_the_variant_that_reads_them() {
+        let key = crate::key::KeySpace::default().key("ids").unwrap();
+        let hold = Hold {
+            kind: HoldKind::Exclusive(Exclusive::Plain),
+            key,
+            holder: Holder::new("client", 1),
+        };
+        let plain = words(&release(&hold, Some(7)));
+        // One server: the script as written, its arguments alone.
+        let one = words(&release(&hold, Some(7)).sent(Notices::Classic, false));
+        assert_eq!(one, plain);
+        assert_eq!(one[0], RELEASE.get_hash());
+        // A cluster: the variant that reads an id, and the id, new for every call.
+        let first = words(&release(&hold, Some(7)).sent(Notices::Classic, true));
+        let second = words(&release(&hold, Some(7)).sent(Notices::Classic, true));
+        let clustered = RELEASE.clustered.as_ref().unwrap().get_hash();
+        assert_eq!(
+            (first[0].as_str(), second[0].as_str()),
+            (clustered, clustered)
+        );
+        assert_eq!(first[1..plain.len()], plain[1..]);
+        assert_eq!(first.len(), plain.len() + 1);
+        assert_ne!(first.last(), second.last());
+        assert!(first.last().unwrap().parse::<u64>().unwrap() > 0);
+        // Sharded notices: a digest of their own, the id as well.
+        let sharded = words(&release(&hold, Some(7)).sent(Notices::Sharded, true));
+        assert_eq!(sharded[0], RELEASE.sharded.as_ref().unwrap().get_hash());
+        assert_eq!(sharded.len(), plain.len() + 1);
+        // Every variant is known by its digest, and has the lines of the script as written.
+        for script in RELEASE.variants() {
+            assert!(std::ptr::eq(
+                by_digest(script.get_hash()).unwrap(),
+                &*RELEASE
+            ));
+        }
+        let lines = |source: &str| source.lines().count();
+        let written: String = RELEASE.parts.iter().map(|(_, text)| *text).collect();
+        let clustered = written.replace("\nlocal call = ''\n", "\nlocal call = ARGV[#ARGV]\n");
+        assert_ne!(
+            clustered, written,
+            "once.lua's line is where Lua::new looks for it"
+        );
+        assert_eq!(lines(&clustered), lines(&written));
     }
 }
