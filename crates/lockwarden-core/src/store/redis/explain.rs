@@ -172,7 +172,7 @@ mod tests {
 
     #[test]
     fn a_read_write_script_line_is_counted_past_the_prelude() {
-        let release = scripts::named("rw_release.lua");
+        let acquire = scripts::named("rw_write_acquire.lua");
         let prelude = [
             include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/clock.lua")),
             include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/once.lua")),
@@ -180,19 +180,25 @@ mod tests {
             include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/rw_prelude.lua")),
         ]
         .concat();
-        let own = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/rw_release.lua"));
+        let own = include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/lua/rw_write_acquire.lua"
+        ));
         let hmget = own
             .lines()
             .position(|l| l.contains("redis.call('HMGET'"))
-            .expect("rw_release.lua reads the hold")
+            .expect("rw_write_acquire.lua reads the hold")
             + 1;
         let line = prelude.lines().count() + hmget;
         let detail = format!(
             "The user executing the script can't run this command or subcommand script: {}, on @user_script:{line}.",
-            release.get_hash()
+            acquire.get_hash()
         );
         let (command, _) = refusal(&server_error("ERR", &detail)).expect("a refusal");
-        assert_eq!(command, format!("HMGET (line {hmget} of rw_release.lua)"));
+        assert_eq!(
+            command,
+            format!("HMGET (line {hmget} of rw_write_acquire.lua)")
+        );
     }
 
     #[test]
