@@ -14,7 +14,7 @@
 # two scripts and, in the same run, of the single-instance lock that the Redis docs'
 # distributed-locks page describes (`SET key value NX PX`, then a script that deletes
 # the key if it still holds the value), and their ratio. Needs valgrind; ROUNDS
-# defaults to 50 there (a run takes about a minute).
+# defaults to 50 there (a run takes about 15 s).
 #
 # Each script runs after lua/once.lua (the acquire also after lua/token.lua), as the
 # client sends it to one server, with a fresh holder's arguments (and no call id: one

@@ -7,12 +7,12 @@ use std::future::Future;
 use std::time::Duration;
 
 use redis::cluster_routing::Slot;
-use redis::{FromRedisValue, RedisResult};
+use redis::{FromRedisValue, RedisResult, Script};
 
 use super::conn::Conn;
 use super::explain::naming;
 use super::notices::Notices;
-use super::scripts::{self, Call, What};
+use super::scripts::{self, Call, Lua, What};
 use super::timeout::bounded;
 use crate::error::BackendError;
 
@@ -44,6 +44,12 @@ impl Commands {
         call.sent(self.notices, self.conn.is_cluster())
     }
 
+    /// The variant of `lua` this connection sends (see [`Lua::with`]), to load it when
+    /// Redis has lost it.
+    pub(super) fn script_of(&self, lua: &'static Lua) -> &'static Script {
+        lua.with(self.notices, self.conn.is_cluster())
+    }
+
     /// Runs `call`, waiting at most the command timeout.
     pub(super) async fn run<T: FromRedisValue + Send>(
         &self,
@@ -61,14 +67,13 @@ impl Commands {
         &self,
         call: Call,
     ) -> impl Future<Output = RedisResult<T>> + Send + 'static {
-        let (mut conn, notices) = (self.conn.clone(), self.notices);
-        let cluster = conn.is_cluster();
+        let mut conn = self.conn.clone();
+        let script = call.script.map(|lua| self.script_of(lua));
         let call = self.prepare(call);
         async move {
             match call.cmd.query_async(&mut conn).await {
                 Err(e) if is_noscript(&e) => {
-                    if let Some(lua) = call.script {
-                        let script = lua.with(notices, cluster);
+                    if let Some(script) = script {
                         script.prepare_invoke().load_async(&mut conn).await?;
                     }
                     call.cmd.query_async(&mut conn).await

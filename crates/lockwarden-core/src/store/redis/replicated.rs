@@ -70,7 +70,7 @@ impl Replicated {
         match pipe.query_async(&mut conn).await {
             Err(e) if is_noscript(&e) => {
                 if let Some(lua) = call.script {
-                    lua.with(main.notices, main.conn.is_cluster())
+                    main.script_of(lua)
                         .prepare_invoke()
                         .load_async(&mut conn)
                         .await?;

@@ -29,12 +29,14 @@ pub(super) struct Lua {
     sharded: Option<Script>,
 }
 
+/// `lua/once.lua`'s line that reads no call id, as written for one server...
+const NO_ID: &str = "\nlocal call = ''\n";
+/// ...and as a cluster's variant has it, where a call may be sent twice.
+const ID: &str = "\nlocal call = ARGV[#ARGV]\n";
+
 impl Lua {
     fn new(parts: &'static [(&'static str, &'static str)], source: &'static str) -> Self {
         const CLASSIC: &str = "redis.call('PUBLISH'";
-        // `lua/once.lua`'s line, and what it reads where a call may be sent twice.
-        const NO_ID: &str = "\nlocal call = ''\n";
-        const ID: &str = "\nlocal call = ARGV[#ARGV]\n";
         let clustered = source.contains(NO_ID).then(|| source.replace(NO_ID, ID));
         let cluster_source = clustered.as_deref().unwrap_or(source);
         Lua {
@@ -219,11 +221,12 @@ impl Call {
     /// `EVALSHA` is written again with it.
     pub(super) fn sent(mut self, notices: Notices, resent: bool) -> Self {
         static LAST: AtomicU64 = AtomicU64::new(0);
-        match self.counted.take() {
-            Some(true) if resent => self.cmd.arg(""),
-            Some(false) if resent => self.cmd.arg(LAST.fetch_add(1, Ordering::Relaxed) + 1),
-            _ => &mut self.cmd,
-        };
+        if let (Some(fresh), true) = (self.counted.take(), resent) {
+            match fresh {
+                true => self.cmd.arg(""),
+                false => self.cmd.arg(LAST.fetch_add(1, Ordering::Relaxed) + 1),
+            };
+        }
         let Some(lua) = self.script else {
             return self;
         };
@@ -712,7 +715,7 @@ mod tests {
         }
         let lines = |source: &str| source.lines().count();
         let written: String = RELEASE.parts.iter().map(|(_, text)| *text).collect();
-        let clustered = written.replace("\nlocal call = ''\n", "\nlocal call = ARGV[#ARGV]\n");
+        let clustered = written.replace(NO_ID, ID);
         assert_ne!(
             clustered, written,
             "once.lua's line is where Lua::new looks for it"
