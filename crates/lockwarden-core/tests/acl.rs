@@ -904,7 +904,8 @@ async fn a_refusal_inside_a_script_keeps_what_the_script_wrote() {
 /// (`CLUSTER SLOTS`) and checks each new node connection with `PING`.
 const CLUSTER: &str = "+cluster|slots +ping";
 
-/// With `sharded_notices()`: the sharded notice commands instead of the classic ones.
+/// With sharded notices (a cluster whose masters all run Redis 7): the sharded notice
+/// commands instead of the classic ones.
 const SHARDED: &str = "-publish -subscribe -unsubscribe +spublish +ssubscribe +sunsubscribe";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -919,6 +920,7 @@ async fn a_cluster_needs_cluster_slots_and_ping_too() {
     let connect = || async {
         LockClient::builder()
             .command_timeout(Duration::from_secs(2))
+            .classic_notices()
             .connect_cluster(&urls)
             .await
             .expect("connect to the cluster as a restricted user")
@@ -954,13 +956,13 @@ async fn a_cluster_needs_cluster_slots_and_ping_too() {
         );
     }
 
-    // With sharded notices the sharded commands replace the classic ones, and a waiter
-    // is still woken by the release's notice.
+    // By default, on these Redis 7 masters, the sharded commands replace the classic ones
+    // (each master's version is asked with HELLO, which this user may send without a
+    // rule), and a waiter is still woken by the release's notice.
     let urls = set("sharded", &[TAGGED, COMMANDS, CLUSTER, SHARDED]);
     let sharded = || async {
         LockClient::builder()
             .command_timeout(Duration::from_secs(2))
-            .sharded_notices()
             .connect_cluster(&urls)
             .await
             .expect("connect with sharded notices as a restricted user")
@@ -979,10 +981,7 @@ async fn a_cluster_needs_cluster_slots_and_ping_too() {
     });
     let channel = guard.key().channel().to_owned();
     eventually(SERVED, "the waiter subscribed (sharded)", || async {
-        let subscribed: Vec<(String, u64)> = cluster.nodes()[node]
-            .query(&["PUBSUB", "SHARDNUMSUB", &channel])
-            .unwrap();
-        subscribed.first().is_some_and(|(_, n)| *n == 1)
+        cluster.nodes()[node].shard_subscribers(&channel) == 1
     })
     .await;
     let released = Instant::now();
@@ -990,15 +989,24 @@ async fn a_cluster_needs_cluster_slots_and_ping_too() {
     let (got, at) = finishes(SERVED * 2, "the woken waiter (sharded)", waiting).await;
     got.unwrap().release().await.unwrap();
     assert!(at.duration_since(released) < SERVED, "not by the notice");
-    // Without the sharded commands, connecting with sharded notices fails, naming them.
+    // Without the sharded commands, connecting by default or with `sharded_notices()`
+    // fails, naming them and the way back to classic notices.
     let urls = set("classic-only", &[TAGGED, COMMANDS, CLUSTER]);
-    let refused = LockClient::builder()
-        .command_timeout(Duration::from_secs(2))
-        .sharded_notices()
-        .connect_cluster(&urls)
-        .await
-        .expect_err("connected with sharded notices without SPUBLISH");
-    assert!(refused.to_string().contains("SPUBLISH"), "{refused}");
+    for builder in [
+        LockClient::builder(),
+        LockClient::builder().sharded_notices(),
+    ] {
+        let refused = builder
+            .command_timeout(Duration::from_secs(2))
+            .connect_cluster(&urls)
+            .await
+            .expect_err("connected with sharded notices without SPUBLISH");
+        let text = refused.to_string();
+        assert!(
+            text.contains("SPUBLISH") && text.contains("classic_notices()"),
+            "{text}"
+        );
+    }
 
     // Without CLUSTER SLOTS the client cannot learn the slot map: connect fails, naming it.
     let urls = set("no-slots", &[TAGGED, COMMANDS, "+ping"]);
@@ -1016,6 +1024,7 @@ async fn a_cluster_needs_cluster_slots_and_ping_too() {
     let urls = set("no-ping", &[TAGGED, COMMANDS, "+cluster|slots"]);
     let client = LockClient::builder()
         .command_timeout(Duration::from_secs(2))
+        .classic_notices()
         .connect_cluster(&urls)
         .await
         .unwrap();

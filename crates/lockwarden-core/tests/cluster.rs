@@ -248,16 +248,18 @@ async fn the_watchdog_and_dropped_guards_cover_every_slot() {
     .await;
 }
 
+/// With sharded notices (the default on a cluster of Redis 7): the waiter's `SSUBSCRIBE`
+/// follows the slot too (the old owner drops it when the slot leaves; redis-rs
+/// subscribes again on the new one).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_lock_follows_its_slot_to_another_master() {
     follows_its_slot(|b| b).await;
 }
 
-/// The same with sharded notices: the waiter's `SSUBSCRIBE` follows the slot too (the
-/// old owner drops it when the slot leaves; redis-rs subscribes again on the new one).
+/// The same with classic notices.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_held_lock_follows_its_slot_with_sharded_notices() {
-    follows_its_slot(LockClientBuilder::sharded_notices).await;
+async fn a_held_lock_follows_its_slot_with_classic_notices() {
+    follows_its_slot(LockClientBuilder::classic_notices).await;
 }
 
 async fn follows_its_slot(notices: fn(LockClientBuilder) -> LockClientBuilder) {
@@ -297,21 +299,34 @@ async fn follows_its_slot(notices: fn(LockClientBuilder) -> LockClientBuilder) {
     assert!(!cluster.exists_on(1, &key));
 }
 
-/// Promise (the performance issue's sharded notices): with `sharded_notices()` a
-/// release's notice is processed by the master that owns the lock only (`SPUBLISH`), and
-/// still wakes a waiter of another client at once; classic notices (the default) are
-/// relayed to every master, as Redis does with `PUBLISH`. Each round hands the lock over by
-/// notice, so a notice that went astray would leave the waiter to the 30 s lease.
+/// Promise (the performance issue's sharded notices): on a cluster whose masters all run
+/// Redis 7 a release's notice is sharded by default (`SPUBLISH`), processed by the master
+/// that owns the lock only, and still wakes a waiter of another client at once; so with
+/// `sharded_notices()`. With `classic_notices()` notices are relayed to every master, as
+/// Redis does with `PUBLISH`. Each round hands the lock over by notice, so a notice that
+/// went astray would leave the waiter to the 30 s lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sharded_notices_stay_on_the_owning_master_and_classic_ones_reach_every_master() {
     const ROUNDS: u64 = 5;
     const OWNER: usize = 0;
     let cluster = RedisCluster::start(3).unwrap();
-    for classic in [false, true] {
-        let configure = |b: LockClientBuilder| if classic { b } else { b.sharded_notices() };
+    let default = |b: LockClientBuilder| b;
+    for (asked, configure, classic) in [
+        ("default", default as fn(_) -> _, false),
+        (
+            "sharded_notices()",
+            LockClientBuilder::sharded_notices,
+            false,
+        ),
+        (
+            "classic_notices()",
+            LockClientBuilder::classic_notices,
+            true,
+        ),
+    ] {
         let a = client_with(&cluster, configure).await;
         let b = client_with(&cluster, configure).await;
-        let name = name_on(&cluster, &a, OWNER, &format!("notices-{classic}"));
+        let name = name_on(&cluster, &a, OWNER, &format!("notices-{asked}"));
         let owner = &cluster.nodes()[OWNER];
         let others = [1, 2];
         let relayed_before: Vec<u64> = others
@@ -333,10 +348,10 @@ async fn sharded_notices_stay_on_the_owning_master_and_classic_ones_reach_every_
             let released = Instant::now();
             guard.release().await.unwrap();
             let (next, _) = waiter.await.unwrap();
-            let next = next.unwrap_or_else(|e| panic!("classic {classic}: {e}"));
+            let next = next.unwrap_or_else(|e| panic!("{asked}: {e}"));
             assert!(
                 released.elapsed() < SERVED,
-                "classic {classic}: served {:?} after the release",
+                "{asked}: served {:?} after the release",
                 released.elapsed()
             );
             next.release().await.unwrap();
@@ -351,18 +366,22 @@ async fn sharded_notices_stay_on_the_owning_master_and_classic_ones_reach_every_
         if classic {
             assert!(
                 published >= ROUNDS && spublished == 0,
-                "{published} {spublished}"
+                "{asked}: {published} {spublished}"
             );
             assert!(
                 relayed.iter().all(|&n| n >= ROUNDS),
-                "every master processed each notice: {relayed:?}"
+                "{asked}: every master processed each notice: {relayed:?}"
             );
         } else {
             assert!(
                 spublished >= ROUNDS && published == 0,
-                "{spublished} {published}"
+                "{asked}: {spublished} {published}"
             );
-            assert_eq!(relayed, [0, 0], "no other master processed a notice");
+            assert_eq!(
+                relayed,
+                [0, 0],
+                "{asked}: no other master processed a notice"
+            );
         }
     }
 }

@@ -7,8 +7,9 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
 use redis::sentinel::SentinelNodeConnectionInfo;
-use redis::{Cmd, Pipeline, RedisConnectionInfo, RedisFuture, Value};
+use redis::{Cmd, FromRedisValue, Pipeline, RedisConnectionInfo, RedisFuture, RedisResult, Value};
 
 use std::sync::Arc;
 
@@ -188,6 +189,27 @@ impl Conn {
     /// Whether one pipeline or script may only touch keys of one slot.
     pub(super) fn is_cluster(&self) -> bool {
         matches!(self, Conn::Cluster(_))
+    }
+
+    /// Each master's address and its reply to `cmd` (a server's error as a
+    /// [`Value::ServerError`]); empty for anything but a cluster.
+    pub(super) async fn on_every_master(&self, cmd: Cmd) -> RedisResult<Vec<(String, Value)>> {
+        let Conn::Cluster(conn) = self else {
+            return Ok(Vec::new());
+        };
+        let every = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+        // With no response policy the cluster client answers a map of node to reply.
+        match conn.clone().route_command(cmd, every).await? {
+            Value::Map(replies) => Ok(replies
+                .into_iter()
+                .map(|(node, reply)| (String::from_redis_value(node).unwrap_or_default(), reply))
+                .collect()),
+            other => Err(redis::RedisError::from((
+                redis::ErrorKind::Parse,
+                "a command sent to every master answered no map",
+                format!("{other:?}"),
+            ))),
+        }
     }
 }
 

@@ -22,8 +22,6 @@ mod credentials;
 mod explain;
 mod multi;
 mod notices;
-
-use notices::Notices;
 mod orphan;
 mod permissions;
 mod pubsub;
@@ -55,6 +53,8 @@ use crate::waiters::Waiters;
 use commands::Commands;
 pub(crate) use conn::Deployment;
 pub(crate) use credentials::Credentials;
+pub(crate) use notices::Asked as NoticesAsked;
+use notices::Notices;
 pub(crate) use permissions::PROBE;
 use replicated::Replicated;
 use scripts::{Answer, NOT_REPLICATED};
@@ -72,8 +72,9 @@ pub(crate) struct ConnectOptions {
     pub(crate) tls: Tls,
     /// Whether connecting checks that the user may run every command needed.
     pub(crate) check_permissions: bool,
-    /// Whether release notices on a cluster are sharded (`SPUBLISH`), not classic.
-    pub(crate) sharded_notices: bool,
+    /// Which release notices a cluster client uses: sharded (`SPUBLISH`), classic, or
+    /// sharded when every master has them.
+    pub(crate) notices: NoticesAsked,
 }
 
 /// The Redis store; clones share its connections. Its background tasks (the pub/sub
@@ -102,7 +103,13 @@ impl RedisStore {
         let timeout = options.command_timeout;
         // Every call on it goes through `Commands`, which bounds it.
         let (conn, source) = deployment.connect(timeout, None, &options.tls).await?;
-        let notices = Notices::on(conn.is_cluster(), options.sharded_notices);
+        let notices = match (conn.is_cluster(), options.notices) {
+            (false, _) | (true, NoticesAsked::Classic) => Notices::Classic,
+            (true, asked) => {
+                let hello = bounded(timeout, conn.on_every_master(redis::cmd("HELLO"))).await?;
+                Notices::on_cluster(asked, &hello)?
+            }
+        };
         let commands = Commands {
             conn,
             timeout,

@@ -106,11 +106,18 @@ pub(super) async fn check(
         .filter_map(|&at| needed.get(at.checked_sub(1)?))
         .map(|&(name, _)| name.to_ascii_uppercase())
         .collect();
+    let mut message = "found at connect, before any lock was taken (a command refused inside \
+                       a script cannot undo what the script wrote); grant the README's ACL line"
+        .to_owned();
+    if commands.notices == Notices::Sharded {
+        message.push_str(
+            " (every master runs Redis 7 or later, so notices are sharded; \
+             `classic_notices()` keeps PUBLISH and SUBSCRIBE)",
+        );
+    }
     Err(BackendError::NotPermitted {
         command: names.join(", "),
-        message: "found at connect, before any lock was taken (a command refused inside \
-                  a script cannot undo what the script wrote); grant the README's ACL line"
-            .to_owned(),
+        message,
     })
 }
 
