@@ -44,6 +44,11 @@ pub struct Common {
     /// The URLs are nodes of a Redis Cluster: scan every master.
     #[arg(long, global = true)]
     pub cluster: bool,
+    /// With --cluster: send an unlock's release notice by classic PUBLISH, for
+    /// applications whose clients use `classic_notices()` (otherwise it is sharded when
+    /// every master runs Redis 7 or later, as the library's notices are).
+    #[arg(long, global = true, requires = "cluster")]
+    pub classic_notices: bool,
     /// Prefix of every lock key (default `lockwarden:`; empty for --layout redisson).
     #[arg(long, global = true)]
     pub namespace: Option<String>,
@@ -390,6 +395,11 @@ async fn connect_client(
         .namespace(space.namespace())
         .command_timeout(common.timeout);
     let client = if endpoint.cluster {
+        // Waiters hear the unlock only if it publishes the way their clients listen.
+        let builder = match common.classic_notices {
+            true => builder.classic_notices(),
+            false => builder,
+        };
         builder.connect_cluster(&endpoint.urls).await
     } else {
         builder.connect(&endpoint.urls[0]).await

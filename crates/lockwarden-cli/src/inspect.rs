@@ -1,5 +1,6 @@
 //! Reading one lock in full: one pipeline per lock (all its keys share a slot), then the
-//! subscribers of every lock's channels in a few `PUBSUB NUMSUB` calls per node.
+//! subscribers of every lock's channels in a few `PUBSUB NUMSUB` calls per node (and
+//! `SHARDNUMSUB` on a cluster).
 //!
 //! Kind detection (Redis keeps no "kind" field; the shape of the keys says it):
 //! - a hash with a `mode` field is a **read-write** lock;
@@ -523,21 +524,42 @@ fn channels_of(keys: &LockKeys) -> Vec<ChannelView> {
 }
 
 /// Fills in every channel's subscribers: `PUBSUB NUMSUB` on each node, summed (a
-/// subscriber may sit on any node of a cluster; classic pub/sub reaches them all).
+/// subscriber may sit on any node of a cluster; classic pub/sub reaches them all), and on
+/// a cluster `PUBSUB SHARDNUMSUB` too: its clients listen with `SSUBSCRIBE` when every
+/// master runs Redis 7 or later.
 async fn count_subscribers(target: &Target, views: &mut [LockView]) -> Result<(), CliError> {
     let channels: Vec<String> = views
         .iter()
         .flat_map(|v| v.channels.iter().map(|c| c.channel.clone()))
         .collect();
+    let counters: &[&str] = match target.is_cluster() {
+        true => &["NUMSUB", "SHARDNUMSUB"],
+        false => &["NUMSUB"],
+    };
     let mut counts: HashMap<String, u64> = HashMap::new();
     for node in target.nodes() {
-        for chunk in channels.chunks(CHANNELS_PER_CALL) {
+        for (chunk, &counter) in channels
+            .chunks(CHANNELS_PER_CALL)
+            .flat_map(|chunk| counters.iter().map(move |counter| (chunk, counter)))
+        {
             let mut cmd = redis::cmd("PUBSUB");
-            cmd.arg("NUMSUB").arg(chunk);
+            cmd.arg(counter).arg(chunk);
             let mut conn = node.conn.clone();
-            let reply: Value = bounded(target.timeout(), cmd.query_async(&mut conn))
-                .await
-                .map_err(|e| CliError::Redis(format!("PUBSUB NUMSUB on {}: {e}", node.addr)))?;
+            let reply: Value = match bounded(target.timeout(), cmd.query_async(&mut conn)).await {
+                Ok(reply) => reply,
+                // A master before Redis 7 has no sharded pub/sub, so no such subscriber.
+                Err(e)
+                    if counter == "SHARDNUMSUB" && e.to_string().contains("nknown subcommand") =>
+                {
+                    continue
+                }
+                Err(e) => {
+                    return Err(CliError::Redis(format!(
+                        "PUBSUB {counter} on {}: {e}",
+                        node.addr
+                    )))
+                }
+            };
             for (channel, n) in pairs(&reply) {
                 *counts.entry(channel).or_default() += n.parse::<u64>().unwrap_or(0);
             }

@@ -219,6 +219,11 @@ impl Target {
         &self.nodes
     }
 
+    /// Whether this is a Redis Cluster (whose clients may listen with `SSUBSCRIBE`).
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.routed, Routed::Cluster(_))
+    }
+
     /// The database number (0 on a cluster).
     pub fn db(&self) -> i64 {
         self.db

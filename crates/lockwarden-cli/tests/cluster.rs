@@ -4,7 +4,9 @@
 mod common;
 
 use common::lockwarden;
-use lockwarden_core::LockClient;
+use std::time::{Duration, Instant};
+
+use lockwarden_core::{LockClient, LockClientBuilder};
 use lockwarden_testkit::RedisCluster;
 
 #[test]
@@ -63,4 +65,68 @@ fn every_master_is_scanned_and_unlock_follows_the_slot() {
         assert!(client.lock("invoice:4").is_locked().await.unwrap());
         drop(guards);
     });
+}
+
+/// A waiter is woken by an unlock from the CLI at once, not at the holder's 30 s lease:
+/// the CLI sends its notice the way the application's clients listen, sharded by default
+/// on these Redis 7 masters, classic with `--classic-notices` for clients that use
+/// `classic_notices()`.
+#[test]
+fn an_unlock_wakes_a_waiter_with_either_kind_of_notice() {
+    let cluster = RedisCluster::start(3).expect("start a cluster");
+    let seeds = cluster.urls().join(",");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let default = |b: LockClientBuilder| b;
+    for (flags, configure) in [
+        (&[][..], default as fn(_) -> _),
+        (
+            &["--classic-notices"][..],
+            LockClientBuilder::classic_notices,
+        ),
+    ] {
+        let name = format!("stuck{}", flags.len());
+        let (guard, waiter) = rt.block_on(async {
+            let connect = || async {
+                configure(LockClient::builder().watchdog_timeout(Duration::from_secs(30)))
+                    .connect_cluster(cluster.urls())
+                    .await
+                    .expect("connect")
+            };
+            let (holder, waiting) = (connect().await, connect().await);
+            let guard = holder.acquire(&name).await.unwrap();
+            let waiter = tokio::spawn({
+                let name = name.clone();
+                async move {
+                    let got = waiting.try_acquire(&name, Duration::from_secs(20)).await;
+                    (got.map(drop), Instant::now())
+                }
+            });
+            tokio::time::sleep(Duration::from_millis(300)).await; // the waiter subscribes
+            assert!(
+                !waiter.is_finished(),
+                "{flags:?}: the waiter got a held lock"
+            );
+            (guard, waiter)
+        });
+        // The waiter's connection counts, however it subscribed.
+        let shown = lockwarden(&["--cluster", "--url", &seeds, "show", &name, "--json"]).json();
+        assert_eq!(shown["subscribers"], 1, "{flags:?}: {shown:#}");
+        let mut args = vec!["--cluster", "--url", &seeds];
+        args.extend_from_slice(flags);
+        args.extend_from_slice(&["unlock", &name, "--yes"]);
+        let unlocked = Instant::now();
+        lockwarden(&args).ok();
+        let (got, at) = rt.block_on(waiter).unwrap();
+        got.unwrap_or_else(|e| panic!("{flags:?}: {e}"));
+        let served = at.saturating_duration_since(unlocked);
+        assert!(
+            served < Duration::from_secs(5),
+            "{flags:?}: woken {served:?} after the unlock"
+        );
+        rt.block_on(async { drop(guard) });
+    }
 }
