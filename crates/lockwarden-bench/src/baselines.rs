@@ -33,19 +33,29 @@ static COMPARE_AND_DELETE: LazyLock<Script> = LazyLock::new(|| {
 /// The cheapest script: the round-trip cost of EVALSHA itself.
 pub static TRIVIAL: LazyLock<Script> = LazyLock::new(|| Script::new("return 1"));
 // As the client sends them: after the count-once helpers (and the token maker).
-static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("../../../lua/once.lua"),
-        include_str!("../../../lua/token.lua"),
-        include_str!("../../../lua/acquire.lua")
-    ))
-});
-static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("../../../lua/once.lua"),
-        include_str!("../../../lua/release.lua")
-    ))
-});
+const ACQUIRE_SOURCE: &str = concat!(
+    include_str!("../../../lua/once.lua"),
+    include_str!("../../../lua/token.lua"),
+    include_str!("../../../lua/acquire.lua")
+);
+const RELEASE_SOURCE: &str = concat!(
+    include_str!("../../../lua/once.lua"),
+    include_str!("../../../lua/release.lua")
+);
+static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_SOURCE));
+static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_SOURCE));
+// As a cluster client sends them by default (the core's `Lua::with`): the call's id read
+// from the last argument, and notices sharded.
+static CLUSTER_ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&for_cluster(ACQUIRE_SOURCE)));
+static CLUSTER_RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&for_cluster(RELEASE_SOURCE)));
+
+fn for_cluster(source: &str) -> String {
+    source
+        .replace("\nlocal call = ''\n", "\nlocal call = ARGV[#ARGV]\n")
+        .replace("redis.call('PUBLISH'", "redis.call('SPUBLISH'")
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -273,33 +283,34 @@ pub async fn evalsha_pair(conn: &mut ConnectionManager) -> Result<(), BoxError> 
 }
 
 /// lockwarden's own acquire and release scripts on `key`, called directly: what the
-/// library would cost with no client-side work at all (the Redis side of a cycle).
+/// library would cost with no client-side work at all (the Redis side of a cycle). On a
+/// `cluster`, as a cluster client sends them: with call ids, and `SPUBLISH`.
 pub async fn own_scripts_pair(
     conn: &mut impl redis::aio::ConnectionLike,
     key: &str,
+    cluster: bool,
 ) -> Result<(), BoxError> {
     let (lock, fence, channel) = (
         format!("raw:{{{key}}}"),
         format!("raw:{{{key}}}:fence"),
         format!("raw:{{{key}}}:released"),
     );
+    let (acquire, release) = match cluster {
+        true => (&CLUSTER_ACQUIRE, &CLUSTER_RELEASE),
+        false => (&ACQUIRE, &RELEASE),
+    };
     // A fresh take answers its bare token (see lua/acquire.lua).
-    let token: i64 = ACQUIRE
-        .key(&lock)
-        .key(&fence)
-        .arg("bench-holder")
-        .arg(30_000)
-        .arg(1) // a holder made for this acquisition; no call id on one server (once.lua)
-        .invoke_async(conn)
-        .await?;
-    let left: i64 = RELEASE
-        .key(&lock)
-        .key(&fence)
-        .arg("bench-holder")
-        .arg(&channel)
-        .arg("") // the token, needed only to answer a release sent twice
-        .invoke_async(conn)
-        .await?;
+    let mut take = acquire.key(&lock);
+    take.key(&fence).arg("bench-holder").arg(30_000).arg(1); // a holder made for this acquisition
+    let mut give = release.key(&lock);
+    give.key(&fence).arg("bench-holder").arg(&channel).arg(""); // the token, needed only to answer a release sent twice
+    if cluster {
+        // The call ids (once.lua): none for a holder made for its acquisition.
+        take.arg("");
+        give.arg(format!("bench-release:{key}"));
+    }
+    let token: i64 = take.invoke_async(conn).await?;
+    let left: i64 = give.invoke_async(conn).await?;
     if token <= 0 || left != 0 {
         return Err(format!("own scripts answered {token} / {left} on a fresh key").into());
     }
@@ -337,4 +348,22 @@ pub async fn evalsha_throughput(
         .into_iter()
         .sum();
     Ok((windows, total as f64 / start.elapsed().as_secs_f64()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{for_cluster, ACQUIRE_SOURCE, RELEASE_SOURCE};
+
+    /// The cluster floor reads its call id and publishes sharded: if `lua/` changed the
+    /// lines rewritten, the rows would silently measure the one-server scripts again.
+    #[test]
+    fn the_cluster_floor_sends_ids_and_sharded_notices() {
+        let (acquire, release) = (for_cluster(ACQUIRE_SOURCE), for_cluster(RELEASE_SOURCE));
+        for source in [&acquire, &release] {
+            assert!(source.contains("\nlocal call = ARGV[#ARGV]\n"));
+            assert!(!source.contains("\nlocal call = ''\n"));
+        }
+        assert!(release.contains("redis.call('SPUBLISH'"));
+        assert!(!release.contains("redis.call('PUBLISH'"));
+    }
 }

@@ -209,7 +209,7 @@ async fn create_order_after_own_scripts(
     let Some(key) = headers.get(KEY_HEADER).and_then(|v| v.to_str().ok()) else {
         return (StatusCode::BAD_REQUEST, "no key").into_response();
     };
-    if let Err(e) = own_scripts_pair(&mut redis, key).await {
+    if let Err(e) = own_scripts_pair(&mut redis, key, false).await {
         return (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response();
     }
     create_order(None, order).await

@@ -34,7 +34,7 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
         evalsha_pair(&mut raw).await?;
         raw_samples.push(t.elapsed());
         let t = Instant::now();
-        own_scripts_pair(&mut raw, &format!("w1:{i}")).await?;
+        own_scripts_pair(&mut raw, &format!("w1:{i}"), false).await?;
         own_samples.push(t.elapsed());
         for ((kind, locker), samples) in lockers.iter().zip(&mut samples) {
             let key = format!("{}:w1:{i}", kind.slug());
@@ -107,7 +107,7 @@ async fn clustered(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
         let _: i64 = TRIVIAL.key(&key).invoke_async(&mut raw).await?;
         let raw_took = t.elapsed();
         let t = Instant::now();
-        own_scripts_pair(&mut raw, &format!("w1c:{i}")).await?;
+        own_scripts_pair(&mut raw, &format!("w1c:{i}"), true).await?;
         let own_took = t.elapsed();
         let t = Instant::now();
         let guard = client.acquire(format!("w1c:{i}")).await?;
@@ -164,7 +164,7 @@ async fn clustered(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
         )
         .summary(Summary::micros(&own_samples))
         .ratio_to(raw.median, "÷ 2×EVALSHA median (cluster)")
-        .note("a cluster PUBLISH is relayed to every node"),
+        .note("as the default cluster client sends them: call ids, SPUBLISH"),
     );
     for (implementation, samples, relayed) in [
         (
