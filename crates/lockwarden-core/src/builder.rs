@@ -292,7 +292,8 @@ impl LockClientBuilder {
     /// which stay on the shard that owns the lock's slot, where a classic `PUBLISH` is
     /// relayed to every node. A cluster client uses them anyway when every master runs
     /// Redis 7.0 or later (each master's version is asked at connect with `HELLO`, which
-    /// any user may send); with this setting connecting fails instead of falling back to
+    /// any user may send; while a master cannot be reached, connecting fails with a
+    /// transient error); with this setting connecting fails instead of falling back to
     /// classic notices when a master is older. The user needs `+spublish +ssubscribe
     /// +sunsubscribe` (see the README). Ignored by one server, Sentinel and the in-process
     /// store.

@@ -533,3 +533,42 @@ async fn wait_for_replicas_counts_the_replicas_of_the_master_that_took_the_lock(
         guard.release().await.unwrap();
     }
 }
+
+/// Promise: a cluster client chooses how its notices travel from every master's answer,
+/// or not at all. With a master down (and no replica to take over) connecting fails at
+/// once with a transient error, where choosing from the masters that answered could pick
+/// sharded notices that the missing one (say, one still on Redis 6) cannot run; a client
+/// that pins `classic_notices()` asks nothing and connects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connecting_with_a_master_down_fails_unless_the_notices_are_pinned() {
+    let mut cluster = RedisCluster::start(3).unwrap();
+    cluster.nodes_mut()[2].kill();
+    let builder = || LockClient::builder().command_timeout(Duration::from_secs(2));
+    for (asked, builder) in [
+        ("default", builder()),
+        ("sharded_notices()", builder().sharded_notices()),
+    ] {
+        match builder.connect_cluster(cluster.urls()).await {
+            Err(LockError::Backend(error)) => {
+                assert!(error.is_transient(), "{asked}: {error}");
+                let text = error.to_string();
+                assert!(text.contains("2 of 3 answered"), "{asked}: {text}");
+            }
+            Err(other) => panic!("{asked}: not a backend error: {other}"),
+            Ok(_) => panic!("{asked}: connected without asking the dead master"),
+        }
+    }
+    let client = builder()
+        .classic_notices()
+        .connect_cluster(cluster.urls())
+        .await
+        .expect("classic notices ask no master");
+    let name = name_on(&cluster, &client, 0, "alive");
+    client
+        .acquire(&name)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}

@@ -192,25 +192,62 @@ impl Conn {
     }
 
     /// Each master's address and its reply to `cmd` (a server's error as a
-    /// [`Value::ServerError`]); empty for anything but a cluster.
+    /// [`Value::ServerError`]); empty for anything but a cluster. Fails unless every
+    /// master of the slot map answered: redis-rs sends to the masters it holds a
+    /// connection to, and leaves out one it cannot reach.
     pub(super) async fn on_every_master(&self, cmd: Cmd) -> RedisResult<Vec<(String, Value)>> {
         let Conn::Cluster(conn) = self else {
             return Ok(Vec::new());
         };
+        let mut conn = conn.clone();
+        let mut slots = redis::cmd("CLUSTER");
+        slots.arg("SLOTS");
+        let masters = masters_in(&conn.req_packed_command(&slots).await?);
         let every = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
         // With no response policy the cluster client answers a map of node to reply.
-        match conn.clone().route_command(cmd, every).await? {
-            Value::Map(replies) => Ok(replies
+        let replies: Vec<(String, Value)> = match conn.route_command(cmd, every).await? {
+            Value::Map(replies) => replies
                 .into_iter()
                 .map(|(node, reply)| (String::from_redis_value(node).unwrap_or_default(), reply))
-                .collect()),
-            other => Err(redis::RedisError::from((
-                redis::ErrorKind::Parse,
-                "a command sent to every master answered no map",
-                format!("{other:?}"),
-            ))),
+                .collect(),
+            other => {
+                return Err(redis::RedisError::from((
+                    redis::ErrorKind::Parse,
+                    "a command sent to every master answered no map",
+                    format!("{other:?}"),
+                )))
+            }
+        };
+        if masters == 0 || replies.len() < masters {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::Io,
+                "not every master of the cluster could be asked",
+                format!("{} of {masters} answered", replies.len()),
+            )));
+        }
+        Ok(replies)
+    }
+}
+
+/// How many masters own slots in a `CLUSTER SLOTS` reply: each range names its master
+/// (address, port, ...) after its first and last slot.
+fn masters_in(slots: &Value) -> usize {
+    let Value::Array(ranges) = slots else {
+        return 0;
+    };
+    let mut masters: Vec<(&Value, &Value)> = Vec::new();
+    for range in ranges {
+        let Value::Array(parts) = range else { continue };
+        let Some(Value::Array(node)) = parts.get(2) else {
+            continue;
+        };
+        if let (Some(address), Some(port)) = (node.first(), node.get(1)) {
+            if !masters.contains(&(address, port)) {
+                masters.push((address, port));
+            }
         }
     }
+    masters.len()
 }
 
 impl ConnectionLike for Conn {
