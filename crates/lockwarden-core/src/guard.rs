@@ -1,6 +1,7 @@
 //! The guard of a held lock: its token, its lost signal, and its release.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,7 +17,7 @@ use crate::lost::LostSignal;
 use crate::metrics::{self, LostBecause, Operation};
 use crate::options::HoldOptions;
 use crate::settle::settle;
-use crate::store::contract::{LockStore, Outcome, Released, Renewal};
+use crate::store::contract::{LockStore, Outcome, Reentries, Released, Renewal};
 use crate::watchdog::Watched;
 
 /// Proof that a lock is held. Dropping it releases the lock in the background; call
@@ -49,6 +50,9 @@ pub struct LockGuard {
     lease: Duration,
     /// Whether its holder was made for its acquisition, so nobody else acquired as it.
     fresh: bool,
+    /// Whether its holder was handed out ([`holder`](Self::holder), [`info`](Self::info)):
+    /// someone may acquire as it, elsewhere too, so its count is no longer known here.
+    shown: AtomicBool,
     released: bool,
 }
 
@@ -131,6 +135,7 @@ impl LockGuard {
             since,
             lease,
             fresh,
+            shown: AtomicBool::new(false),
             released: false,
         }
     }
@@ -142,6 +147,7 @@ impl LockGuard {
 
     /// The holder this guard holds the lock as.
     pub fn holder(&self) -> &Holder {
+        self.shown.store(true, Ordering::Relaxed);
         &self.hold.holder
     }
 
@@ -204,6 +210,7 @@ impl LockGuard {
 
     /// Key, holder, token and lost signal in one cloneable value.
     pub fn info(&self) -> LockInfo {
+        self.shown.store(true, Ordering::Relaxed);
         LockInfo {
             key: self.hold.key.clone(),
             holder: self.hold.holder.clone(),
@@ -283,9 +290,7 @@ impl LockGuard {
     }
 
     async fn finish(mut self, outcome: Option<(Vec<u8>, Duration)>) -> Result<(), LockError> {
-        // The last guard of a hold whose holder was made for it: the count in the store
-        // was 1 (unless a task re-acquired as `holder()` meanwhile, see the README).
-        let last = self.end() == 0 && self.fresh;
+        let (last, reentries) = self.end_counted();
         let (engine, hold, token) = (self.engine.clone(), self.hold.clone(), Some(self.token));
         let completes = outcome.is_some();
         // Finished in the background if the caller stops waiting (an aborted task, a lost
@@ -306,7 +311,9 @@ impl LockGuard {
             }
             (outcome, _) => {
                 let released =
-                    Finish::new(async move { engine.store().release(&hold, token).await });
+                    Finish::new(
+                        async move { engine.store().release(&hold, token, reentries).await },
+                    );
                 if outcome.is_some() {
                     released.await?;
                     return Err(LockError::NotClaimable {
@@ -341,6 +348,19 @@ impl LockGuard {
         }
     }
 
+    /// Ends this guard (see [`end`](Self::end)) before its release. Returns whether it
+    /// was the last guard of a hold whose holder was made for it (the count in the store
+    /// was 1, unless a task re-acquired as `holder()` meanwhile, see the README), and
+    /// whether anyone may have re-entered the hold: not if its holder never left this
+    /// guard, since nobody, in this client or another, could acquire as it.
+    fn end_counted(&mut self) -> (bool, Reentries) {
+        let last = self.end() == 0 && self.fresh;
+        match last && !self.shown.load(Ordering::Relaxed) {
+            true => (last, Reentries::None),
+            false => (last, Reentries::Possible),
+        }
+    }
+
     /// The hold ends here (released or dropped): the watchdog lets go of it, and the
     /// metrics learn how long it was held and whether a fixed lease ran out first (the
     /// watchdog reports the holds it loses itself).
@@ -365,11 +385,11 @@ impl Drop for LockGuard {
         }
         // As in `finish`: the last guard of a hold whose holder was made for it may have
         // its release sent again, until the hold would have run out anyway.
-        let last = self.end() == 0 && self.fresh;
+        let (last, reentries) = self.end_counted();
         let resend_until = last.then(|| Instant::now() + self.lease);
         self.engine
             .store()
-            .release_later(self.hold.clone(), resend_until);
+            .release_later(self.hold.clone(), resend_until, reentries);
     }
 }
 

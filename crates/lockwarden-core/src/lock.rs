@@ -16,7 +16,7 @@ use crate::inspect::exclusive_inspection;
 use crate::key::Key;
 use crate::metrics::Acquired;
 use crate::options::{hold_options, HoldOptions};
-use crate::store::contract::{Attempt, How, LockStore};
+use crate::store::contract::{Attempt, How, LockStore, Reentries};
 use crate::target::Target;
 
 /// What [`Lock::try_claim`] found: the lock, to do the work, or the outcome of the work
@@ -177,7 +177,8 @@ impl Lock {
             key: self.key()?.clone(),
             holder: holder.clone(),
         };
-        self.engine.store().release(&hold, None).await?;
+        let store = self.engine.store();
+        store.release(&hold, None, Reentries::Possible).await?;
         Ok(())
     }
 }

@@ -20,7 +20,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::hold::Hold;
-use crate::store::contract::{LockStore, Waiter};
+use crate::store::contract::{LockStore, Reentries, Waiter};
 use crate::store::Store;
 
 /// Retry pacing while the store is still unreachable: short, so the lock is freed soon
@@ -38,7 +38,7 @@ pub(crate) fn settle(store: Store, holds: Vec<Hold>, waiter: Option<Waiter>, lea
         for hold in &holds {
             loop {
                 let settled = async {
-                    store.release(hold, None).await?;
+                    store.release(hold, None, Reentries::Possible).await?;
                     if let Some(waiter) = waiter {
                         store.withdraw(waiter, &hold.key, &hold.holder).await?;
                     }

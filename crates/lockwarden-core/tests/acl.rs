@@ -420,16 +420,29 @@ async fn without_publish_a_release_is_refused_and_the_lock_is_gone() {
     let commands = COMMANDS.replace("+publish ", "");
     let url = user(&server, "nopublish", &rules(&[TAGGED, &commands]));
     let client = connect_unchecked(&url, |b| b).await;
+    // A holder made for the hold is released by HDEL then PUBLISH, outside a script...
     let guard = client
         .try_acquire("invoice:1", Duration::ZERO)
         .await
         .unwrap();
     let key = guard.key().redis_key().to_owned();
     let refused = guard.release().await;
+    let text = expect_refused(refused, "PUBLISH");
+    assert!(!text.contains("release.lua"), "{text}");
+    assert!(!server.exists(&key), "{key} is held");
+    // ...any other by release.lua.
+    let me = client.holder();
+    let guard = client
+        .lock("invoice:1")
+        .holder(&me)
+        .acquire()
+        .await
+        .unwrap();
+    let refused = guard.release().await;
     let text = expect_refused(refused, "PUBLISH (line");
     assert!(text.contains("release.lua"), "{text}");
-    // release.lua deleted the hash before PUBLISH was refused: the lock is free (but no
-    // waiter was told).
+    // Either deleted the hash before PUBLISH was refused: the lock is free (but no waiter
+    // was told).
     assert!(!server.exists(&key), "{key} is held");
 }
 
@@ -882,22 +895,26 @@ async fn a_refusal_inside_a_script_keeps_what_the_script_wrote() {
         other => panic!("expected the orphaned read hold to block a writer, got {other:?}"),
     }
 
-    // Without DEL, a release is refused after nothing was written: the lock stays held
-    // until its lease runs out (the watchdog stopped renewing it).
-    let url = user(
-        &server,
-        "no-del",
-        &rules(&[TAGGED, &COMMANDS.replace("+del ", "")]),
-    );
-    let client = connect_unchecked(&url, |b| b).await;
-    let guard = client
-        .try_acquire("invoice:3", Duration::ZERO)
-        .await
-        .unwrap();
-    let key = guard.key().redis_key().to_owned();
-    expect_refused(guard.release().await, "DEL (line 28 of release.lua)");
-    let ttl = server.pttl(&key);
-    assert!(ttl > 0 && ttl <= 30_000, "{key}: {ttl}");
+    // Without DEL, a release by the script (its holder given) is refused after nothing
+    // was written: the lock stays held until its lease runs out (the watchdog stopped
+    // renewing it). So without HDEL is one by a holder made for the hold.
+    for (command, refusal) in [("del", "DEL (line 28 of release.lua)"), ("hdel", "HDEL")] {
+        let url = user(
+            &server,
+            &format!("no-{command}"),
+            &rules(&[TAGGED, &COMMANDS.replace(&format!("+{command} "), "")]),
+        );
+        let client = connect_unchecked(&url, |b| b).await;
+        let lock = match command {
+            "del" => client.lock("invoice:3").holder(&client.holder()),
+            _ => client.lock("invoice:4"),
+        };
+        let guard = lock.try_acquire(Duration::ZERO).await.unwrap();
+        let key = guard.key().redis_key().to_owned();
+        expect_refused(guard.release().await, refusal);
+        let ttl = server.pttl(&key);
+        assert!(ttl > 0 && ttl <= 30_000, "{key}: {ttl}");
+    }
 }
 
 /// What a Redis Cluster client needs besides: redis-rs asks a node for the slot map

@@ -254,10 +254,13 @@ async fn client_with_long_lease(proxy: &FaultProxy) -> LockClient {
             .command_timeout(COMMAND_TIMEOUT)
     })
     .await;
-    // Load every kind's scripts first, so the lost reply is the acquire's own.
+    // Load every kind's scripts first, so the lost reply is the acquire's own. A given
+    // holder's release is `release.lua` (a fresh one's needs no script).
     let warm = "warm-up";
     client
-        .acquire(warm)
+        .lock(warm)
+        .holder(&client.holder())
+        .acquire()
         .await
         .expect("plain")
         .release()

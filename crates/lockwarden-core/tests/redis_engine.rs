@@ -356,3 +356,124 @@ async fn a_new_locks_token_is_the_server_clock_in_microseconds() {
         guard.release().await.unwrap();
     }
 }
+
+/// `INFO commandstats` calls of `command` so far (scripts' inner calls included).
+fn calls(server: &RedisServer, command: &str) -> u64 {
+    let info: String = server.query(&["INFO", "commandstats"]).unwrap();
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |calls| calls.parse().unwrap())
+}
+
+/// Promise: the hold of a holder made for it and never handed out is released without a
+/// script (`HDEL` of its field deletes the hash, then the notice), released or dropped,
+/// and its notice wakes a waiter of another client at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_holders_release_is_two_commands_and_wakes_a_waiter() {
+    let server = RedisServer::start().unwrap();
+    let client = LockClient::connect(&server.url()).await.unwrap();
+    let other = LockClient::connect(&server.url()).await.unwrap();
+    for drop_it in [false, true] {
+        let guard = client.acquire("solo").await.unwrap();
+        let before = ["evalsha", "hdel", "publish"].map(|c| calls(&server, c));
+        match drop_it {
+            true => drop(guard),
+            false => guard.release().await.unwrap(),
+        }
+        eventually(SUBSCRIBED, "the lock freed", || async {
+            !server.exists("lockwarden:{solo}")
+        })
+        .await;
+        let after = ["evalsha", "hdel", "publish"].map(|c| calls(&server, c));
+        assert_eq!(
+            [
+                after[0] - before[0],
+                after[1] - before[1],
+                after[2] - before[2]
+            ],
+            [0, 1, 1],
+            "EVALSHA, HDEL, PUBLISH per release (dropped: {drop_it})"
+        );
+    }
+
+    // A waiter (the watchdog's lease is 30 s) is served by the notice.
+    let guard = client.acquire("solo").await.unwrap();
+    let waiter = tokio::spawn(async move {
+        let next = other.try_acquire("solo", Duration::from_secs(20)).await;
+        (Instant::now(), next.map(|g| g.fencing_token()))
+    });
+    eventually(SUBSCRIBED, "the waiter subscribed", || async {
+        server.subscribers("lockwarden:{solo}:released") == 1
+    })
+    .await;
+    let token = guard.fencing_token();
+    let released = Instant::now();
+    guard.release().await.unwrap();
+    let (served, next) = waiter.await.unwrap();
+    assert!(next.unwrap() > token, "the next holder's token is larger");
+    assert!(
+        served - released < Duration::from_secs(5),
+        "waiter served {:?} after the release",
+        served - released
+    );
+}
+
+/// Promise: a holder handed out by its guard may be re-entered anywhere, so its guard's
+/// release counts down instead of deleting the hash: another client's re-entry keeps the
+/// lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handed_out_holders_release_keeps_a_reentry_of_another_client() {
+    let server = RedisServer::start().unwrap();
+    let client = LockClient::connect(&server.url()).await.unwrap();
+    let other = LockClient::connect(&server.url()).await.unwrap();
+    for (hand_out, drop_it) in [("holder", false), ("info", false), ("holder", true)] {
+        let guard = client.acquire("shared").await.unwrap();
+        let holder = match hand_out {
+            "holder" => guard.holder().clone(),
+            _ => guard.info().holder,
+        };
+        let inner = other
+            .lock("shared")
+            .holder(&holder)
+            .acquire()
+            .await
+            .unwrap();
+        assert_eq!(other.lock("shared").hold_count(&holder).await.unwrap(), 2);
+        match drop_it {
+            true => drop(guard),
+            false => guard.release().await.unwrap(),
+        }
+        eventually(SUBSCRIBED, "the outer hold released", || async {
+            other.lock("shared").hold_count(&holder).await.unwrap() < 2
+        })
+        .await;
+        assert_eq!(
+            other.lock("shared").hold_count(&holder).await.unwrap(),
+            1,
+            "a holder handed out by `{hand_out}()` (dropped: {drop_it}): the re-entry still holds"
+        );
+        inner.release().await.unwrap();
+        assert!(!server.exists("lockwarden:{shared}"));
+    }
+}
+
+/// Promise: a release without a script tells, as the script does, a hold whose lock
+/// nobody took since (its release ran already: `Ok`) from one another took over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_without_a_script_tells_a_hold_that_ended_from_one_taken_over() {
+    let server = RedisServer::start().unwrap();
+    let client = LockClient::connect(&server.url()).await.unwrap();
+    // Gone with the lock's last token still its own: as if this release had run.
+    let guard = client.acquire("ended").await.unwrap();
+    let _: i64 = server.query(&["DEL", "lockwarden:{ended}"]).unwrap();
+    guard.release().await.unwrap();
+    // Freed by an operator, which moves the token on: not this hold's release.
+    let guard = client.acquire("ended").await.unwrap();
+    assert!(client.lock("ended").force_unlock().await.unwrap());
+    assert!(matches!(
+        guard.release().await,
+        Err(LockError::NotHeld { .. })
+    ));
+}

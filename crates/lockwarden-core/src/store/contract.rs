@@ -15,8 +15,9 @@ use crate::key::Key;
 pub(crate) type Result<T, E = BackendError> = std::result::Result<T, E>;
 
 /// What every lock store does. Each operation is atomic (one Lua script on Redis, one
-/// critical section in-process) and one round trip; each promise below holds on both
-/// stores alike, which the conformance tests check.
+/// critical section in-process; on Redis a release nobody can have re-entered is `HDEL`
+/// then its notice, see [`Reentries::None`]) and one round trip; each promise below holds
+/// on both stores alike, which the conformance tests check.
 ///
 /// - **Acquire** never blocks: a busy lock is answered with its holder's remaining lease,
 ///   and the caller waits on the lock's channel (see [`Waiters`](crate::waiters::Waiters),
@@ -42,17 +43,19 @@ pub(crate) trait LockStore {
     ) -> impl Future<Output = Result<MultiAttempt>> + Send;
 
     /// Releases one hold, given the fencing token it was given (if known: it tells a
-    /// release that ran already from a hold that was lost, see [`Released::Ended`]).
+    /// release that ran already from a hold that was lost, see [`Released::Ended`]), and
+    /// whether anyone may have re-entered it.
     fn release(
         &self,
         hold: &Hold,
         token: Option<u64>,
+        reentries: Reentries,
     ) -> impl Future<Output = Result<Released>> + Send;
 
     /// Releases a hold whose guard was dropped, without an answer: at once in-process,
     /// batched with others on Redis. `resend_until`: a release that gets no answer may
     /// be sent again until then (its count was 1, see `settle.rs`).
-    fn release_later(&self, hold: Hold, resend_until: Option<Instant>);
+    fn release_later(&self, hold: Hold, resend_until: Option<Instant>, reentries: Reentries);
 
     /// Completes a claim: releases one hold and, if the holder still held it, stores
     /// `outcome` for claims of the key to find, waking every waiter.
@@ -210,6 +213,18 @@ pub(crate) enum Released {
     /// token: this very release ran before (a cluster client sent it again when its
     /// connection broke), or the hold ran out with nobody after it. Only Redis answers it.
     Ended,
+}
+
+/// Whether a hold may have been re-entered when it is released.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reentries {
+    /// Its holder was made for the acquisition and never handed out, so nobody could
+    /// acquire as it: the count is 1. Redis then frees a plain lock with two plain
+    /// commands instead of `release.lua` (`HDEL` of the holder's field, which deletes the
+    /// hash with its last field, and the notice): a quarter of a cycle's Redis work.
+    None,
+    /// Anything else: the count is read and decremented.
+    Possible,
 }
 
 /// An outcome to store on release, completing a claim.

@@ -17,8 +17,8 @@ use crate::holder::Holder;
 use crate::key::Key;
 use crate::waiters::Waiters;
 use contract::{
-    Acquire, AcquireAll, Attempt, LockStore, MultiAttempt, Outcome, Released, Renewal, Renewed,
-    Result, Waiter,
+    Acquire, AcquireAll, Attempt, LockStore, MultiAttempt, Outcome, Reentries, Released, Renewal,
+    Renewed, Result, Waiter,
 };
 use memory::MemoryStore;
 
@@ -76,12 +76,17 @@ impl LockStore for Store {
         dispatch!(self, s => s.acquire_all(ask).await)
     }
 
-    async fn release(&self, hold: &Hold, token: Option<u64>) -> Result<Released> {
-        dispatch!(self, s => s.release(hold, token).await)
+    async fn release(
+        &self,
+        hold: &Hold,
+        token: Option<u64>,
+        reentries: Reentries,
+    ) -> Result<Released> {
+        dispatch!(self, s => s.release(hold, token, reentries).await)
     }
 
-    fn release_later(&self, hold: Hold, resend_until: Option<Instant>) {
-        dispatch!(self, s => s.release_later(hold, resend_until))
+    fn release_later(&self, hold: Hold, resend_until: Option<Instant>, reentries: Reentries) {
+        dispatch!(self, s => s.release_later(hold, resend_until, reentries))
     }
 
     async fn complete(

@@ -18,8 +18,8 @@ use crate::hold::{Exclusive, Hold, HoldKind, RwMode};
 use crate::holder::Holder;
 use crate::key::Key;
 use crate::store::contract::{
-    Acquire, AcquireAll, Attempt, How, LockStore, MultiAttempt, Outcome, Released, Renewal,
-    Renewed, Result, Waiter,
+    Acquire, AcquireAll, Attempt, How, LockStore, MultiAttempt, Outcome, Reentries, Released,
+    Renewal, Renewed, Result, Waiter,
 };
 use crate::waiters::Waiters;
 use locks::Locks;
@@ -265,11 +265,16 @@ impl LockStore for MemoryStore {
         Ok(MultiAttempt::Taken { tokens })
     }
 
-    async fn release(&self, hold: &Hold, _token: Option<u64>) -> Result<Released> {
+    async fn release(
+        &self,
+        hold: &Hold,
+        _token: Option<u64>,
+        _reentries: Reentries,
+    ) -> Result<Released> {
         Ok(self.release_now(hold.kind, &hold.key, &hold.holder, None))
     }
 
-    fn release_later(&self, hold: Hold, _resend_until: Option<Instant>) {
+    fn release_later(&self, hold: Hold, _resend_until: Option<Instant>, _reentries: Reentries) {
         self.release_now(hold.kind, &hold.key, &hold.holder, None);
     }
 

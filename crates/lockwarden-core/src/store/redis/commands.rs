@@ -71,6 +71,12 @@ impl Commands {
         let script = call.script.map(|lua| self.script_of(lua));
         let call = self.prepare(call);
         async move {
+            if let Some(then) = call.then {
+                let mut pipe = redis::pipe();
+                pipe.add_command(call.cmd).add_command(then).ignore();
+                let (reply,): (T,) = pipe.query_async(&mut conn).await?;
+                return Ok(reply);
+            }
             match call.cmd.query_async(&mut conn).await {
                 Err(e) if is_noscript(&e) => {
                     if let Some(script) = script {
@@ -115,6 +121,9 @@ impl Commands {
                 }
             };
             pipes[pipe].0.add_command(call.cmd);
+            if let Some(then) = call.then {
+                pipes[pipe].0.add_command(then).ignore();
+            }
             pipes[pipe].1.push(at);
         }
         // A few pipelines in flight keep Redis busy while replies are decoded.

@@ -1,4 +1,5 @@
-//! The Redis lock store: the store contract kept by the Lua scripts of `lua/`.
+//! The Redis lock store: the store contract kept by the Lua scripts of `lua/` (and, for
+//! the release of a hold nobody can have re-entered, two plain commands).
 //!
 //! | file | owns |
 //! |---|---|
@@ -42,12 +43,12 @@ use tokio_util::task::AbortOnDropHandle;
 
 use crate::error::BackendError;
 use crate::finish::Finish;
-use crate::hold::{Exclusive, Hold};
+use crate::hold::{Exclusive, Hold, HoldKind};
 use crate::holder::Holder;
 use crate::key::Key;
 use crate::store::contract::{
-    Acquire, AcquireAll, Attempt, LockStore, MultiAttempt, Outcome, Released, Renewal, Renewed,
-    Result, Waiter,
+    Acquire, AcquireAll, Attempt, LockStore, MultiAttempt, Outcome, Reentries, Released, Renewal,
+    Renewed, Result, Waiter,
 };
 use crate::waiters::Waiters;
 use commands::Commands;
@@ -85,7 +86,7 @@ pub(crate) struct RedisStore {
     /// Set when acquisitions wait for replicas (`WAIT`).
     replicated: Option<Replicated>,
     /// Holds of dropped guards, released in batches by a task of their own.
-    dropped: mpsc::UnboundedSender<(Hold, Option<Instant>)>,
+    dropped: mpsc::UnboundedSender<Dropped>,
     _listener: Arc<AbortOnDropHandle<()>>,
 }
 
@@ -137,6 +138,27 @@ impl RedisStore {
             _listener: Arc::new(AbortOnDropHandle::new(listener)),
         })
     }
+
+    /// Releases a plain hold nobody can have re-entered (see [`Reentries::None`]) without
+    /// a script.
+    async fn release_alone(&self, hold: &Hold, token: Option<u64>) -> Result<Released> {
+        let call = scripts::release_alone(hold, self.commands.notices);
+        let released = scripts::released_alone(self.commands.run(call).await?);
+        if released == Released::Freed {
+            return Ok(released);
+        }
+        // Not held: as `release.lua` tells it, ended if nobody took the lock since the
+        // hold's token (this release ran before, or the hold ran out with nobody after
+        // it). One more round trip, only when the hold was gone.
+        let Some(token) = token else {
+            return Ok(Released::NotHeld);
+        };
+        let last: Option<String> = self.commands.run(scripts::last_token(&hold.key)).await?;
+        Ok(match last == Some(token.to_string()) {
+            true => Released::Ended,
+            false => Released::NotHeld,
+        })
+    }
 }
 
 impl LockStore for RedisStore {
@@ -182,15 +204,27 @@ impl LockStore for RedisStore {
         multi::acquire_all(&self.commands, self.replicated.as_ref(), ask).await
     }
 
-    async fn release(&self, hold: &Hold, token: Option<u64>) -> Result<Released> {
+    async fn release(
+        &self,
+        hold: &Hold,
+        token: Option<u64>,
+        reentries: Reentries,
+    ) -> Result<Released> {
+        if alone(hold, reentries) {
+            return self.release_alone(hold, token).await;
+        }
         let left = self.commands.run(scripts::release(hold, token)).await?;
         Ok(scripts::released(left))
     }
 
-    fn release_later(&self, hold: Hold, resend_until: Option<Instant>) {
+    fn release_later(&self, hold: Hold, resend_until: Option<Instant>, reentries: Reentries) {
         // Refused only once the release task has ended, which it does only after the
         // last clone of the store (this one included) is gone.
-        let _ = self.dropped.send((hold, resend_until));
+        let _ = self.dropped.send(Dropped {
+            hold,
+            resend_until,
+            reentries,
+        });
     }
 
     async fn complete(
@@ -255,14 +289,24 @@ impl LockStore for RedisStore {
     }
 }
 
+/// Whether `hold` is released without a script (see [`Reentries::None`]).
+fn alone(hold: &Hold, reentries: Reentries) -> bool {
+    reentries == Reentries::None && hold.kind == HoldKind::PLAIN
+}
+
+/// The hold of a dropped guard, queued for release.
+struct Dropped {
+    hold: Hold,
+    /// Until when its release may be sent again (see `LockStore::release_later`).
+    resend_until: Option<Instant>,
+    reentries: Reentries,
+}
+
 /// Releases dropped guards' holds, all that queued up meanwhile in one pipeline. A batch
 /// that gets no answer is sent again, after a backoff and with what queued up meanwhile,
 /// for the holds whose release may be resent (see `settle.rs`); the others expire with
 /// their leases.
-async fn release_dropped(
-    commands: Commands,
-    mut queue: mpsc::UnboundedReceiver<(Hold, Option<Instant>)>,
-) {
+async fn release_dropped(commands: Commands, mut queue: mpsc::UnboundedReceiver<Dropped>) {
     const MIN_BACKOFF: Duration = Duration::from_millis(20);
     const MAX_BACKOFF: Duration = Duration::from_millis(500);
     let mut batch = Vec::new();
@@ -281,12 +325,27 @@ async fn release_dropped(
         let piped = commands
             .pipelined(
                 &batch,
-                |(hold, _)| hold.key.redis_key(),
-                |(hold, _)| scripts::release(hold, None),
+                |dropped| dropped.hold.key.redis_key(),
+                |Dropped {
+                     hold, reentries, ..
+                 }| match alone(hold, *reentries) {
+                    true => scripts::release_alone(hold, commands.notices),
+                    false => scripts::release(hold, None),
+                },
             )
             .await;
-        for ((hold, _), left) in batch.iter().zip(&piped.replies) {
-            if left.map(scripts::released) == Some(Released::NotHeld) {
+        for (
+            Dropped {
+                hold, reentries, ..
+            },
+            reply,
+        ) in batch.iter().zip(&piped.replies)
+        {
+            let released = reply.map(|reply| match alone(hold, *reentries) {
+                true => scripts::released_alone(reply),
+                false => scripts::released(reply),
+            });
+            if released == Some(Released::NotHeld) {
                 tracing::debug!(key = %hold.key, "dropped guard's lock was no longer held");
             }
         }
@@ -299,8 +358,8 @@ async fn release_dropped(
         let mut answered = piped.replies.iter().map(Option::is_some);
         batch.retain(|_| !answered.next().unwrap_or(false));
         let (failed, retry_by) = (batch.len(), Instant::now() + backoff);
-        batch.retain(|(_, until)| {
-            error.is_transient() && until.is_some_and(|until| retry_by < until)
+        batch.retain(|dropped| {
+            error.is_transient() && dropped.resend_until.is_some_and(|until| retry_by < until)
         });
         tracing::warn!(%error, locks = failed, resent = batch.len(),
             "could not release dropped guards; those that may be are sent again, \

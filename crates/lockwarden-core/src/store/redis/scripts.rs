@@ -155,6 +155,9 @@ pub(super) struct Call {
     /// acquisition (see [`Call::sent`]).
     counted: Option<bool>,
     pub(super) cmd: Cmd,
+    /// A command sent right after it, in the same pipeline, whose reply is not read: the
+    /// notice of a release without a script.
+    pub(super) then: Option<Cmd>,
     /// What it is, for errors: the script's file or the command's name.
     pub(super) what: What,
 }
@@ -184,6 +187,7 @@ impl Call {
             script: Some(lua),
             counted: None,
             cmd,
+            then: None,
             what: What::Script(lua.name()),
         }
     }
@@ -195,6 +199,7 @@ impl Call {
             script: None,
             counted: None,
             cmd,
+            then: None,
             what: What::Command(name),
         }
     }
@@ -472,6 +477,43 @@ pub(super) fn release(hold: &Hold, token: Option<u64>) -> Call {
             .arg(&*key.names().readers),
     };
     call.arg(token_arg(token)).counted(false)
+}
+
+/// The release of a plain hold nobody can have re-entered (see
+/// [`Reentries::None`](crate::store::contract::Reentries::None)) as two plain commands in
+/// one pipeline: `HDEL` of the holder's field, which deletes the hash with its last field
+/// (a holder made for its acquisition writes no `:op` field, see `lua/once.lua`), then
+/// the notice `release.lua` sends. Not atomic, and need not be: the notice follows the
+/// delete either way, and one sent for a hold already gone only makes a waiter try once
+/// more. Read its reply with [`released_alone`].
+pub(super) fn release_alone(hold: &Hold, notices: Notices) -> Call {
+    let publish = match notices {
+        Notices::Classic => "PUBLISH",
+        Notices::Sharded => "SPUBLISH",
+    };
+    let mut notice = redis::cmd(publish);
+    notice.arg(hold.key.channel()).arg(RELEASED);
+    Call {
+        then: Some(notice),
+        ..Call::command("HDEL", hold.key.redis_key()).arg(hold.holder.id())
+    }
+}
+
+/// [`release_alone`]'s answer from the fields `HDEL` deleted: 1 this hold ended, 0 not
+/// held (whether it ended before takes the lock's last token, see `RedisStore`).
+pub(super) fn released_alone(deleted: i64) -> Released {
+    match deleted {
+        1 => Released::Freed,
+        _ => Released::NotHeld,
+    }
+}
+
+/// The release notice, as `release.lua` sends it: `'0'` is also Redisson's unlock message.
+const RELEASED: &str = "0";
+
+/// The lock's last fencing token, as written (`GET` of its fencing key).
+pub(super) fn last_token(key: &Key) -> Call {
+    Call::command("GET", key.fence_key())
 }
 
 /// A fencing token for a script: `''` when unknown.
