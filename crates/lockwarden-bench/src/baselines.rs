@@ -282,13 +282,23 @@ pub async fn evalsha_pair(conn: &mut ConnectionManager) -> Result<(), BoxError> 
     Ok(())
 }
 
-/// lockwarden's own acquire and release scripts on `key`, called directly: what the
+/// How the raw floor releases: as the client releases a plain hold whose holder was made
+/// for it and never handed out (`HDEL` + the notice, pipelined), or as any other hold
+/// (`release.lua`: the HTTP layer's, whose request holder the handler may use).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RawRelease {
+    Commands,
+    Script,
+}
+
+/// lockwarden's own acquire script and `release`'s way on `key`, called directly: what the
 /// library would cost with no client-side work at all (the Redis side of a cycle). On a
 /// `cluster`, as a cluster client sends them: with call ids, and `SPUBLISH`.
 pub async fn own_scripts_pair(
     conn: &mut impl redis::aio::ConnectionLike,
     key: &str,
     cluster: bool,
+    release_by: RawRelease,
 ) -> Result<(), BoxError> {
     let (lock, fence, channel) = (
         format!("raw:{{{key}}}"),
@@ -310,7 +320,18 @@ pub async fn own_scripts_pair(
         give.arg(format!("bench-release:{key}"));
     }
     let token: i64 = take.invoke_async(conn).await?;
-    let left: i64 = give.invoke_async(conn).await?;
+    let left: i64 = match release_by {
+        RawRelease::Script => give.invoke_async(conn).await?,
+        RawRelease::Commands => {
+            let notice = if cluster { "SPUBLISH" } else { "PUBLISH" };
+            let mut pipe = redis::pipe();
+            pipe.cmd("HDEL").arg(&lock).arg("bench-holder");
+            pipe.cmd(notice).arg(&channel).arg("0").ignore();
+            let (deleted,): (i64,) = pipe.query_async(conn).await?;
+            // 1 field deleted: freed, as the script's 0 says.
+            1 - deleted
+        }
+    };
     if token <= 0 || left != 0 {
         return Err(format!("own scripts answered {token} / {left} on a fresh key").into());
     }

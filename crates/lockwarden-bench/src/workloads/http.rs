@@ -45,7 +45,7 @@ use serde_json::{json, Value};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
 
-use crate::baselines::{connection_manager, evalsha_pair, own_scripts_pair, BoxError};
+use crate::baselines::{connection_manager, evalsha_pair, own_scripts_pair, BoxError, RawRelease};
 use crate::check::Checks;
 use crate::stats::{Report, Row, Summary, Windows};
 use crate::workloads::{cpu_time, join_all, Ctx};
@@ -209,7 +209,7 @@ async fn create_order_after_own_scripts(
     let Some(key) = headers.get(KEY_HEADER).and_then(|v| v.to_str().ok()) else {
         return (StatusCode::BAD_REQUEST, "no key").into_response();
     };
-    if let Err(e) = own_scripts_pair(&mut redis, key, false).await {
+    if let Err(e) = own_scripts_pair(&mut redis, key, false, RawRelease::Script).await {
         return (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response();
     }
     create_order(None, order).await

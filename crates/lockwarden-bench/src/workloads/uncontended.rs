@@ -8,7 +8,7 @@ use lockwarden_core::LockClient;
 use lockwarden_testkit::{RedisCluster, RedisServer};
 
 use crate::baselines::{
-    connection_manager, evalsha_pair, own_scripts_pair, BoxError, Kind, TRIVIAL,
+    connection_manager, evalsha_pair, own_scripts_pair, BoxError, Kind, RawRelease, TRIVIAL,
 };
 use crate::stats::{Report, Row, Summary};
 use crate::workloads::{release, Ctx};
@@ -34,7 +34,7 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
         evalsha_pair(&mut raw).await?;
         raw_samples.push(t.elapsed());
         let t = Instant::now();
-        own_scripts_pair(&mut raw, &format!("w1:{i}"), false).await?;
+        own_scripts_pair(&mut raw, &format!("w1:{i}"), false, RawRelease::Commands).await?;
         own_samples.push(t.elapsed());
         for ((kind, locker), samples) in lockers.iter().zip(&mut samples) {
             let key = format!("{}:w1:{i}", kind.slug());
@@ -59,7 +59,7 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
         Row::new(
             NAME,
             "raw ConnectionManager",
-            "lockwarden's acquire.lua + release.lua, called directly",
+            "lockwarden's acquire.lua + HDEL + PUBLISH, called directly",
             "µs",
         )
         .summary(Summary::micros(&own_samples))
@@ -107,7 +107,7 @@ async fn clustered(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
         let _: i64 = TRIVIAL.key(&key).invoke_async(&mut raw).await?;
         let raw_took = t.elapsed();
         let t = Instant::now();
-        own_scripts_pair(&mut raw, &format!("w1c:{i}"), true).await?;
+        own_scripts_pair(&mut raw, &format!("w1c:{i}"), true, RawRelease::Commands).await?;
         let own_took = t.elapsed();
         let t = Instant::now();
         let guard = client.acquire(format!("w1c:{i}")).await?;
@@ -159,7 +159,7 @@ async fn clustered(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
         Row::new(
             NAME,
             "raw cluster connection",
-            "lockwarden's acquire.lua + release.lua, called directly, 3-master cluster",
+            "lockwarden's acquire.lua + HDEL + SPUBLISH, called directly, 3-master cluster",
             "µs",
         )
         .summary(Summary::micros(&own_samples))
