@@ -357,16 +357,6 @@ async fn a_new_locks_token_is_the_server_clock_in_microseconds() {
     }
 }
 
-/// `INFO commandstats` calls of `command` so far (scripts' inner calls included).
-fn calls(server: &RedisServer, command: &str) -> u64 {
-    let info: String = server.query(&["INFO", "commandstats"]).unwrap();
-    let prefix = format!("cmdstat_{command}:calls=");
-    info.lines()
-        .find_map(|l| l.strip_prefix(prefix.as_str()))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |calls| calls.parse().unwrap())
-}
-
 /// Promise: the hold of a holder made for it and never handed out is released without a
 /// script (`HDEL` of its field deletes the hash, then the notice), released or dropped,
 /// and its notice wakes a waiter of another client at once.
@@ -377,7 +367,7 @@ async fn a_fresh_holders_release_is_two_commands_and_wakes_a_waiter() {
     let other = LockClient::connect(&server.url()).await.unwrap();
     for drop_it in [false, true] {
         let guard = client.acquire("solo").await.unwrap();
-        let before = ["evalsha", "hdel", "publish"].map(|c| calls(&server, c));
+        let before = ["evalsha", "hdel", "publish"].map(|c| server.command_calls(c));
         match drop_it {
             true => drop(guard),
             false => guard.release().await.unwrap(),
@@ -386,7 +376,7 @@ async fn a_fresh_holders_release_is_two_commands_and_wakes_a_waiter() {
             !server.exists("lockwarden:{solo}")
         })
         .await;
-        let after = ["evalsha", "hdel", "publish"].map(|c| calls(&server, c));
+        let after = ["evalsha", "hdel", "publish"].map(|c| server.command_calls(c));
         assert_eq!(
             [
                 after[0] - before[0],
