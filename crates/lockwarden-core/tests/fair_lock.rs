@@ -772,7 +772,13 @@ async fn a_clients_fair_waiters_share_one_subscription() {
     // Loads the fair scripts, so the counted calls are single EVALSHAs.
     take_and_release("warm-up", owner.fair_lock("warm-up").acquire()).await;
     take_and_release("warm-up", client.fair_lock("warm-up").acquire()).await;
-    let held = owner.fair_lock("shared").acquire().await.unwrap();
+    // A fixed lease: no watchdog renewal among the counted calls.
+    let held = owner
+        .fair_lock("shared")
+        .lease(PATIENT)
+        .acquire()
+        .await
+        .unwrap();
     let (scripts, subscribes) = (
         server.command_calls("evalsha"),
         server.command_calls("subscribe"),
@@ -781,9 +787,12 @@ async fn a_clients_fair_waiters_share_one_subscription() {
     let mut waiters = Vec::new();
     for n in 1..=3 {
         waiters.push(wait_in_line(&lock, n).await);
-        // Its attempts are done once it sleeps on the channel.
+        // Its attempts are done once it sleeps on the channel. The first waiter's second
+        // attempt is sent once notices are received: the next waiter then finds the
+        // channel listened to (registered alone, it may be still subscribing).
         eventually(Duration::from_secs(5), "the waiter sleeps", || async {
             client.stats().waited_channels == 1
+                && server.command_calls("evalsha") - scripts > n as u64
         })
         .await;
     }
