@@ -69,6 +69,8 @@ impl LockClient {
 pub struct LockClientBuilder {
     keys: KeySpace,
     watchdog_lease: Duration,
+    /// Whether plain holds get fencing tokens.
+    fenced: bool,
     connect: ConnectOptions,
     /// Who to log in as on the primary Sentinel names.
     primary: Option<Credentials>,
@@ -79,6 +81,7 @@ impl Default for LockClientBuilder {
         Self {
             keys: KeySpace::default(),
             watchdog_lease: DEFAULT_WATCHDOG_LEASE,
+            fenced: true,
             connect: ConnectOptions {
                 command_timeout: DEFAULT_COMMAND_TIMEOUT,
                 replicas: None,
@@ -156,6 +159,30 @@ impl LockClientBuilder {
     /// ```
     pub fn watchdog_timeout(mut self, lease: Duration) -> Self {
         self.watchdog_lease = lease.max(Duration::from_millis(3));
+        self
+    }
+
+    /// Takes plain locks (and claims, and the HTTP layer's locks) without fencing tokens,
+    /// for an application that fences nothing: their guards' [fencing
+    /// token](crate::LockGuard::fencing_token) is 0, which no hold ever gets otherwise
+    /// and [`FencedValue::write`](crate::FencedValue::write) refuses. Redis then neither
+    /// reads its clock nor writes the lock's fencing key on acquire, a third of what a
+    /// lock cycle costs it. Everything else stays: exclusion, re-entry, the watchdog,
+    /// notices. Fair, read-write and multi locks still get tokens (their scripts read the
+    /// clock anyway), and a client with tokens that takes the same lock later still gets
+    /// a token larger than any issued before.
+    ///
+    /// ```
+    /// # use lockwarden_core::LockClient;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden_core::LockError> {
+    /// let client = LockClient::builder().without_fencing_tokens().in_memory();
+    /// let guard = client.acquire("cache:refresh").await?;
+    /// assert_eq!(guard.fencing_token(), 0);
+    /// guard.release().await
+    /// # }
+    /// ```
+    pub fn without_fencing_tokens(mut self) -> Self {
+        self.fenced = false;
         self
     }
 
@@ -599,6 +626,7 @@ impl LockClientBuilder {
     }
 
     fn finish(self, store: Store, waiters: Arc<Waiters>) -> LockClient {
-        LockClient::from_engine(Engine::new(self.keys, self.watchdog_lease, store, waiters))
+        let engine = Engine::new(self.keys, self.watchdog_lease, self.fenced, store, waiters);
+        LockClient::from_engine(engine)
     }
 }

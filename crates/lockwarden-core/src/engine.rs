@@ -25,14 +25,18 @@ pub(crate) struct Engine {
     watchdog: Watchdog,
     holders: AtomicU64,
     live: LiveHolds,
+    /// Whether plain holds get fencing tokens (see `LockClientBuilder::without_fencing_tokens`).
+    fenced: bool,
 }
 
 impl Engine {
     /// An engine on `store`, which wakes `waiters`; holds without a lease of their own are
-    /// kept for `watchdog_lease` by the watchdog.
+    /// kept for `watchdog_lease` by the watchdog; plain holds get fencing tokens if
+    /// `fenced`.
     pub(crate) fn new(
         keys: KeySpace,
         watchdog_lease: Duration,
+        fenced: bool,
         store: Store,
         waiters: Arc<Waiters>,
     ) -> Self {
@@ -44,6 +48,7 @@ impl Engine {
             waiters,
             holders: AtomicU64::new(0),
             live: LiveHolds::default(),
+            fenced,
         }
     }
 
@@ -60,6 +65,11 @@ impl Engine {
     /// How many guards of each hold this client has.
     pub(crate) fn live(&self) -> &LiveHolds {
         &self.live
+    }
+
+    /// Whether plain holds get fencing tokens.
+    pub(crate) fn fenced(&self) -> bool {
+        self.fenced
     }
 
     pub(crate) fn store(&self) -> &Store {

@@ -70,6 +70,14 @@ pub enum LockError {
         /// The newer token that wrote the value.
         newest: u64,
     },
+    /// A fenced write carried token 0, which no hold gets but those of a client built
+    /// [`without_fencing_tokens`](crate::LockClientBuilder::without_fencing_tokens):
+    /// it would fence nothing. Nothing was written.
+    #[error("`{key}`: a fenced write needs a fencing token, and 0 is none (the lock was taken by a client built without fencing tokens)")]
+    NoFencingToken {
+        /// The fenced value's name.
+        key: String,
+    },
     /// The lock name was rejected.
     #[error("invalid lock key: {0}")]
     InvalidKey(#[from] KeyError),
@@ -159,7 +167,7 @@ pub enum BackendError {
     #[error("redis refused {command} for this user (ACL): {message}")]
     NotPermitted {
         /// The refused command, e.g. `EVALSHA` or, for a command a script ran,
-        /// `PEXPIRE (line 28 of acquire.lua)`; at connect, every refused command
+        /// `PEXPIRE (line 29 of acquire.lua)`; at connect, every refused command
         /// (`PEXPIRE, PEXPIREAT`).
         command: String,
         /// Redis's error text, or at connect what the check found.

@@ -80,10 +80,16 @@ impl FencedValue {
     ///
     /// # Errors
     /// [`LockError::StaleToken`] if a larger token wrote the value before (nothing is
-    /// written: the writer has lost the lock), [`LockError::InvalidKey`] or
-    /// [`LockError::Backend`].
+    /// written: the writer has lost the lock), [`LockError::NoFencingToken`] for token 0
+    /// (see [`without_fencing_tokens`](crate::LockClientBuilder::without_fencing_tokens)),
+    /// [`LockError::InvalidKey`] or [`LockError::Backend`].
     pub async fn write(&self, token: u64, value: impl AsRef<[u8]>) -> Result<(), LockError> {
         let key = self.key()?;
+        if token == 0 {
+            return Err(LockError::NoFencingToken {
+                key: key.name().to_owned(),
+            });
+        }
         let refused = self
             .engine
             .store()

@@ -63,7 +63,8 @@ pub struct LockInfo {
     pub key: Key,
     /// Who holds it.
     pub holder: Holder,
-    /// The fencing token of this hold.
+    /// The fencing token of this hold (see [`LockGuard::fencing_token`]; 0 for a client
+    /// built without them).
     pub fencing_token: u64,
     /// Fires if the lock is lost.
     pub lost: LostSignal,
@@ -153,7 +154,9 @@ impl LockGuard {
 
     /// The fencing token of this hold: strictly greater than every token issued for this
     /// key before it (re-entries share their hold's token). Have the protected resource
-    /// reject writes carrying a smaller token than one it has seen.
+    /// reject writes carrying a smaller token than one it has seen. 0 for a plain hold of
+    /// a client built [without fencing
+    /// tokens](crate::LockClientBuilder::without_fencing_tokens).
     pub fn fencing_token(&self) -> u64 {
         self.token
     }
@@ -291,7 +294,9 @@ impl LockGuard {
 
     async fn finish(mut self, outcome: Option<(Vec<u8>, Duration)>) -> Result<(), LockError> {
         let (last, reentries) = self.end_counted();
-        let (engine, hold, token) = (self.engine.clone(), self.hold.clone(), Some(self.token));
+        // 0 is no token (a client without them): nothing in the store to compare with.
+        let token = (self.token != 0).then_some(self.token);
+        let (engine, hold) = (self.engine.clone(), self.hold.clone());
         let completes = outcome.is_some();
         // Finished in the background if the caller stops waiting (an aborted task, a lost
         // `select!`): otherwise the command might never be sent, leaving the lock held for

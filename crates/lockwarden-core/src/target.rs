@@ -72,6 +72,7 @@ impl<'a> Target<'a> {
             lease: self.lease,
             how,
             fresh: self.fresh,
+            fenced: self.engine.fenced(),
         };
         Ok((self.engine.store().acquire(&ask).await?, sent))
     }

@@ -856,7 +856,15 @@ async fn a_refusal_inside_a_script_keeps_what_the_script_wrote() {
     );
     let client = connect_unchecked(&url, |b| b).await;
     let refused = client.try_acquire("invoice:1", Duration::ZERO).await;
-    expect_refused(refused.map(drop), "PEXPIRE (line 23 of acquire.lua)");
+    let line = include_str!("../lua/acquire.lua")
+        .lines()
+        .position(|line| line.contains("redis.call('PEXPIRE', KEYS[1]"))
+        .expect("acquire.lua sets the lock's expiry")
+        + 1;
+    expect_refused(
+        refused.map(drop),
+        &format!("PEXPIRE (line {line} of acquire.lua)"),
+    );
     let key = client.key("invoice:1").unwrap().redis_key().to_owned();
     assert!(forever(&key), "{key}: {}", server.pttl(&key));
     let fields: Vec<String> = server.query(&["HKEYS", &key]).unwrap();

@@ -89,6 +89,45 @@ async fn a_lock_on_each_master_excludes_and_hands_over_by_notice() {
     }
 }
 
+/// Promise: a cluster client without fencing tokens (its acquire script's cluster
+/// variant, which takes a call id) takes, re-enters and releases on every master with
+/// token 0, and the next token of a client with tokens still grows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_without_fencing_tokens_locks_on_each_master() {
+    let cluster = RedisCluster::start(3).unwrap();
+    let fenced = client(&cluster).await;
+    let unfenced = client_with(&cluster, |b| b.without_fencing_tokens()).await;
+    for node in 0..3 {
+        let name = name_on(&cluster, &fenced, node, "unfenced");
+        let key = fenced.key(&name).unwrap().redis_key().to_owned();
+        let first = fenced.acquire(&name).await.unwrap();
+        let token = first.fencing_token();
+        first.release().await.unwrap();
+
+        let guard = unfenced.acquire(&name).await.unwrap();
+        // A given holder's call carries its id on a cluster.
+        let again = unfenced
+            .lock(&name)
+            .holder(guard.holder())
+            .acquire()
+            .await
+            .unwrap();
+        assert_eq!((guard.fencing_token(), again.fencing_token()), (0, 0));
+        assert!(cluster.exists_on(node, &key));
+        assert!(matches!(
+            fenced.try_acquire(&name, Duration::ZERO).await,
+            Err(LockError::Timeout { .. })
+        ));
+        again.release().await.unwrap();
+        guard.release().await.unwrap();
+        assert!(!cluster.exists_on(node, &key));
+
+        let next = fenced.acquire(&name).await.unwrap();
+        assert!(next.fencing_token() > token, "master {node}");
+        next.release().await.unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fair_read_write_and_claims_work_on_each_master() {
     let cluster = RedisCluster::start(3).unwrap();

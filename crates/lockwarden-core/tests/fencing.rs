@@ -8,12 +8,13 @@ mod common;
 use std::time::Duration;
 
 use common::{connect_with, Env};
-use lockwarden_core::LockError;
+use lockwarden_core::{Claim, LockError};
 use lockwarden_testkit::{run_child, TestProcess};
 
 conformance!(
     only_the_newest_token_writes_the_value,
     a_paused_holder_is_refused_after_a_newer_holder_wrote,
+    a_client_without_fencing_tokens_gives_its_plain_holds_none,
 );
 
 /// Promise: a write with a token at least as large as the last writer's is applied (one
@@ -73,6 +74,56 @@ async fn a_paused_holder_is_refused_after_a_newer_holder_wrote(env: Env) {
     ));
     assert_eq!(value.read().await.unwrap().unwrap().1, b"newer");
     newer.release().await.unwrap();
+}
+
+/// Promise: a client built without fencing tokens gives its plain holds, their re-entries
+/// and its claims token 0, which a fenced write refuses (naming the value) without
+/// writing; its locks exclude as any others do, and its fair and read-write holds still
+/// get tokens.
+async fn a_client_without_fencing_tokens_gives_its_plain_holds_none(env: Env) {
+    let client = env.client_with(|b| b.without_fencing_tokens()).await;
+    let value = client.fenced("unfenced");
+    let guard = client.acquire("unfenced").await.unwrap();
+    let again = client
+        .lock("unfenced")
+        .holder(guard.holder())
+        .acquire()
+        .await
+        .unwrap();
+    assert_eq!((guard.fencing_token(), again.fencing_token()), (0, 0));
+    assert!(matches!(
+        client.try_acquire("unfenced", Duration::ZERO).await,
+        Err(LockError::Timeout { .. })
+    ));
+    match value.write(guard.fencing_token(), b"x").await {
+        Err(LockError::NoFencingToken { key }) => assert_eq!(key, "unfenced"),
+        other => panic!("expected no fencing token, got {other:?}"),
+    }
+    assert_eq!(value.read().await.unwrap(), None, "nothing was written");
+    again.release().await.unwrap();
+    guard.release().await.unwrap();
+    assert!(!client.lock("unfenced").is_locked().await.unwrap());
+
+    let Claim::Acquired(claim) = client
+        .lock("unfenced:claim")
+        .try_claim(Duration::ZERO)
+        .await
+        .unwrap()
+    else {
+        panic!("a fresh claim is acquired");
+    };
+    assert_eq!(claim.fencing_token(), 0);
+    claim.release().await.unwrap();
+    let fair = client.fair_lock("unfenced:fair").acquire().await.unwrap();
+    let read = client
+        .rw_lock("unfenced:rw")
+        .read()
+        .acquire()
+        .await
+        .unwrap();
+    assert!(fair.fencing_token() > 0 && read.fencing_token() > 0);
+    fair.release().await.unwrap();
+    read.release().await.unwrap();
 }
 
 /// Set (to a Redis URL) only in the re-executed child: [`fenced_writer_child`] is then

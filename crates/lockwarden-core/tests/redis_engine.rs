@@ -467,3 +467,66 @@ async fn a_release_without_a_script_tells_a_hold_that_ended_from_one_taken_over(
         Err(LockError::NotHeld { .. })
     ));
 }
+
+/// Promise: a client built without fencing tokens takes a plain lock without reading the
+/// server clock or writing the fencing key (Redis counts the calls its scripts make), and
+/// a client with tokens that takes the lock after it still gets a token above every token
+/// issued for it before; the default client does both per take.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_without_fencing_tokens_reads_no_clock_and_writes_no_fence() {
+    const FENCE: &str = "lockwarden:{mixed}:fence";
+    let server = RedisServer::start().unwrap();
+    let fenced = LockClient::connect(&server.url()).await.unwrap();
+    let unfenced = connect_with(&server.url(), |b| b.without_fencing_tokens()).await;
+    let calls = || ["evalsha", "time", "set"].map(|c| server.command_calls(c));
+    // Loads both variants of acquire.lua, so the counted calls are single EVALSHAs.
+    for client in [&fenced, &unfenced] {
+        client
+            .acquire("warm-up")
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+
+    let before = calls();
+    let first = fenced.acquire("mixed").await.unwrap();
+    let (after, token) = (calls(), first.fencing_token());
+    assert_eq!(
+        [0, 1, 2].map(|i| after[i] - before[i]),
+        [1, 1, 1],
+        "EVALSHA, TIME, SET of a take with a token"
+    );
+    first.release().await.unwrap();
+    let stored: String = server.query(&["GET", FENCE]).unwrap();
+    assert_eq!(stored, token.to_string());
+
+    let before = calls();
+    let guard = unfenced.acquire("mixed").await.unwrap();
+    let again = unfenced
+        .lock("mixed")
+        .holder(guard.holder())
+        .acquire()
+        .await
+        .unwrap();
+    let after = calls();
+    assert_eq!((guard.fencing_token(), again.fencing_token()), (0, 0));
+    assert_eq!(
+        [0, 1, 2].map(|i| after[i] - before[i]),
+        [2, 0, 0],
+        "EVALSHA, TIME, SET of a take and a re-entry without tokens"
+    );
+    assert!(matches!(
+        fenced.try_acquire("mixed", Duration::ZERO).await,
+        Err(LockError::Timeout { .. })
+    ));
+    again.release().await.unwrap();
+    guard.release().await.unwrap();
+    let stored: String = server.query(&["GET", FENCE]).unwrap();
+    assert_eq!(stored, token.to_string(), "the fencing key was left alone");
+
+    let next = fenced.acquire("mixed").await.unwrap();
+    assert!(next.fencing_token() > token, "tokens still grow after it");
+    next.release().await.unwrap();
+}

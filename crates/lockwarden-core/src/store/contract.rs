@@ -118,6 +118,10 @@ pub(crate) struct Acquire<'a> {
     /// when its connection broke before the reply. Redis answers that as taken, without
     /// counting a re-entry; the in-process store runs each attempt once.
     pub(crate) fresh: bool,
+    /// Whether a plain hold (or a claim) taken gets a fencing token; without, its token
+    /// is 0 and the store keeps no fencing key for it (fair and read-write holds always
+    /// get one).
+    pub(crate) fenced: bool,
 }
 
 /// One attempt to take several locks as one.

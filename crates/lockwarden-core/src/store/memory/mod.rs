@@ -131,7 +131,13 @@ impl MemoryStore {
             ..
         } = &mut *state;
         match how {
-            How::Plain | How::Claim => locks.take(key, holder, lease, now, last_token),
+            How::Plain | How::Claim => match locks.take(key, holder, lease, now, last_token) {
+                // As on Redis: no token for a client without them (its holds keep one
+                // here, which costs nothing and is never shown).
+                Attempt::Taken { .. } if !ask.fenced => Attempt::Taken { token: 0 },
+                Attempt::Reentered { .. } if !ask.fenced => Attempt::Reentered { token: 0 },
+                attempt => attempt,
+            },
             How::Fair {
                 queue_timeout,
                 join,

@@ -35,7 +35,7 @@ const NO_ID: &str = "\nlocal call = ''\n";
 const ID: &str = "\nlocal call = ARGV[#ARGV]\n";
 
 impl Lua {
-    fn new(parts: &'static [(&'static str, &'static str)], source: &'static str) -> Self {
+    fn new(parts: &'static [(&'static str, &'static str)], source: &str) -> Self {
         const CLASSIC: &str = "redis.call('PUBLISH'";
         let clustered = source.contains(NO_ID).then(|| source.replace(NO_ID, ID));
         let cluster_source = clustered.as_deref().unwrap_or(source);
@@ -61,6 +61,14 @@ impl Lua {
             Notices::Sharded => self.sharded.as_ref().unwrap_or(classic),
             Notices::Classic => classic,
         }
+    }
+
+    /// The same script with `from` written as `to` in its text (a line that picks a
+    /// behaviour, as [`NO_ID`] does): a script of its own, with its own variants.
+    fn replaced(&self, from: &str, to: &str) -> Self {
+        let source: String = self.parts.iter().map(|&(_, text)| text).collect();
+        debug_assert!(source.contains(from), "{} has no `{from}`", self.name());
+        Lua::new(self.parts, &source.replace(from, to))
     }
 
     /// Every variant.
@@ -126,6 +134,9 @@ macro_rules! script {
 }
 
 static ACQUIRE: LazyLock<Lua> = script!("once.lua", "token.lua", "acquire.lua");
+/// `acquire.lua` for a client built without fencing tokens: no clock read, no fencing key.
+static ACQUIRE_UNFENCED: LazyLock<Lua> =
+    LazyLock::new(|| ACQUIRE.replaced("\nlocal fenced = true\n", "\nlocal fenced = false\n"));
 static RENEW: LazyLock<Lua> = script!("renew.lua");
 static RELEASE: LazyLock<Lua> = script!("once.lua", "release.lua");
 static FORCE_RELEASE: LazyLock<Lua> = script!("force_release.lua");
@@ -270,7 +281,7 @@ fn evalsha(args: usize, bytes: usize) -> Cmd {
 
 /// Every script a pipeline may send with `notices` over a connection that is a cluster's
 /// or not, to load them all when Redis lost them.
-pub(super) fn all(notices: Notices, cluster: bool) -> [&'static Script; 15] {
+pub(super) fn all(notices: Notices, cluster: bool) -> [&'static Script; 16] {
     every().map(|lua| lua.with(notices, cluster))
 }
 
@@ -298,9 +309,10 @@ pub(super) fn named(file: &str) -> &'static Lua {
         .unwrap_or_else(|| panic!("no script {file}"))
 }
 
-fn every() -> [&'static Lua; 15] {
+fn every() -> [&'static Lua; 16] {
     [
         &ACQUIRE,
+        &ACQUIRE_UNFENCED,
         &RENEW,
         &RELEASE,
         &FORCE_RELEASE,
@@ -345,9 +357,13 @@ fn fair_keys(key: &Key) -> [&str; 4] {
 pub(super) fn acquire(ask: &Acquire<'_>) -> Call {
     let (key, how) = (ask.key, ask.how);
     let (lock, fence) = (key.redis_key(), key.fence_key());
+    let plain = match ask.fenced {
+        true => &ACQUIRE,
+        false => &ACQUIRE_UNFENCED,
+    };
     let call = match how {
-        How::Plain => Call::script(&ACQUIRE, &[lock, fence]),
-        How::Claim => Call::script(&ACQUIRE, &[lock, fence, &key.names().outcome]),
+        How::Plain => Call::script(plain, &[lock, fence]),
+        How::Claim => Call::script(plain, &[lock, fence, &key.names().outcome]),
         How::Fair { .. } => Call::script(&FAIR_ACQUIRE, &fair_keys(key)),
         How::Read { .. } => Call::script(&READ_ACQUIRE, &rw_keys(key)),
         How::Write { .. } => Call::script(&WRITE_ACQUIRE, &rw_keys(key)),
