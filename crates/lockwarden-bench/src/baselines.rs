@@ -64,6 +64,8 @@ pub enum Kind {
     LockwardenLease,
     /// lockwarden whose commands go through a deadpool-redis pool (bring your own pool).
     LockwardenPool,
+    /// lockwarden built without fencing tokens (what they cost Redis).
+    LockwardenUnfenced,
     RslockDefault,
     RslockFast,
     SetNx,
@@ -79,11 +81,13 @@ impl Kind {
     ];
     /// Without contention rslock's retry settings never come into play.
     /// The fixed-lease lockwarden variant shows what the watchdog bookkeeping costs, the
-    /// pooled one what a pool checkout costs per operation.
-    pub const UNCONTENDED: [Kind; 5] = [
+    /// pooled one what a pool checkout costs per operation, the unfenced one what the
+    /// fencing tokens cost.
+    pub const UNCONTENDED: [Kind; 6] = [
         Kind::Lockwarden,
         Kind::LockwardenLease,
         Kind::LockwardenPool,
+        Kind::LockwardenUnfenced,
         Kind::RslockDefault,
         Kind::SetNx,
     ];
@@ -93,6 +97,7 @@ impl Kind {
             Kind::Lockwarden => "lockwarden",
             Kind::LockwardenLease => "lockwarden (10 s lease, no watchdog)",
             Kind::LockwardenPool => "lockwarden, deadpool-redis pool (16)",
+            Kind::LockwardenUnfenced => "lockwarden, without fencing tokens",
             Kind::RslockDefault => "rslock 0.10 (defaults)",
             Kind::RslockFast => "rslock 0.10 (retry 1 ms)",
             Kind::SetNx => "SET NX + 1 ms poll",
@@ -105,6 +110,7 @@ impl Kind {
             Kind::Lockwarden => "lw",
             Kind::LockwardenLease => "lwl",
             Kind::LockwardenPool => "lwp",
+            Kind::LockwardenUnfenced => "lwu",
             Kind::RslockDefault => "rsd",
             Kind::RslockFast => "rsf",
             Kind::SetNx => "setnx",
@@ -116,6 +122,7 @@ impl Kind {
 pub enum Locker {
     Lockwarden(LockClient),
     LockwardenLease(LockClient),
+    LockwardenUnfenced(LockClient),
     Rslock(LockManager),
     SetNx(ConnectionManager),
 }
@@ -150,6 +157,10 @@ impl Locker {
                 let client = LockClient::builder().connect_deadpool(&config).await?;
                 Self::Lockwarden(client)
             }
+            Kind::LockwardenUnfenced => {
+                let client = LockClient::builder().without_fencing_tokens();
+                Self::LockwardenUnfenced(client.connect(url).await?)
+            }
             Kind::RslockDefault => Self::Rslock(LockManager::new(vec![url])),
             Kind::RslockFast => {
                 let mut manager = LockManager::new(vec![url]);
@@ -175,6 +186,10 @@ impl Locker {
                 let guard = client.lock(key).lease(TTL).acquire().await?;
                 let token = guard.fencing_token();
                 Ok((Guard::Lockwarden(guard), Some(token)))
+            }
+            // Its token is 0, for every hold: nothing for the fencing check.
+            Locker::LockwardenUnfenced(client) => {
+                Ok((Guard::Lockwarden(client.acquire(key).await?), None))
             }
             Locker::Rslock(manager) => {
                 let guard = manager.acquire(key.as_bytes(), TTL).await?;
