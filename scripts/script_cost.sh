@@ -20,7 +20,8 @@
 # client sends it to one server, with a fresh holder's arguments (and no call id: one
 # server never sends a call twice). With --instructions it also counts the cycle a
 # client sends for a holder made for its acquisition and never handed out: the acquire
-# script, then HDEL + PUBLISH instead of the release script.
+# script, then HDEL + PUBLISH instead of the release script; and that cycle for a client
+# built without fencing tokens (the acquire script's variant with `local fenced = false`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 instructions=false
@@ -43,12 +44,14 @@ else
 fi
 until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.05; done
 a=$(redis-cli -p "$port" SCRIPT LOAD "$(cat lua/once.lua lua/token.lua "$acquire")")
+u=$(redis-cli -p "$port" SCRIPT LOAD \
+  "$(cat lua/once.lua lua/token.lua "$acquire" | sed 's/^local fenced = true$/local fenced = false/')")
 r=$(redis-cli -p "$port" SCRIPT LOAD "$(cat lua/once.lua "$release")")
 unlock=$(redis-cli -p "$port" SCRIPT LOAD \
   "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0")
-python3 - "$a" "$r" "$unlock" "$rounds" "$dir" <<'PY'
+python3 - "$a" "$r" "$unlock" "$rounds" "$dir" "$u" <<'PY'
 import sys
-acquire, release, unlock, rounds, out = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+acquire, release, unlock, rounds, out, unfenced = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6]
 def cmd(*args):
     out = "*%d\r\n" % len(args)
     for a in map(str, args):
@@ -60,10 +63,11 @@ with open(out + "/cycles.resp", "w") as f:
         f.write("".join(cmd("EVALSHA", release, 2, "{k%d}" % k, "{k%d}:fence" % k, "holder", "{k%d}:released" % k, "") for k in range(64)))
 # How a client releases the hold of a holder made for it and never handed out: HDEL of
 # its field (the hash goes with it), then the notice.
-with open(out + "/fresh.resp", "w") as f:
-    for _ in range(rounds):
-        f.write("".join(cmd("EVALSHA", acquire, 2, "{k%d}" % k, "{k%d}:fence" % k, "holder", 30000, 1) for k in range(64)))
-        f.write("".join(cmd("HDEL", "{k%d}" % k, "holder") + cmd("PUBLISH", "{k%d}:released" % k, "0") for k in range(64)))
+for name, sha in (("fresh", acquire), ("unfenced", unfenced)):
+    with open("%s/%s.resp" % (out, name), "w") as f:
+        for _ in range(rounds):
+            f.write("".join(cmd("EVALSHA", sha, 2, "{k%d}" % k, "{k%d}:fence" % k, "holder", 30000, 1) for k in range(64)))
+            f.write("".join(cmd("HDEL", "{k%d}" % k, "holder") + cmd("PUBLISH", "{k%d}:released" % k, "0") for k in range(64)))
 with open(out + "/baseline.resp", "w") as f:
     for _ in range(rounds):
         f.write("".join(cmd("SET", "{b%d}" % k, "holder", "NX", "PX", 30000) for k in range(64)))
@@ -84,12 +88,14 @@ if $instructions; then
   }
   ours=$(per_cycle "$dir/cycles.resp")
   fresh=$(per_cycle "$dir/fresh.resp")
+  unfenced=$(per_cycle "$dir/unfenced.resp")
   base=$(per_cycle "$dir/baseline.resp")
   echo "Redis instructions per cycle (callgrind, $rounds rounds of 64 after a warm-up):"
   printf '  %-52s %9s\n' "$(basename "$acquire") + $(basename "$release")" "$ours" \
     "$(basename "$acquire") + HDEL + PUBLISH (a fresh holder's)" "$fresh" \
+    "the same without fencing tokens" "$unfenced" \
     "SET NX PX + compare-and-delete script (baseline)" "$base"
-  python3 -c "print('  ratios to the baseline: %.2f, %.2f' % ($ours / $base, $fresh / $base))"
+  python3 -c "print('  ratios to the baseline: %.2f, %.2f, %.2f' % ($ours / $base, $fresh / $base, $unfenced / $base))"
   exit 0
 fi
 
