@@ -25,7 +25,7 @@ local ttl = redis.call('PTTL', KEYS[1])
 if ttl == -2 then
   -- The server clock is read only here: a lock found busy does not need it.
   local token = fenced and issue_token(KEYS[2], redis.call('TIME'), 'PX', ARGV[2]) or 0
-  set_count(KEYS[1], ARGV[1], 1, call)
+  set_count(KEYS[1], ARGV[1], '1', call)
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   -- Bare, not {1, token}: Redis writes a table reply with ~6,500 more instructions, a
   -- twentieth of the whole cycle (`scripts/script_cost.sh --instructions`).

@@ -24,7 +24,7 @@ end
 -- Takes the free lock for `holder` until `until_ms` (server clock), for the call `call`
 -- (see once.lua); returns its new fencing token (see token.lua).
 local function take(holder, until_ms, call)
-  set_count(KEYS[1], holder, 1, call)
+  set_count(KEYS[1], holder, '1', call)
   redis.call('PEXPIREAT', KEYS[1], until_ms)
   return issue_token(KEYS[2], clock, 'PXAT', int(until_ms))
 end

@@ -154,7 +154,7 @@ local function admit_readers(channel)
   for i, field in ipairs(fields) do
     if not held[i] then
       counts[#counts + 1] = field
-      counts[#counts + 1] = 1
+      counts[#counts + 1] = '1'
       leases[#leases + 1] = waiting[2 * i]
       leases[#leases + 1] = field
       ids[#ids + 1] = waiting[2 * i - 1]

@@ -33,7 +33,7 @@ if not mode then
   end
   no_longer_waiting()
   local token = fresh_token()
-  set_count(KEYS[1], field, 1, call, 'mode', 'read')
+  set_count(KEYS[1], field, '1', call, 'mode', 'read')
   lease_at_least(field, ARGV[2])
   return token
 end
@@ -63,7 +63,7 @@ end
 -- the writer waits for this holder).
 if held[3] or (mode == 'read' and not writers_wait) then
   no_longer_waiting()
-  set_count(KEYS[1], field, 1, call)
+  set_count(KEYS[1], field, '1', call)
   lease_at_least(field, ARGV[2])
   return token
 end

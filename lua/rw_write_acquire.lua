@@ -14,7 +14,7 @@ end
 local field = ARGV[1] .. ':w'
 if not mode then
   redis.call('ZREM', KEYS[4], ARGV[1])
-  set_count(KEYS[1], field, 1, call, 'mode', 'write')
+  set_count(KEYS[1], field, '1', call, 'mode', 'write')
   local token = fresh_token()
   lease_at_least(field, ARGV[2])
   return token
