@@ -94,6 +94,10 @@ impl Deployment {
             }
             Deployment::Cluster(nodes) => {
                 tls.check(nodes.iter().map(String::as_str))?;
+                // Also redis-rs's bound on a whole call (on by default, the same value):
+                // without it redis-rs may send a call again after `Commands` gave up on it,
+                // and an acquire that lands after its give-back takes the lock again
+                // (`fault_cluster.rs` fails so). It costs a timer per call.
                 let client = cluster_builder(nodes, timeout, tls)
                     .response_timeout(response.unwrap_or(timeout))
                     .build()?;
