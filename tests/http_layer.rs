@@ -42,6 +42,7 @@ conformance!(
     json_field_key_leaves_the_body_intact,
     json_errors_are_400_422_and_413,
     handler_sees_lock_info_and_reenters,
+    a_client_without_fencing_tokens_locks_requests_with_token_0,
     scope_separates_principals,
     abort_on_loss_answers_503,
     path_and_closure_keys,
@@ -590,6 +591,23 @@ async fn handler_sees_lock_info_and_reenters(env: Env) {
     assert_eq!(fields[2], "2", "held twice by the request's holder");
     assert_eq!(fields[3], "false", "not lost");
     assert!(freed(&client, "http:again", Duration::from_millis(500)).await);
+}
+
+/// Promise: a layer over a client built without fencing tokens locks, re-enters and
+/// releases as any other; its handlers see token 0.
+async fn a_client_without_fencing_tokens_locks_requests_with_token_0(env: Env) {
+    let client = env.client_with(|b| b.without_fencing_tokens()).await;
+    let probe = Probe::default();
+    let app = app!(
+        LockLayer::by_header("Idempotency-Key").client(client.clone()),
+        probe
+    );
+    let answer = send(&app, req("/reenter", Some("unfenced"))).await;
+    assert_eq!(answer.status, StatusCode::OK, "{:?}", answer.body);
+    let text = String::from_utf8(answer.body.to_vec()).expect("utf-8");
+    assert_eq!(text, "0 0 2 false", "token, re-entry's token, count, lost");
+    assert!(freed(&client, "http:unfenced", Duration::from_millis(500)).await);
+    assert_eq!(probe.hits(), 1);
 }
 
 async fn scope_separates_principals(env: Env) {
