@@ -138,8 +138,9 @@ end
 -- registration (an admitted reader that died frees the lock within it; a live one's
 -- watchdog renews it), and all are told on the readers' `channel`, with the phase's
 -- token, so none asks again: `granted:<token>:<holder id> <holder id>..`. Readers
--- admitted before and still holding keep their holds as they are.
-local function admit_readers(channel)
+-- admitted before and still holding keep their holds as they are; `free`: the lock hash
+-- is gone, so nobody holds anything and the holds need not be read.
+local function admit_readers(channel, free)
   redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
   local waiting = redis.call('ZRANGE', KEYS[5], 0, -1, 'WITHSCORES')
   if #waiting == 0 then
@@ -149,7 +150,7 @@ local function admit_readers(channel)
   for i = 1, #waiting, 2 do
     fields[#fields + 1] = waiting[i] .. ':r'
   end
-  local held = in_batches('HMGET', KEYS[1], fields)
+  local held = free and {} or in_batches('HMGET', KEYS[1], fields)
   local counts, leases, ids = {}, {}, {}
   for i, field in ipairs(fields) do
     if not held[i] then
@@ -163,7 +164,7 @@ local function admit_readers(channel)
   if #ids == 0 then
     return
   end
-  local phase = redis.call('HMGET', KEYS[1], 'mode', 'token')
+  local phase = free and {} or redis.call('HMGET', KEYS[1], 'mode', 'token')
   local token = phase[2]
   if not phase[1] then
     token = fresh_token()
@@ -193,7 +194,7 @@ local function end_hold(holder, side, writers, readers)
     redis.call('DEL', KEYS[1], KEYS[2])
     redis.call('PUBLISH', writers, '0')
     if readers_may_go then
-      admit_readers(readers)
+      admit_readers(readers, true)
     end
     return
   end
@@ -201,7 +202,7 @@ local function end_hold(holder, side, writers, readers)
     -- Downgraded: the holder's read holds remain.
     redis.call('HSET', KEYS[1], 'mode', 'read')
     if readers_may_go then
-      admit_readers(readers)
+      admit_readers(readers, false)
     end
   end
   expire_with_latest()

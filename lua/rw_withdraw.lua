@@ -21,6 +21,6 @@ if redis.call('ZREM', KEYS[4], me) == 0 then
   return 0
 end
 if redis.call('ZCARD', KEYS[4]) == 0 and (mode == nil or mode == 'read') then
-  admit_readers(ARGV[4])
+  admit_readers(ARGV[4], mode == nil)
 end
 return 1
