@@ -21,14 +21,14 @@ local field = me .. ':r'
 -- for this acquisition that never registered has none: no call.
 local function no_longer_waiting()
   if ARGV[3] ~= '1' or ARGV[5] == '1' then
-    redis.call('ZREM', KEYS[5], me)
+    redis.call('ZREM', KEYS[5], field)
   end
 end
 local writers_wait = redis.call('ZCARD', KEYS[4]) > 0
 if not mode then
   -- Writer preference: a free lock goes to a waiting writer first.
   if writers_wait then
-    register_reader(me, ARGV[4])
+    register_reader(field, ARGV[4])
     return busy(true)
   end
   no_longer_waiting()
@@ -43,7 +43,7 @@ if held[1] then
   -- Admitted while this acquisition waited (its notice missed): taken, with this
   -- caller's lease, counted once, and remembered so that this call sent again is not
   -- taken for a re-entry either.
-  if ARGV[5] == '1' and redis.call('ZREM', KEYS[5], me) == 1 then
+  if ARGV[5] == '1' and redis.call('ZREM', KEYS[5], field) == 1 then
     if call ~= '' then
       set_count(KEYS[1], field, held[1], call)
     end
@@ -67,5 +67,5 @@ if held[3] or (mode == 'read' and not writers_wait) then
   lease_at_least(field, ARGV[2])
   return token
 end
-register_reader(me, ARGV[4])
+register_reader(field, ARGV[4])
 return busy(mode ~= 'write')

@@ -6,12 +6,13 @@
 local mode = prune()
 local me = ARGV[1]
 if ARGV[2] == 'r' then
-  if redis.call('ZREM', KEYS[5], me) == 0 then
+  local field = me .. ':r'
+  if redis.call('ZREM', KEYS[5], field) == 0 then
     return 0
   end
-  local count = tonumber(redis.call('HGET', KEYS[1], me .. ':r'))
+  local count = tonumber(redis.call('HGET', KEYS[1], field))
   if count and count > 1 then
-    set_count(KEYS[1], me .. ':r', count - 1, '')
+    set_count(KEYS[1], field, count - 1, '')
   elseif count then
     end_hold(me, 'r', ARGV[3], ARGV[4])
   end

@@ -410,15 +410,21 @@ async fn read_one(
         .filter(|h| h.side == "read")
         .map(|h| h.id.as_str())
         .collect();
+    // A waiting reader is registered by its read hold's field (`<holder>:r`, see
+    // `lua/rw_prelude.lua`), so that an admission copies registrations into leases whole.
+    let read_fields: BTreeSet<String> = reading.iter().map(|id| format!("{id}:r")).collect();
     let admitted = match readers_registered {
         0 => 0,
-        _ => registered_among(target, &keys.waiting_readers, &reading, now_ms).await?,
+        _ => registered_among(target, &keys.waiting_readers, &read_fields, now_ms).await?,
     };
     let readers_waiting = readers_registered.saturating_sub(admitted);
     let waiting_readers = readers
         .into_iter()
-        .filter(|(id, _)| !reading.contains(id.as_str()))
-        .map(registered)
+        .filter(|(field, _)| !read_fields.contains(field))
+        .map(|(field, deadline)| {
+            let id = field.strip_suffix(":r").map(str::to_owned).unwrap_or(field);
+            registered((id, deadline))
+        })
         .collect();
     let channels = channels_of(&keys);
     let mut view = LockView {
@@ -455,21 +461,21 @@ async fn read_one(
     Ok(Some(view))
 }
 
-/// How many of `holders` are registered in `key` past `now_ms`: read holders still
-/// registered, whom a write release admitted (they stay registered until their holds
-/// end).
+/// How many of the read holds `fields` are registered in `key` past `now_ms`: read
+/// holders still registered, whom a write release admitted (they stay registered until
+/// their holds end).
 async fn registered_among(
     target: &Target,
     key: &str,
-    holders: &BTreeSet<&str>,
+    fields: &BTreeSet<String>,
     now_ms: i64,
 ) -> Result<u64, CliError> {
-    if holders.is_empty() {
+    if fields.is_empty() {
         return Ok(0);
     }
     let mut pipe = redis::pipe();
-    for holder in holders {
-        pipe.cmd("ZSCORE").arg(key).arg(*holder);
+    for field in fields {
+        pipe.cmd("ZSCORE").arg(key).arg(field);
     }
     let scores = target.keyed(&mut pipe).await?;
     let live = |score: &Value| int_or_float(score).is_some_and(|d| d > now_ms as f64);

@@ -130,6 +130,9 @@ fn list_json_shows_every_kind_with_holders_queues_and_subscribers() {
     for r in waiting {
         let deadline = r["deadline_ms"].as_i64().unwrap();
         assert!(deadline > 0 && deadline <= 30_000, "{r}");
+        // A holder id (`<client uuid>:<n>`), not the read hold's field it registers by.
+        let holder = r["holder"].as_str().unwrap();
+        assert_eq!(holder.matches(':').count(), 1, "{r}");
     }
 
     let claim = by_name(&list, CLAIM);

@@ -77,8 +77,9 @@ use crate::target::Target;
 /// The lock hash at [`Key::redis_key`] holds `mode`, `token` and one re-entry count per
 /// hold (`<holder>:r`, `<holder>:w`); `<key>:leases` is a sorted set of each hold's
 /// deadline, `<key>:writers` one of waiting writers' registrations and `<key>:readers`
-/// one of waiting readers' (an admitted reader stays there until it takes its hold up or
-/// releases it), all in the lock's cluster slot; admitted readers are told
+/// one of waiting readers', by their read holds' fields (an admitted reader stays there
+/// until it takes its hold up or releases it), all in the lock's cluster slot; admitted
+/// readers are told
 /// `granted:<token>:<holder id> <holder id>..` on `<key>:readable`. Scripts in `lua/rw_*.lua`. A name is either a plain lock or a read-write
 /// lock: a plain lock under the same name keeps both sides refused, and a held read-write
 /// lock keeps the plain one refused, on both stores. Claims ([`LockGuard::complete`]) are

@@ -36,7 +36,7 @@ const KINDS: [Kind; 5] = [
 const COMMANDS: &str = "+evalsha +script|load +subscribe +unsubscribe +publish +time \
 +exists +get +set +del +pexpire +pexpireat +pttl +hget +hmget +hset +hexists +hincrby +hdel \
 +llen +lindex +lpop +lpos +lrem +rpush +zadd +zrem +zcard +zscore +zrange +zrangebyscore \
-+zremrangebyscore";
++zremrangebyscore +copy";
 
 /// Keys and channels of the default layout and namespace (`lockwarden:`).
 const TAGGED: &str = "~lockwarden:* &lockwarden:*";
@@ -536,11 +536,12 @@ fn refusals_logged(server: &RedisServer, user: &str) -> Vec<(String, String)> {
 }
 
 /// Every operation of every kind, by `weak` (a user without one command) against locks
-/// that `admin` (the default user) holds or not; returns every error `weak` got.
+/// that `admin` (the default user, at `url`) holds or not; returns every error `weak` got.
 async fn every_operation(
     weak: &LockClient,
     renewing: &LockClient,
     admin: &LockClient,
+    url: &str,
     tag: &str,
 ) -> Vec<LockError> {
     let kinds = [
@@ -554,8 +555,12 @@ async fn every_operation(
     for kind in kinds {
         let (weak, admin, renewing) = (weak.clone(), admin.clone(), renewing.clone());
         let name = format!("{tag}:{kind:?}");
+        let url = url.to_owned();
         tasks.push(tokio::spawn(async move {
             let mut errors = Vec::new();
+            if kind == Kind::Write {
+                admitting(&weak, &admin, &url, &format!("{name}:admits"), &mut errors).await;
+            }
             let me = weak.holder();
             // Taken free, re-entered, inspected, released. (A name of its own: a refusal
             // may leave this one held.)
@@ -683,6 +688,54 @@ async fn every_operation(
     errors
 }
 
+/// `weak`'s write release that frees the lock admits a reader of `admin` waiting for it.
+async fn admitting(
+    weak: &LockClient,
+    admin: &LockClient,
+    url: &str,
+    name: &str,
+    errors: &mut Vec<LockError>,
+) {
+    let held = match weak.rw_lock(name).write().try_acquire(Duration::ZERO).await {
+        Ok(held) => held,
+        Err(e) => return errors.push(e),
+    };
+    let reader = tokio::spawn({
+        let (admin, name) = (admin.clone(), name.to_owned());
+        async move {
+            admin
+                .rw_lock(&name)
+                .read()
+                .try_acquire(Duration::from_secs(2))
+                .await
+        }
+    });
+    // Released only once the reader waits registered.
+    let registrations = format!("{}:readers", weak.key(name).unwrap().redis_key());
+    let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
+    let mut registered = false;
+    for _ in 0..200 {
+        let n: u64 = redis::cmd("ZCARD")
+            .arg(&registrations)
+            .query(&mut conn)
+            .unwrap();
+        if n > 0 {
+            registered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(registered, "{registrations}: the reader never registered");
+    if let Err(e) = held.release().await {
+        errors.push(e);
+    }
+    // Admitted, taken once the lock is free, or (a release refused before it freed the
+    // lock, which then runs out) none: the reader is the default user's.
+    if let Ok(read) = reader.await.unwrap() {
+        read.release().await.unwrap();
+    }
+}
+
 async fn hold_count(
     kind: Kind,
     client: &LockClient,
@@ -716,7 +769,14 @@ async fn every_command_is_needed_and_its_refusal_names_it() {
         // Scripts loaded by one user are there for all: start from an empty cache, as
         // after a restart, so SCRIPT LOAD is needed.
         let _: () = server.query(&["SCRIPT", "FLUSH"]).unwrap();
-        let errors = every_operation(&weak, &renewing, &admin, &format!("x:{name}")).await;
+        let errors = every_operation(
+            &weak,
+            &renewing,
+            &admin,
+            &server.url(),
+            &format!("x:{name}"),
+        )
+        .await;
 
         // The user needs it: Redis refused it at least once...
         let logged = refusals_logged(&server, &user_name);
@@ -887,7 +947,15 @@ async fn a_refusal_inside_a_script_keeps_what_the_script_wrote() {
         .read()
         .try_acquire(Duration::ZERO)
         .await;
-    expect_refused(refused.map(drop), "PEXPIREAT (line 65 of rw_prelude.lua)");
+    let line = include_str!("../lua/rw_prelude.lua")
+        .lines()
+        .position(|line| line.contains("redis.call('PEXPIREAT', KEYS[1]"))
+        .expect("rw_prelude.lua sets the lock's expiry")
+        + 1;
+    expect_refused(
+        refused.map(drop),
+        &format!("PEXPIREAT (line {line} of rw_prelude.lua)"),
+    );
     let key = client.key("invoice:2").unwrap().redis_key().to_owned();
     assert!(forever(&key), "{key}: {}", server.pttl(&key));
     assert!(forever(&format!("{key}:leases")));

@@ -1011,12 +1011,43 @@ async fn redis_admitted_readers_hold_without_a_script_of_their_own() {
     .await;
     // Let the last ones go from their registration to sleeping on the channel.
     tokio::time::sleep(Duration::from_millis(200)).await;
+    // Each registered by its read hold's field, so the release copies them into the
+    // leases whole: the same fields, with their registrations' deadlines.
+    let registered: Vec<(String, u64)> = server
+        .query(&[
+            "ZRANGE",
+            "lockwarden:{notice}:readers",
+            "0",
+            "-1",
+            "WITHSCORES",
+        ])
+        .unwrap();
+    assert!(
+        registered.iter().all(|(field, _)| field.ends_with(":r")),
+        "{registered:?}"
+    );
     let before = scripts_run(server);
     writer.release().await.unwrap();
     tokio::time::timeout(Duration::from_secs(5), all_in.wait())
         .await
         .expect("every admitted reader holds");
     assert_eq!(scripts_run(server) - before, 1, "readers asked again");
+    let leases: Vec<(String, u64)> = server
+        .query(&[
+            "ZRANGE",
+            "lockwarden:{notice}:leases",
+            "0",
+            "-1",
+            "WITHSCORES",
+        ])
+        .unwrap();
+    assert_eq!(leases, registered);
+    for (field, _) in &registered {
+        let count: u64 = server
+            .query(&["HGET", "lockwarden:{notice}", field])
+            .unwrap();
+        assert_eq!(count, 1, "{field}");
+    }
     counted.wait().await;
     for task in tasks {
         task.await.unwrap();

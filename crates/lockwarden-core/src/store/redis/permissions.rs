@@ -53,6 +53,7 @@ const NEEDED: &[(&str, &str)] = &[
     ("zrange", "zrange K 0 1"),
     ("zrangebyscore", "zrangebyscore K 0 1"),
     ("zremrangebyscore", "zremrangebyscore K 0 1"),
+    ("copy", "copy K K"),
 ];
 
 /// With `wait_for_replicas`.
