@@ -719,3 +719,69 @@ async fn a_nested_layer_on_the_same_key_reenters(env: Env) {
     assert_eq!(probe.hits(), 1);
     assert!(freed(&client, "http:nested", Duration::from_secs(1)).await);
 }
+
+/// Promise: the layer's release costs Redis no script when nothing kept the request's
+/// holder past the handler (`HDEL` of its field and the notice), and counts down when a
+/// task the handler started still holds a re-entry, which then keeps the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_the_layers_release_is_two_commands_unless_a_reentry_outlives_the_handler() {
+    let env = Env::redis();
+    let server = env.server();
+    let client = env.client().await;
+    let (done, finish) = oneshot::channel::<()>();
+    let finish = Arc::new(std::sync::Mutex::new(Some(finish)));
+    let keep = move |Extension(info): Extension<LockInfo>,
+                     Extension(client): Extension<LockClient>| {
+        let finish = finish.lock().unwrap().take();
+        async move {
+            let again = client
+                .lock(info.key.name())
+                .try_acquire(Duration::ZERO)
+                .await
+                .expect("re-entry inside the request");
+            tokio::spawn(async move {
+                if let Some(finish) = finish {
+                    let _ = finish.await;
+                }
+                again.release().await.expect("the re-entry's release");
+            });
+            "kept"
+        }
+    };
+    let app = Router::new()
+        .route("/plain", post(|| async { "ok" }))
+        .route("/keep", post(keep))
+        .layer(LockLayer::by_header("Idempotency-Key").client(client.clone()));
+    let calls = || ["evalsha", "hdel"].map(|c| server.command_calls(c));
+    // Loads the scripts (a first call is sent again after `NOSCRIPT`).
+    let me = client.holder();
+    let warm = client.lock("warm").holder(&me).acquire().await.unwrap();
+    warm.release().await.unwrap();
+
+    let before = calls();
+    let answer = send(&app, req("/plain", Some("plain"))).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    let after = calls();
+    assert_eq!(
+        [after[0] - before[0], after[1] - before[1]],
+        [1, 1],
+        "EVALSHA (the acquire), HDEL (the release)"
+    );
+    assert!(!locked(&client, "http:plain").await);
+
+    let before = calls();
+    let answer = send(&app, req("/keep", Some("keep"))).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    let after = calls();
+    assert_eq!(
+        [after[0] - before[0], after[1] - before[1]],
+        [3, 0],
+        "EVALSHA (acquire, re-entry, counted release), HDEL"
+    );
+    assert!(
+        locked(&client, "http:keep").await,
+        "the re-entry still holds"
+    );
+    done.send(()).unwrap();
+    assert!(freed(&client, "http:keep", Duration::from_secs(5)).await);
+}

@@ -1,8 +1,7 @@
 //! The guard of a held lock: its token, its lost signal, and its release.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -50,9 +49,10 @@ pub struct LockGuard {
     lease: Duration,
     /// Whether its holder was made for its acquisition, so nobody else acquired as it.
     fresh: bool,
-    /// Whether its holder was handed out ([`holder`](Self::holder), [`info`](Self::info)):
-    /// someone may acquire as it, elsewhere too, so its count is no longer known here.
-    shown: AtomicBool,
+    /// Its holder as handed out ([`holder`](Self::holder), [`info`](Self::info)): a copy
+    /// of its own, so that the release can tell whether any clone of it is left, with
+    /// which someone could have re-entered the hold (in this client or another).
+    shown: OnceLock<Holder>,
     released: bool,
 }
 
@@ -136,7 +136,7 @@ impl LockGuard {
             since,
             lease,
             fresh,
-            shown: AtomicBool::new(false),
+            shown: OnceLock::new(),
             released: false,
         }
     }
@@ -148,8 +148,7 @@ impl LockGuard {
 
     /// The holder this guard holds the lock as.
     pub fn holder(&self) -> &Holder {
-        self.shown.store(true, Ordering::Relaxed);
-        &self.hold.holder
+        self.shown.get_or_init(|| self.hold.holder.copy())
     }
 
     /// The fencing token of this hold: strictly greater than every token issued for this
@@ -213,10 +212,9 @@ impl LockGuard {
 
     /// Key, holder, token and lost signal in one cloneable value.
     pub fn info(&self) -> LockInfo {
-        self.shown.store(true, Ordering::Relaxed);
         LockInfo {
             key: self.hold.key.clone(),
-            holder: self.hold.holder.clone(),
+            holder: self.holder().clone(),
             fencing_token: self.token,
             lost: self.lost.clone(),
         }
@@ -357,10 +355,13 @@ impl LockGuard {
     /// was the last guard of a hold whose holder was made for it (the count in the store
     /// was 1, unless a task re-acquired as `holder()` meanwhile, see the README), and
     /// whether anyone may have re-entered the hold: not if its holder never left this
-    /// guard, since nobody, in this client or another, could acquire as it.
+    /// guard, or every clone handed out is gone (a re-entry's guard, its release still
+    /// under way and an acquisition in flight each keep one), since nobody, in this
+    /// client or another, can acquire as it then.
     fn end_counted(&mut self) -> (bool, Reentries) {
         let last = self.end() == 0 && self.fresh;
-        match last && !self.shown.load(Ordering::Relaxed) {
+        let alone = self.shown.get_mut().is_none_or(Holder::is_unique);
+        match last && alone {
             true => (last, Reentries::None),
             false => (last, Reentries::Possible),
         }

@@ -65,6 +65,20 @@ impl Holder {
     pub fn current() -> Option<Holder> {
         CURRENT.try_with(Holder::clone).ok()
     }
+
+    /// The same holder in an allocation of its own, whose clones [`is_unique`] counts
+    /// apart from this one's (a guard hands out such a copy, see `LockGuard::holder`).
+    ///
+    /// [`is_unique`]: Self::is_unique
+    pub(crate) fn copy(&self) -> Holder {
+        Holder(Arc::from(&*self.0))
+    }
+
+    /// Whether no clone of this value exists: then nobody can acquire as this holder
+    /// (a holder is never made from its id) except through this value.
+    pub(crate) fn is_unique(&mut self) -> bool {
+        Arc::get_mut(&mut self.0).is_some()
+    }
 }
 
 impl fmt::Display for Holder {

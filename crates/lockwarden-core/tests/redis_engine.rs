@@ -449,6 +449,58 @@ async fn a_handed_out_holders_release_keeps_a_reentry_of_another_client() {
     }
 }
 
+/// Promise: a holder handed out by its guard whose every clone is gone by the release
+/// (nobody can acquire as it any more) is released without a script, as a fresh one is;
+/// while a re-entry's guard keeps a clone, the release counts down instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handed_out_holder_whose_clones_are_gone_is_released_without_a_script() {
+    let server = RedisServer::start().unwrap();
+    let client = LockClient::connect(&server.url()).await.unwrap();
+    let other = LockClient::connect(&server.url()).await.unwrap();
+    let calls = || ["evalsha", "hdel"].map(|c| server.command_calls(c));
+    let released = |before: [u64; 2]| {
+        let after = calls();
+        [after[0] - before[0], after[1] - before[1]]
+    };
+
+    // Shown both ways, clones dropped.
+    let guard = client.acquire("gone").await.unwrap();
+    drop((guard.holder().clone(), guard.info()));
+    let before = calls();
+    guard.release().await.unwrap();
+    assert_eq!(released(before), [0, 1], "EVALSHA, HDEL: clones dropped");
+
+    // Scoped as the current holder, re-entered inside the scope and released there.
+    let guard = client.acquire("gone").await.unwrap();
+    guard
+        .holder()
+        .clone()
+        .scope(async {
+            let inner = client.acquire("gone").await.unwrap();
+            assert_eq!(inner.holder(), guard.holder());
+            inner.release().await.unwrap();
+        })
+        .await;
+    let before = calls();
+    guard.release().await.unwrap();
+    assert_eq!(released(before), [0, 1], "EVALSHA, HDEL: after the scope");
+    assert!(!server.exists("lockwarden:{gone}"));
+
+    // Re-entered by another client whose guard outlives the clone it was given: that
+    // guard keeps one, so the outer release counts down and the re-entry still holds.
+    let guard = client.acquire("gone").await.unwrap();
+    let holder = guard.holder().clone();
+    let inner = other.lock("gone").holder(&holder).acquire().await.unwrap();
+    drop(holder);
+    let before = calls();
+    guard.release().await.unwrap();
+    assert_eq!(released(before), [1, 0], "EVALSHA, HDEL: a re-entry alive");
+    let holder = inner.holder().clone();
+    assert_eq!(other.lock("gone").hold_count(&holder).await.unwrap(), 1);
+    inner.release().await.unwrap();
+    assert!(!server.exists("lockwarden:{gone}"));
+}
+
 /// Promise: a release without a script tells, as the script does, a hold whose lock
 /// nobody took since (its release ran already: `Ok`) from one another took over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
