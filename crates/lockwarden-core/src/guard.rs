@@ -49,6 +49,9 @@ pub struct LockGuard {
     lease: Duration,
     /// Whether its holder was made for its acquisition, so nobody else acquired as it.
     fresh: bool,
+    /// Whether its holder is its own: not shared with other guards (a multi-lock's
+    /// guards share one, so one guard's holder may re-enter another's key).
+    sole: bool,
     /// Its holder as handed out ([`holder`](Self::holder), [`info`](Self::info)): a copy
     /// of its own, so that the release can tell whether any clone of it is left, with
     /// which someone could have re-entered the hold (in this client or another).
@@ -136,9 +139,17 @@ impl LockGuard {
             since,
             lease,
             fresh,
+            sole: true,
             shown: OnceLock::new(),
             released: false,
         }
+    }
+
+    /// This guard's holder is shared with other guards (of one multi-lock): whoever got
+    /// it from one of them may have re-entered this one's key.
+    pub(crate) fn sharing_its_holder(mut self) -> Self {
+        self.sole = false;
+        self
     }
 
     /// The lock's key.
@@ -354,13 +365,13 @@ impl LockGuard {
     /// Ends this guard (see [`end`](Self::end)) before its release. Returns whether it
     /// was the last guard of a hold whose holder was made for it (the count in the store
     /// was 1, unless a task re-acquired as `holder()` meanwhile, see the README), and
-    /// whether anyone may have re-entered the hold: not if its holder never left this
-    /// guard, or every clone handed out is gone (a re-entry's guard, its release still
+    /// whether anyone may have re-entered the hold: not if its holder is its own and
+    /// never left this guard, or every clone handed out is gone (a re-entry's guard, its release still
     /// under way and an acquisition in flight each keep one), since nobody, in this
     /// client or another, can acquire as it then.
     fn end_counted(&mut self) -> (bool, Reentries) {
         let last = self.end() == 0 && self.fresh;
-        let alone = self.shown.get_mut().is_none_or(Holder::is_unique);
+        let alone = self.sole && self.shown.get_mut().is_none_or(Holder::is_unique);
         match last && alone {
             true => (last, Reentries::None),
             false => (last, Reentries::Possible),

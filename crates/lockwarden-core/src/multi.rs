@@ -179,6 +179,7 @@ impl Attempts for MultiAttempts<'_> {
         };
         match self.engine.store().acquire_all(&ask).await? {
             MultiAttempt::Taken { tokens } => {
+                let shared = self.keys.len() > 1;
                 let guards = self
                     .keys
                     .iter()
@@ -190,7 +191,12 @@ impl Attempts for MultiAttempts<'_> {
                             holder: self.holder.clone(),
                         };
                         let hold = (hold, self.fresh);
-                        LockGuard::new(self.engine.clone(), hold, token, self.options, sent)
+                        let guard =
+                            LockGuard::new(self.engine.clone(), hold, token, self.options, sent);
+                        match shared {
+                            true => guard.sharing_its_holder(),
+                            false => guard,
+                        }
                     })
                     .collect();
                 Ok(Tried::Won(MultiGuard { guards }, Acquired::Taken))

@@ -501,6 +501,38 @@ async fn a_handed_out_holder_whose_clones_are_gone_is_released_without_a_script(
     assert!(!server.exists("lockwarden:{gone}"));
 }
 
+/// Promise: a multi-lock's guards share one holder, so the holder handed out by one of
+/// them may re-enter another's key; that key's release then counts down too, and the
+/// re-entry keeps it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_locks_holder_shown_by_one_guard_keeps_a_reentry_of_another_key() {
+    let server = RedisServer::start().unwrap();
+    let client = LockClient::connect(&server.url()).await.unwrap();
+    let other = LockClient::connect(&server.url()).await.unwrap();
+    let set = client
+        .multi_lock(["pair:a", "pair:b"])
+        .acquire()
+        .await
+        .unwrap();
+    let holder = set.guards()[0].holder().clone();
+    let inner = other
+        .lock("pair:b")
+        .holder(&holder)
+        .acquire()
+        .await
+        .unwrap();
+    assert_eq!(other.lock("pair:b").hold_count(&holder).await.unwrap(), 2);
+    set.release().await.unwrap();
+    assert_eq!(
+        other.lock("pair:b").hold_count(&holder).await.unwrap(),
+        1,
+        "the re-entry of the other key still holds"
+    );
+    assert!(!server.exists("lockwarden:{pair:a}"));
+    inner.release().await.unwrap();
+    assert!(!server.exists("lockwarden:{pair:b}"));
+}
+
 /// Promise: a release without a script tells, as the script does, a hold whose lock
 /// nobody took since (its release ran already: `Ok`) from one another took over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
