@@ -142,7 +142,8 @@ impl RedisStore {
     /// Releases a plain hold nobody can have re-entered (see [`Reentries::None`]) without
     /// a script.
     async fn release_alone(&self, hold: &Hold, token: Option<u64>) -> Result<Released> {
-        let call = scripts::release_alone(hold, self.commands.notices);
+        let call =
+            scripts::release_alone(hold, self.commands.notices, self.commands.conn.is_cluster());
         let released = scripts::released_alone(self.commands.run(call).await?);
         if released == Released::Freed {
             return Ok(released);
@@ -329,7 +330,9 @@ async fn release_dropped(commands: Commands, mut queue: mpsc::UnboundedReceiver<
                 |Dropped {
                      hold, reentries, ..
                  }| match alone(hold, *reentries) {
-                    true => scripts::release_alone(hold, commands.notices),
+                    true => {
+                        scripts::release_alone(hold, commands.notices, commands.conn.is_cluster())
+                    }
                     false => scripts::release(hold, None),
                 },
             )

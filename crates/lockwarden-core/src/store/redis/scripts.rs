@@ -497,30 +497,36 @@ pub(super) fn release(hold: &Hold, token: Option<u64>) -> Call {
 
 /// The release of a plain hold nobody can have re-entered (see
 /// [`Reentries::None`](crate::store::contract::Reentries::None)) as two plain commands in
-/// one pipeline: `HDEL` of the holder's field, which deletes the hash with its last field
-/// (a holder made for its acquisition writes no `:op` field, see `lua/once.lua`), then
-/// the notice `release.lua` sends. Not atomic, and need not be: the notice follows the
+/// one pipeline: `HDEL` of the holder's field, which deletes the hash with its last field,
+/// then the notice `release.lua` sends. On a cluster (`cluster`) the `HDEL` takes the
+/// field's `:op` too (see `lua/once.lua`): a re-entry, counted down since, left one there
+/// when the holder was handed out. Not atomic, and need not be: the notice follows the
 /// delete either way, and one sent for a hold already gone only makes a waiter try once
 /// more. Read its reply with [`released_alone`].
-pub(super) fn release_alone(hold: &Hold, notices: Notices) -> Call {
+pub(super) fn release_alone(hold: &Hold, notices: Notices, cluster: bool) -> Call {
     let publish = match notices {
         Notices::Classic => "PUBLISH",
         Notices::Sharded => "SPUBLISH",
     };
     let mut notice = redis::cmd(publish);
     notice.arg(hold.key.channel()).arg(RELEASED);
+    let mut delete = Call::command("HDEL", hold.key.redis_key()).arg(hold.holder.id());
+    if cluster {
+        delete = delete.arg([hold.holder.id(), ":op"].concat());
+    }
     Call {
         then: Some(notice),
-        ..Call::command("HDEL", hold.key.redis_key()).arg(hold.holder.id())
+        ..delete
     }
 }
 
-/// [`release_alone`]'s answer from the fields `HDEL` deleted: 1 this hold ended, 0 not
-/// held (whether it ended before takes the lock's last token, see `RedisStore`).
+/// [`release_alone`]'s answer from the fields `HDEL` deleted: any, this hold ended (its
+/// `:op` goes only with its count); none, not held (whether it ended before takes the
+/// lock's last token, see `RedisStore`).
 pub(super) fn released_alone(deleted: i64) -> Released {
     match deleted {
-        1 => Released::Freed,
-        _ => Released::NotHeld,
+        0 => Released::NotHeld,
+        _ => Released::Freed,
     }
 }
 
