@@ -736,6 +736,12 @@ async fn admitting(
     }
 }
 
+/// The number (from 1) of the first line of the script `source` that contains `call`.
+fn line_of(source: &str, call: &str) -> usize {
+    let at = source.lines().position(|line| line.contains(call));
+    at.unwrap_or_else(|| panic!("no line calls {call}")) + 1
+}
+
 async fn hold_count(
     kind: Kind,
     client: &LockClient,
@@ -916,11 +922,10 @@ async fn a_refusal_inside_a_script_keeps_what_the_script_wrote() {
     );
     let client = connect_unchecked(&url, |b| b).await;
     let refused = client.try_acquire("invoice:1", Duration::ZERO).await;
-    let line = include_str!("../lua/acquire.lua")
-        .lines()
-        .position(|line| line.contains("redis.call('PEXPIRE', KEYS[1]"))
-        .expect("acquire.lua sets the lock's expiry")
-        + 1;
+    let line = line_of(
+        include_str!("../lua/acquire.lua"),
+        "redis.call('PEXPIRE', KEYS[1]",
+    );
     expect_refused(
         refused.map(drop),
         &format!("PEXPIRE (line {line} of acquire.lua)"),
@@ -947,11 +952,10 @@ async fn a_refusal_inside_a_script_keeps_what_the_script_wrote() {
         .read()
         .try_acquire(Duration::ZERO)
         .await;
-    let line = include_str!("../lua/rw_prelude.lua")
-        .lines()
-        .position(|line| line.contains("redis.call('PEXPIREAT', KEYS[1]"))
-        .expect("rw_prelude.lua sets the lock's expiry")
-        + 1;
+    let line = line_of(
+        include_str!("../lua/rw_prelude.lua"),
+        "redis.call('PEXPIREAT', KEYS[1]",
+    );
     expect_refused(
         refused.map(drop),
         &format!("PEXPIREAT (line {line} of rw_prelude.lua)"),
