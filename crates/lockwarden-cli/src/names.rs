@@ -347,11 +347,11 @@ fn server_glob(pattern: &str, lay: impl Fn(char, &mut String)) -> String {
                 out.push('*');
             }
             '\\' => {
-                if let Some(lit) = chars.next() {
-                    let mut laid = String::new();
-                    lay(lit, &mut laid);
-                    out.push_str(&glob_escape(&laid));
-                }
+                // A trailing `\` stands for itself, as Redis matches it.
+                let lit = chars.next().unwrap_or('\\');
+                let mut laid = String::new();
+                lay(lit, &mut laid);
+                out.push_str(&glob_escape(&laid));
             }
             c => {
                 let mut laid = String::new();
@@ -542,6 +542,8 @@ mod tests {
         assert_eq!(s.scan_patterns("a{?")[0].pattern, "lockwarden:{a%7B*}*");
         assert_eq!(s.scan_patterns("a[bc]d*")[0].pattern, "lockwarden:{a*d*}*");
         assert_eq!(s.scan_patterns("\\*x")[0].pattern, "lockwarden:{\\*x}*");
+        // A trailing backslash is a literal one (Redis matches it so).
+        assert_eq!(s.scan_patterns("a\\")[0].pattern, "lockwarden:{a\\\\}*");
         let star = Space::new(Some("a*{"), KeyLayout::Tagged);
         assert_eq!(star.scan_patterns("*")[0].pattern, "a\\*%7B{*}*");
         let r = Space::new(None, KeyLayout::Redisson);
