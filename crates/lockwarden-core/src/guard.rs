@@ -366,16 +366,20 @@ impl LockGuard {
     /// was the last guard of a hold whose holder was made for it (the count in the store
     /// was 1, unless a task re-acquired as `holder()` meanwhile, see the README), and
     /// whether anyone may have re-entered the hold: not if its holder is its own and
-    /// never left this guard, or every clone handed out is gone (a re-entry's guard, its release still
-    /// under way and an acquisition in flight each keep one), since nobody, in this
-    /// client or another, can acquire as it then.
+    /// never left this guard, or every clone handed out is gone (a re-entry's guard, its
+    /// release still under way and an acquisition in flight each keep one), since nobody,
+    /// in this client or another, can acquire as it then.
     fn end_counted(&mut self) -> (bool, Reentries) {
         let last = self.end() == 0 && self.fresh;
-        let alone = self.sole && self.shown.get_mut().is_none_or(Holder::is_unique);
-        match last && alone {
-            true => (last, Reentries::None),
-            false => (last, Reentries::Possible),
-        }
+        let reentries = match self.shown.get_mut() {
+            _ if !(last && self.sole) => Reentries::Possible,
+            None => Reentries::None,
+            Some(copy) => match copy.is_unique() {
+                true => Reentries::NoneLeft,
+                false => Reentries::Possible,
+            },
+        };
+        (last, reentries)
     }
 
     /// The hold ends here (released or dropped): the watchdog lets go of it, and the

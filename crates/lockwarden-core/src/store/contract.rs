@@ -222,11 +222,16 @@ pub(crate) enum Released {
 /// Whether a hold may have been re-entered when it is released.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Reentries {
-    /// Its holder was made for the acquisition and never handed out, or every clone
-    /// handed out is gone, so nobody could acquire as it: the count is 1. Redis then frees a plain lock with two plain
+    /// Its holder was made for the acquisition and never handed out, so nobody could
+    /// acquire as it: the count is 1. Redis then frees a plain lock with two plain
     /// commands instead of `release.lua` (`HDEL` of the holder's field, which deletes the
     /// hash with its last field, and the notice): a quarter of a cycle's Redis work.
     None,
+    /// Its holder was made for the acquisition and handed out, but every clone handed out
+    /// is gone: nobody can acquire as it any more, so the count is 1 too. Released as
+    /// [`None`](Self::None) is, but a re-entry counted down since may have left its call
+    /// id beside the count on a cluster (see `lua/once.lua`).
+    NoneLeft,
     /// Anything else: the count is read and decremented.
     Possible,
 }

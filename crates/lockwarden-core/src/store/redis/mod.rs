@@ -141,9 +141,17 @@ impl RedisStore {
 
     /// Releases a plain hold nobody can have re-entered (see [`Reentries::None`]) without
     /// a script.
-    async fn release_alone(&self, hold: &Hold, token: Option<u64>) -> Result<Released> {
-        let call =
-            scripts::release_alone(hold, self.commands.notices, self.commands.conn.is_cluster());
+    async fn release_alone(
+        &self,
+        hold: &Hold,
+        token: Option<u64>,
+        reentries: Reentries,
+    ) -> Result<Released> {
+        let call = scripts::release_alone(
+            hold,
+            self.commands.notices,
+            op_left(&self.commands, reentries),
+        );
         let released = scripts::released_alone(self.commands.run(call).await?);
         if released == Released::Freed {
             return Ok(released);
@@ -212,7 +220,7 @@ impl LockStore for RedisStore {
         reentries: Reentries,
     ) -> Result<Released> {
         if alone(hold, reentries) {
-            return self.release_alone(hold, token).await;
+            return self.release_alone(hold, token, reentries).await;
         }
         let left = self.commands.run(scripts::release(hold, token)).await?;
         Ok(scripts::released(left))
@@ -292,7 +300,13 @@ impl LockStore for RedisStore {
 
 /// Whether `hold` is released without a script (see [`Reentries::None`]).
 fn alone(hold: &Hold, reentries: Reentries) -> bool {
-    reentries == Reentries::None && hold.kind == HoldKind::PLAIN
+    reentries != Reentries::Possible && hold.kind == HoldKind::PLAIN
+}
+
+/// Whether a release without a script must delete a call id left beside the count: only
+/// on a cluster, and only for a holder that was handed out (see [`Reentries::NoneLeft`]).
+fn op_left(commands: &Commands, reentries: Reentries) -> bool {
+    reentries == Reentries::NoneLeft && commands.conn.is_cluster()
 }
 
 /// The hold of a dropped guard, queued for release.
@@ -330,9 +344,11 @@ async fn release_dropped(commands: Commands, mut queue: mpsc::UnboundedReceiver<
                 |Dropped {
                      hold, reentries, ..
                  }| match alone(hold, *reentries) {
-                    true => {
-                        scripts::release_alone(hold, commands.notices, commands.conn.is_cluster())
-                    }
+                    true => scripts::release_alone(
+                        hold,
+                        commands.notices,
+                        op_left(&commands, *reentries),
+                    ),
                     false => scripts::release(hold, None),
                 },
             )

@@ -498,12 +498,12 @@ pub(super) fn release(hold: &Hold, token: Option<u64>) -> Call {
 /// The release of a plain hold nobody can have re-entered (see
 /// [`Reentries::None`](crate::store::contract::Reentries::None)) as two plain commands in
 /// one pipeline: `HDEL` of the holder's field, which deletes the hash with its last field,
-/// then the notice `release.lua` sends. On a cluster (`cluster`) the `HDEL` takes the
-/// field's `:op` too (see `lua/once.lua`): a re-entry, counted down since, left one there
-/// when the holder was handed out. Not atomic, and need not be: the notice follows the
+/// then the notice `release.lua` sends. With `op_left` (a cluster's hold whose holder was
+/// handed out) the `HDEL` takes the field's `:op` too (see `lua/once.lua`): a re-entry,
+/// counted down since, may have left one there. Not atomic, and need not be: the notice follows the
 /// delete either way, and one sent for a hold already gone only makes a waiter try once
 /// more. Read its reply with [`released_alone`].
-pub(super) fn release_alone(hold: &Hold, notices: Notices, cluster: bool) -> Call {
+pub(super) fn release_alone(hold: &Hold, notices: Notices, op_left: bool) -> Call {
     let publish = match notices {
         Notices::Classic => "PUBLISH",
         Notices::Sharded => "SPUBLISH",
@@ -511,7 +511,7 @@ pub(super) fn release_alone(hold: &Hold, notices: Notices, cluster: bool) -> Cal
     let mut notice = redis::cmd(publish);
     notice.arg(hold.key.channel()).arg(RELEASED);
     let mut delete = Call::command("HDEL", hold.key.redis_key()).arg(hold.holder.id());
-    if cluster {
+    if op_left {
         delete = delete.arg([hold.holder.id(), ":op"].concat());
     }
     Call {
