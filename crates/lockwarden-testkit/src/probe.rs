@@ -68,10 +68,8 @@ pub(crate) fn parse_client_list(reply: &str) -> Vec<ClientInfo> {
         .collect()
 }
 
-/// The `calls=` count of `command` in an `INFO commandstats` reply (lines
-/// like `cmdstat_evalsha:calls=3,usec=...`); 0 if the command never ran.
-/// The name is matched case-insensitively; a subcommand is written with `|`
-/// as Redis does (`client|list`).
+/// The publishes a cluster node received from its peers, classic and sharded, from a
+/// `CLUSTER INFO` reply.
 fn parse_publishes_received(info: &str) -> u64 {
     info.lines()
         .filter_map(|line| line.trim().split_once(':'))
@@ -83,6 +81,10 @@ fn parse_publishes_received(info: &str) -> u64 {
         .sum()
 }
 
+/// The `calls=` count of `command` in an `INFO commandstats` reply (lines
+/// like `cmdstat_evalsha:calls=3,usec=...`); 0 if the command never ran.
+/// The name is matched case-insensitively; a subcommand is written with `|`
+/// as Redis does (`client|list`).
 pub(crate) fn parse_command_calls(info: &str, command: &str) -> u64 {
     let wanted = format!("cmdstat_{}:", command.to_ascii_lowercase());
     info.lines()
