@@ -35,13 +35,13 @@ end
 
 prune()
 if redis.call('EXISTS', KEYS[1]) == 0 then
-  local head = redis.call('LINDEX', KEYS[3], 0)
+  local head = redis.call('LINDEX', KEYS[3], '0')
   if not head or head == me then
     if head then
       redis.call('LPOP', KEYS[3])
       redis.call('ZREM', KEYS[4], me)
     end
-    return take(me, now + tonumber(ARGV[2]), call)
+    return (take(me, int(now + tonumber(ARGV[2])), call))
   end
   -- Free, but another waiter's turn (the lock expired, or a waiter ahead was dropped):
   -- the head gets it now, as a release would have given it.
@@ -50,13 +50,14 @@ end
 
 if ARGV[5] == '1' then
   -- ZADD answers 1 only for a newcomer: it joins at the tail, a known waiter keeps its place.
-  if redis.call('ZADD', KEYS[4], now + tonumber(ARGV[3]), me) == 1 then
+  if redis.call('ZADD', KEYS[4], int(now + tonumber(ARGV[3])), me) == 1 then
     redis.call('RPUSH', KEYS[3], me)
   end
   -- The queue outlives no waiter: both keys go once the last deadline has passed.
-  local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
-  redis.call('PEXPIREAT', KEYS[3], tonumber(last[2]) + 1)
-  redis.call('PEXPIREAT', KEYS[4], tonumber(last[2]) + 1)
+  local last = redis.call('ZRANGE', KEYS[4], '-1', '-1', 'WITHSCORES')
+  local gone_at = int(tonumber(last[2]) + 1)
+  redis.call('PEXPIREAT', KEYS[3], gone_at)
+  redis.call('PEXPIREAT', KEYS[4], gone_at)
 end
 
 -- Retry by the deadline of the waiter in front (of the tail, if not queued): if it has
@@ -64,7 +65,7 @@ end
 local pos = redis.call('LPOS', KEYS[3], me)
 local ahead
 if not pos then
-  ahead = redis.call('LINDEX', KEYS[3], -1)
+  ahead = redis.call('LINDEX', KEYS[3], '-1')
 elseif pos > 0 then
   ahead = redis.call('LINDEX', KEYS[3], pos - 1)
 end

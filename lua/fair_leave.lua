@@ -4,12 +4,12 @@
 -- ARGV[1] holder id, ARGV[2] wake channel prefix
 -- Returns 1 if the waiter was queued or granted, 0 if not.
 local me = ARGV[1]
-local removed = redis.call('LREM', KEYS[3], 0, me)
+local removed = redis.call('LREM', KEYS[3], '0', me)
 if redis.call('ZREM', KEYS[4], me) == 1 and redis.call('HEXISTS', KEYS[1], me) == 1 then
   -- Granted but never taken up: give back the grant's count (the holder may hold
   -- re-entries of its own besides).
   removed = 1
-  if redis.call('HINCRBY', KEYS[1], me, -1) <= 0 then
+  if redis.call('HINCRBY', KEYS[1], me, '-1') <= 0 then
     redis.call('DEL', KEYS[1])
   end
 end

@@ -12,21 +12,22 @@
 -- Waiters silent past their deadline leave, wherever they stand: a dead one in the
 -- middle must not keep its place for the ones behind it either.
 local function prune()
-  local gone = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
+  local gone = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now_text)
   for _, id in ipairs(gone) do
-    redis.call('LREM', KEYS[3], 0, id)
+    redis.call('LREM', KEYS[3], '0', id)
   end
   if #gone > 0 then
-    redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+    redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now_text)
   end
 end
 
--- Takes the free lock for `holder` until `until_ms` (server clock), for the call `call`
--- (see once.lua); returns its new fencing token (see token.lua).
+-- Takes the free lock for `holder` until `until_ms` (server clock, as text), for the call
+-- `call` (see once.lua); returns its new fencing token as a number and as text (see
+-- token.lua).
 local function take(holder, until_ms, call)
   set_count(KEYS[1], holder, '1', call)
   redis.call('PEXPIREAT', KEYS[1], until_ms)
-  return issue_token(KEYS[2], clock, 'PXAT', int(until_ms))
+  return issue_token(KEYS[2], clock, 'PXAT', until_ms)
 end
 
 -- The channel on which `holder` hears its turn: its client's (`prefix` and the holder id
@@ -43,10 +44,11 @@ end
 local function grant_head(prefix)
   local head = redis.call('LPOP', KEYS[3])
   while head do
-    local until_ms = tonumber(redis.call('ZSCORE', KEYS[4], head))
+    -- A score is written as an integer (see fair_acquire.lua), so its text is one.
+    local until_ms = redis.call('ZSCORE', KEYS[4], head)
     if until_ms then
-      local token = take(head, until_ms, '')
-      redis.call('PUBLISH', wake_channel(prefix, head), 'granted:' .. int(token) .. ':' .. head)
+      local text = select(2, take(head, until_ms, ''))
+      redis.call('PUBLISH', wake_channel(prefix, head), 'granted:' .. text .. ':' .. head)
       return
     end
     -- A place without a deadline (its keys were cut apart): no live waiter holds it.

@@ -31,13 +31,13 @@ for i = 1, n do
   local again = ARGV[3] == '1' and redis.call('HEXISTS', lock, ARGV[1]) == 1
   local count = 0
   if not again then
-    count = redis.call('HINCRBY', lock, ARGV[1], 1)
+    count = redis.call('HINCRBY', lock, ARGV[1], '1')
     if call ~= '' then
       redis.call('HSET', lock, op_of(ARGV[1]), call)
     end
   end
   if count == 1 then
-    out[i + 1] = tonumber(issue_token(fence, clock, 'PX', ARGV[2]))
+    out[i + 1] = (issue_token(fence, clock, 'PX', ARGV[2]))
     redis.call('PEXPIRE', lock, ARGV[2])
   else
     -- A re-entry (or a hold taken again) never shortens the hold (see acquire.lua).

@@ -20,7 +20,7 @@
 -- Drops expired registrations and holds; returns the mode left: nil (free), 'read',
 -- 'write', or 'foreign' (a plain lock of the same name holds the hash: never touch it).
 local function prune()
-  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now_text)
   local mode = redis.call('HGET', KEYS[1], 'mode')
   if not mode then
     if redis.call('EXISTS', KEYS[1]) == 1 then
@@ -30,11 +30,11 @@ local function prune()
     redis.call('DEL', KEYS[2])
     return nil
   end
-  local gone = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
+  local gone = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now_text)
   if #gone == 0 then
     return mode
   end
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now_text)
   if redis.call('ZCARD', KEYS[2]) == 0 then
     redis.call('DEL', KEYS[1])
     return nil
@@ -50,22 +50,32 @@ local function prune()
   return mode
 end
 
--- A new fencing token (see token.lua), also kept in the hash for the holds
--- of this phase. The fencing key expires with the lock's other keys
--- (`expire_with_latest`).
-local function fresh_token()
-  local token = issue_token(KEYS[3], clock)
-  redis.call('HSET', KEYS[1], 'token', token)
+-- Takes the free lock for the hold `field` in `mode` ('read' or 'write') with a lease of
+-- `ms`: the count, the mode and a new fencing token (see token.lua; kept in the hash for
+-- the holds of this phase) in one write; and, the hold being the only one, every key
+-- expiring at its deadline, the fencing key with its write. Returns the token.
+local function take_free(field, mode, ms)
+  local deadline = int(now + tonumber(ms))
+  local token, text = issue_token(KEYS[3], clock, 'PXAT', deadline)
+  set_count(KEYS[1], field, '1', call, 'mode', mode, 'token', text)
+  redis.call('ZADD', KEYS[2], deadline, field)
+  redis.call('PEXPIREAT', KEYS[1], deadline)
+  redis.call('PEXPIREAT', KEYS[2], deadline)
   return token
+end
+
+-- The latest hold's deadline (server ms, as text), nil if none.
+local function latest()
+  return redis.call('ZRANGE', KEYS[2], '-1', '-1', 'WITHSCORES')[2]
 end
 
 -- The lock's keys live until the latest hold's deadline.
 local function expire_with_latest()
-  local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
-  if last[2] then
-    redis.call('PEXPIREAT', KEYS[1], last[2])
-    redis.call('PEXPIREAT', KEYS[2], last[2])
-    redis.call('PEXPIREAT', KEYS[3], last[2])
+  local last = latest()
+  if last then
+    redis.call('PEXPIREAT', KEYS[1], last)
+    redis.call('PEXPIREAT', KEYS[2], last)
+    redis.call('PEXPIREAT', KEYS[3], last)
   end
 end
 
@@ -87,12 +97,12 @@ end
 -- last waiting writer's registration does.
 local function busy(with_writers)
   local at
-  local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+  local first = redis.call('ZRANGE', KEYS[2], '0', '0', 'WITHSCORES')
   if first[2] then
     at = tonumber(first[2])
   end
   if with_writers then
-    local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
+    local last = redis.call('ZRANGE', KEYS[4], '-1', '-1', 'WITHSCORES')
     if last[2] and (not at or tonumber(last[2]) < at) then
       at = tonumber(last[2])
     end
@@ -114,9 +124,19 @@ end
 local function register_reader(field, ms)
   if tonumber(ms) > 0 then
     redis.call('ZADD', KEYS[5], int(now + tonumber(ms)), field)
-    local last = redis.call('ZRANGE', KEYS[5], -1, -1, 'WITHSCORES')
+    local last = redis.call('ZRANGE', KEYS[5], '-1', '-1', 'WITHSCORES')
     redis.call('PEXPIREAT', KEYS[5], last[2])
   end
+end
+
+-- The hash's fields for a read phase with the token `text`, each of `fields` counted once.
+local function read_counts(fields, text)
+  local counts = {'mode', 'read', 'token', text}
+  for _, field in ipairs(fields) do
+    counts[#counts + 1] = field
+    counts[#counts + 1] = '1'
+  end
+  return counts
 end
 
 -- Calls `command` on `key` with the items of `list` as its further arguments, a thousand
@@ -143,19 +163,23 @@ end
 -- in one `COPY`: no score formatted or parsed, no field name made (a release admitting 16
 -- readers costs Redis a quarter less than with a lease written per reader). Otherwise (a
 -- writer downgraded) readers admitted before and still holding keep their holds as they
--- are.
+-- are. Returns whether any reader was admitted.
 local function admit_readers(channel, free)
-  redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
-  local fields, token
+  redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now_text)
+  local fields, text
   if free then
-    fields = redis.call('ZRANGE', KEYS[5], 0, -1)
+    fields = redis.call('ZRANGE', KEYS[5], '0', '-1')
     if #fields == 0 then
-      return
+      return false
     end
     redis.call('COPY', KEYS[5], KEYS[2], 'REPLACE')
-    token = issue_token(KEYS[3], clock)
+    local last = latest()
+    text = select(2, issue_token(KEYS[3], clock, 'PXAT', last))
+    in_batches('HSET', KEYS[1], read_counts(fields, text))
+    redis.call('PEXPIREAT', KEYS[1], last)
+    redis.call('PEXPIREAT', KEYS[2], last)
   else
-    local waiting = redis.call('ZRANGE', KEYS[5], 0, -1, 'WITHSCORES')
+    local waiting = redis.call('ZRANGE', KEYS[5], '0', '-1', 'WITHSCORES')
     local names = {}
     for i = 1, #waiting, 2 do
       names[#names + 1] = waiting[i]
@@ -171,49 +195,51 @@ local function admit_readers(channel, free)
       end
     end
     if #fields == 0 then
-      return
+      return false
     end
     in_batches('ZADD', KEYS[2], leases)
     local phase = redis.call('HMGET', KEYS[1], 'mode', 'token')
-    token = phase[1] and phase[2] or issue_token(KEYS[3], clock)
+    text = phase[1] and phase[2]
+    if not text then
+      text = select(2, issue_token(KEYS[3], clock))
+    end
+    in_batches('HSET', KEYS[1], read_counts(fields, text))
+    expire_with_latest()
   end
-  local counts = {'mode', 'read', 'token', token}
-  for _, field in ipairs(fields) do
-    counts[#counts + 1] = field
-    counts[#counts + 1] = '1'
-  end
-  in_batches('HSET', KEYS[1], counts)
-  expire_with_latest()
   -- Holder ids, not fields: each field less its ':r' (ids have no spaces).
   local ids = string.gsub(table.concat(fields, ' ') .. ' ', ':r ', ' ')
-  redis.call('PUBLISH', channel, 'granted:' .. int(token) .. ':' .. string.sub(ids, 1, -2))
+  redis.call('PUBLISH', channel, 'granted:' .. text .. ':' .. string.sub(ids, 1, -2))
+  return true
 end
 
 -- Ends `holder`'s `side` ('r' or 'w') hold, whose count is down to zero. When the lock is
--- then free, one waiting writer per client is woken ('0' on the `writers` channel); when
--- it is free or down to read holds and no writer waits, every waiting reader is admitted
--- (see admit_readers, on the `readers` channel).
+-- then free and no writer waits, every waiting reader is admitted (see admit_readers, on
+-- the `readers` channel); if none is, one waiting writer per client is woken ('0' on the
+-- `writers` channel). When it is down to read holds (a downgrade) and no writer waits,
+-- every waiting reader is admitted too.
 local function end_hold(holder, side, writers, readers)
   local field = holder .. ':' .. side
-  redis.call('HDEL', KEYS[1], field, op_of(field))
   redis.call('ZREM', KEYS[2], field)
   if side == 'r' then
     -- An admission taken up from its notice leaves the reader's entry until now.
     redis.call('ZREM', KEYS[5], field)
   end
-  local readers_may_go = redis.call('ZCARD', KEYS[4]) == 0
   if redis.call('ZCARD', KEYS[2]) == 0 then
+    -- The count and its :op go with the hash.
     redis.call('DEL', KEYS[1], KEYS[2])
-    redis.call('PUBLISH', writers, '0')
-    if readers_may_go then
-      admit_readers(readers, true)
+    -- Readers are admitted only while no writer waits; a writer that then wakes would
+    -- find them holding.
+    local admitted = redis.call('ZCARD', KEYS[4]) == 0 and admit_readers(readers, true)
+    if not admitted then
+      redis.call('PUBLISH', writers, '0')
     end
     return
   end
+  redis.call('HDEL', KEYS[1], field, op_of(field))
   if side == 'w' then
     -- Downgraded: the holder's read holds remain.
     redis.call('HSET', KEYS[1], 'mode', 'read')
-    if readers_may_go then
+    if redis.call('ZCARD', KEYS[4]) == 0 then
       admit_readers(readers, false)
     end
   end

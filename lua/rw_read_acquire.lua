@@ -32,10 +32,7 @@ if not mode then
     return busy(true)
   end
   no_longer_waiting()
-  local token = fresh_token()
-  set_count(KEYS[1], field, '1', call, 'mode', 'read')
-  lease_at_least(field, ARGV[2])
-  return token
+  return take_free(field, 'read', ARGV[2])
 end
 local held = redis.call('HMGET', KEYS[1], field, op_of(field), me .. ':w', 'token')
 local token = tonumber(held[4]) or 0

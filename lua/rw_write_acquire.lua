@@ -14,10 +14,7 @@ end
 local field = ARGV[1] .. ':w'
 if not mode then
   redis.call('ZREM', KEYS[4], ARGV[1])
-  set_count(KEYS[1], field, '1', call, 'mode', 'write')
-  local token = fresh_token()
-  lease_at_least(field, ARGV[2])
-  return token
+  return take_free(field, 'write', ARGV[2])
 end
 local held = redis.call('HMGET', KEYS[1], field, op_of(field), 'token')
 if held[1] then
@@ -35,7 +32,7 @@ if redis.call('HEXISTS', KEYS[1], ARGV[1] .. ':r') == 1 then
 end
 if tonumber(ARGV[3]) > 0 then
   redis.call('ZADD', KEYS[4], int(now + tonumber(ARGV[3])), ARGV[1])
-  local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
+  local last = redis.call('ZRANGE', KEYS[4], '-1', '-1', 'WITHSCORES')
   redis.call('PEXPIREAT', KEYS[4], last[2])
 end
 return busy(false)

@@ -818,10 +818,18 @@ async fn redis_layout_holds_one_field_and_one_lease_per_hold() {
     let me = client.holder();
     let rw = client.rw_lock("layout");
     let write = rw.write().holder(&me).acquire().await.unwrap();
-    let read = rw.read().holder(&me).acquire().await.unwrap();
 
     let key = "lockwarden:{layout}";
     let leases = "lockwarden:{layout}:leases";
+    // The hold is the only one: every key, the fencing key too, expires at its deadline.
+    let deadline: u64 = server
+        .query(&["ZSCORE", leases, &format!("{me}:w")])
+        .unwrap();
+    for name in [key, leases, "lockwarden:{layout}:fence"] {
+        let at: u64 = server.query(&["PEXPIRETIME", name]).unwrap();
+        assert_eq!(at, deadline, "{name}");
+    }
+    let read = rw.read().holder(&me).acquire().await.unwrap();
     let mode: String = server.query(&["HGET", key, "mode"]).unwrap();
     assert_eq!(mode, "write");
     let token: u64 = server.query(&["HGET", key, "token"]).unwrap();
@@ -1027,11 +1035,14 @@ async fn redis_admitted_readers_hold_without_a_script_of_their_own() {
         "{registered:?}"
     );
     let before = scripts_run(server);
+    let published = server.command_calls("publish");
     writer.release().await.unwrap();
     tokio::time::timeout(Duration::from_secs(5), all_in.wait())
         .await
         .expect("every admitted reader holds");
     assert_eq!(scripts_run(server) - before, 1, "readers asked again");
+    // The readers' grant alone: no writer waits, and one woken now would find them in.
+    assert_eq!(server.command_calls("publish") - published, 1);
     let leases: Vec<(String, u64)> = server
         .query(&[
             "ZRANGE",
@@ -1042,6 +1053,13 @@ async fn redis_admitted_readers_hold_without_a_script_of_their_own() {
         ])
         .unwrap();
     assert_eq!(leases, registered);
+    // Every key of the lock expires with the last admitted reader's hold.
+    let last = registered.iter().map(|(_, at)| *at).max().unwrap();
+    for name in ["", ":leases", ":fence"] {
+        let name = format!("lockwarden:{{notice}}{name}");
+        let at: u64 = server.query(&["PEXPIRETIME", &name]).unwrap();
+        assert_eq!(at, last, "{name}");
+    }
     for (field, _) in &registered {
         let count: u64 = server
             .query(&["HGET", "lockwarden:{notice}", field])
