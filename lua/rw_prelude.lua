@@ -228,8 +228,11 @@ local function end_hold(holder, side, writers, readers)
     -- The count and its :op go with the hash.
     redis.call('DEL', KEYS[1], KEYS[2])
     -- Readers are admitted only while no writer waits; a writer that then wakes would
-    -- find them holding.
-    local admitted = redis.call('ZCARD', KEYS[4]) == 0 and admit_readers(readers, true)
+    -- find them holding. The registrations expire with the last of them, so without
+    -- the key no reader waits: one call instead of three on the uncontended path.
+    local admitted = redis.call('EXISTS', KEYS[5]) == 1
+      and redis.call('ZCARD', KEYS[4]) == 0
+      and admit_readers(readers, true)
     if not admitted then
       redis.call('PUBLISH', writers, '0')
     end
