@@ -33,9 +33,15 @@ if count then
   return {2, tonumber(redis.call('GET', KEYS[2])) or 0}
 end
 
-prune()
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  local head = redis.call('LINDEX', KEYS[3], '0')
+local free = redis.call('EXISTS', KEYS[1]) == 0
+-- The queue's keys go with their last deadline: without them nobody waits, and a free
+-- lock is taken without pruning or reading the queue (one call instead of two).
+local queue = not free or redis.call('EXISTS', KEYS[3], KEYS[4]) > 0
+if queue then
+  prune()
+end
+if free then
+  local head = queue and redis.call('LINDEX', KEYS[3], '0')
   if not head or head == me then
     if head then
       redis.call('LPOP', KEYS[3])

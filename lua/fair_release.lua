@@ -28,8 +28,12 @@ if left > 0 then
   return left
 end
 redis.call('DEL', KEYS[1])
--- A grant taken up from its notice leaves its entry here until now.
-redis.call('ZREM', KEYS[4], ARGV[1])
+-- A grant taken up from its notice leaves its entry here until now. A holder that took
+-- the lock free may find nobody queued and no grant waiting: the queue's keys go with
+-- their last deadline (see fair_acquire.lua), so one call says so.
+if redis.call('ZREM', KEYS[4], ARGV[1]) == 0 and redis.call('EXISTS', KEYS[3], KEYS[4]) == 0 then
+  return 0
+end
 prune()
 grant_head(ARGV[2])
 return 0

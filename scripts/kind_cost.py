@@ -8,7 +8,9 @@ counts the instructions it executes (the same on every run, unlike times on a sh
 machine). Each operation below runs 40 times on fresh keys, with the scripts as a client
 sends them to one server (the files of LUA_DIR, `lua/` by default, joined as
 store/redis/scripts.rs joins them, no call id); the count of `EVALSHA` (the scripts and
-the commands they call) is divided by 40. Each row's set-up runs outside the count.
+the commands they call) is divided by 40. Each row's set-up runs outside the count. A
+granted holder releases as a hot fair lock's holders do: it took the lock up from the
+grant's notice, without a call.
 
 Give LUA_DIR the `lua/` of an older checkout (`git worktree add /tmp/old <commit>`) to
 compare. `scripts/script_cost.sh --instructions` does the same for the plain lock.
@@ -177,6 +179,14 @@ def measure(redis):
     def fair_release(i):
         expect(redis.call("EVALSHA", fr, *fair(i), WRITER, "wake:", ""), b"0")
 
+    def granted_then_one_queued(i):
+        one_queued(i)
+        fair_release(i)  # the head, reader(0), is granted the lock
+        expect(redis.call("EVALSHA", fa, *fair(i), reader(1), 30000, 5000, "wake:", "1", "0", "1")[0], b"0")
+
+    def granted_release(i):
+        expect(redis.call("EVALSHA", fr, *fair(i), reader(0), "wake:", ""), b"0")
+
     print(f"Redis instructions per operation (callgrind, {ROUNDS} rounds, scripts of {os.path.normpath(LUA)}):")
     row("read take + release (read-write lock)", none, read_cycle)
     row("write take + release (read-write lock)", none, write_cycle)
@@ -184,6 +194,7 @@ def measure(redis):
     row("write release admitting 16 waiting readers", readers_waiting(16), write_release)
     row("fair take + release", none, fair_cycle)
     row("fair release granting the queue's head", one_queued, fair_release)
+    row("the same by a holder granted it (a hot lock)", granted_then_one_queued, granted_release)
 
 
 if __name__ == "__main__":
