@@ -158,7 +158,9 @@ end
 -- waiting reader enters now, in this step. Each gets a read hold for what is left of its
 -- registration (an admitted reader that died frees the lock within it; a live one's
 -- watchdog renews it), and all are told on the readers' `channel`, with the phase's
--- token, so none asks again: `granted:<token>:<holder id> <holder id>..`. `free`: the
+-- token, so none asks again: `granted:<token>:<field> <field>..`, the holds' fields as
+-- they are (`<holder id>:r`; the client strips the `:r`: made into ids here, a notice to 16
+-- readers cost Redis a quarter of the release, `scripts/kind_cost.py`). `free`: the
 -- lock's hash and leases are gone, so the registrations become the leases as they are,
 -- in one `COPY`: no score formatted or parsed, no field name made (a release admitting 16
 -- readers costs Redis a quarter less than with a lease written per reader). Otherwise (a
@@ -206,9 +208,7 @@ local function admit_readers(channel, free)
     in_batches('HSET', KEYS[1], read_counts(fields, text))
     expire_with_latest()
   end
-  -- Holder ids, not fields: each field less its ':r' (ids have no spaces).
-  local ids = string.gsub(table.concat(fields, ' ') .. ' ', ':r ', ' ')
-  redis.call('PUBLISH', channel, 'granted:' .. text .. ':' .. string.sub(ids, 1, -2))
+  redis.call('PUBLISH', channel, 'granted:' .. text .. ':' .. table.concat(fields, ' '))
   return true
 end
 

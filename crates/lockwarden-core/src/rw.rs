@@ -80,7 +80,8 @@ use crate::target::Target;
 /// one of waiting readers', by their read holds' fields (an admitted reader stays there
 /// until it takes its hold up or releases it), all in the lock's cluster slot; admitted
 /// readers are told
-/// `granted:<token>:<holder id> <holder id>..` on `<key>:readable`. Scripts in `lua/rw_*.lua`. A name is either a plain lock or a read-write
+/// `granted:<token>:<holder id>:r <holder id>:r..` (their holds' fields) on
+/// `<key>:readable`. Scripts in `lua/rw_*.lua`. A name is either a plain lock or a read-write
 /// lock: a plain lock under the same name keeps both sides refused, and a held read-write
 /// lock keeps the plain one refused, on both stores. Claims ([`LockGuard::complete`]) are
 /// for plain and fair locks only ([`LockError::NotClaimable`]).

@@ -250,7 +250,7 @@ impl Session<'_> {
                     }
                     Some(Event::Notice { channel, payload }) => match named(&payload) {
                         Some(Named::Granted(token, holders)) => {
-                            self.waiters.grant(&channel, token, holders.split(' '));
+                            self.waiters.grant(&channel, token, holders.split(' ').map(holder_of));
                         }
                         Some(Named::Woken(holders)) => self.waiters.wake(&channel, holders.split(' ')),
                         None => self.waiters.notify_one(&channel),
@@ -489,10 +489,19 @@ fn tokio_stream<T>(mut rx: mpsc::UnboundedReceiver<T>) -> impl Stream<Item = T> 
 /// A notice for named waiters (holder ids, space-separated).
 enum Named<'a> {
     /// A lock a release handed to them, with its fencing token:
-    /// `granted:<token>:<holder id> <holder id>..` (see `fair_prelude.lua`, `rw_prelude.lua`).
+    /// `granted:<token>:<holder> <holder>..`, each a holder id (a fair lock's head, see
+    /// `fair_prelude.lua`) or a read hold's field, the id and `:r` (admitted readers, see
+    /// `rw_prelude.lua`): read with [`holder_of`].
     Granted(u64, &'a str),
     /// Their turn, to take by asking (a fair lock's head after a force unlock): `wake:<holder id>`.
     Woken(&'a str),
+}
+
+/// The holder id a grant names: an admitted reader's notice names its hold's field
+/// (`<holder id>:r`), which Redis sends as it stores it rather than cut each in Lua. A
+/// holder id ends in its number, never in `:r`.
+fn holder_of(named: &str) -> &str {
+    named.strip_suffix(":r").unwrap_or(named)
 }
 
 fn named(payload: &[u8]) -> Option<Named<'_>> {
@@ -502,4 +511,33 @@ fn named(payload: &[u8]) -> Option<Named<'_>> {
     }
     let (token, holders) = text.strip_prefix("granted:")?.split_once(':')?;
     Some(Named::Granted(token.parse().ok()?, holders))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn granted(payload: &str) -> Option<(u64, Vec<&str>)> {
+        match named(payload.as_bytes())? {
+            Named::Granted(token, holders) => {
+                Some((token, holders.split(' ').map(holder_of).collect()))
+            }
+            Named::Woken(_) => None,
+        }
+    }
+
+    #[test]
+    fn a_grant_names_holders_by_id_or_by_read_hold() {
+        assert_eq!(
+            granted("granted:1764089657123456:c1:7"),
+            Some((1764089657123456, vec!["c1:7"]))
+        );
+        assert_eq!(
+            granted("granted:42:c1:7:r c2:19:r"),
+            Some((42, vec!["c1:7", "c2:19"]))
+        );
+        assert_eq!(granted("granted:x:c1:7"), None, "a token is a number");
+        assert!(matches!(named(b"wake:c1:7"), Some(Named::Woken("c1:7"))));
+        assert!(named(b"0").is_none());
+    }
 }
