@@ -17,10 +17,10 @@
 --         one call. An admitted reader stays here until it takes its hold up or releases
 --         it: its entry is how it tells an admission from a re-entry.
 
--- Drops expired registrations and holds; returns the mode left: nil (free), 'read',
--- 'write', or 'foreign' (a plain lock of the same name holds the hash: never touch it).
+-- Drops expired holds; returns the mode left: nil (free), 'read', 'write', or 'foreign' (a
+-- plain lock of the same name holds the hash: never touch it). Expired writers'
+-- registrations go when they are looked at (writers_waiting).
 local function prune()
-  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now_text)
   local mode = redis.call('HGET', KEYS[1], 'mode')
   if not mode then
     if redis.call('EXISTS', KEYS[1]) == 1 then
@@ -48,6 +48,17 @@ local function prune()
     end
   end
   return mode
+end
+
+-- Whether a writer waits (a live registration), expired ones dropped first. The key
+-- expires with its last registration, so without it none does: one call on the
+-- uncontended path, and none in scripts that do not ask.
+local function writers_waiting()
+  if redis.call('EXISTS', KEYS[4]) == 0 then
+    return false
+  end
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now_text)
+  return redis.call('ZCARD', KEYS[4]) > 0
 end
 
 -- Takes the free lock for the hold `field` in `mode` ('read' or 'write') with a lease of
@@ -231,7 +242,7 @@ local function end_hold(holder, side, writers, readers)
     -- find them holding. The registrations expire with the last of them, so without
     -- the key no reader waits: one call instead of three on the uncontended path.
     local admitted = redis.call('EXISTS', KEYS[5]) == 1
-      and redis.call('ZCARD', KEYS[4]) == 0
+      and not writers_waiting()
       and admit_readers(readers, true)
     if not admitted then
       redis.call('PUBLISH', writers, '0')
@@ -242,7 +253,7 @@ local function end_hold(holder, side, writers, readers)
   if side == 'w' then
     -- Downgraded: the holder's read holds remain.
     redis.call('HSET', KEYS[1], 'mode', 'read')
-    if redis.call('ZCARD', KEYS[4]) == 0 then
+    if not writers_waiting() then
       admit_readers(readers, false)
     end
   end

@@ -24,7 +24,7 @@ local function no_longer_waiting()
     redis.call('ZREM', KEYS[5], field)
   end
 end
-local writers_wait = redis.call('ZCARD', KEYS[4]) > 0
+local writers_wait = writers_waiting()
 if not mode then
   -- Writer preference: a free lock goes to a waiting writer first.
   if writers_wait then

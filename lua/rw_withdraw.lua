@@ -21,7 +21,7 @@ end
 if redis.call('ZREM', KEYS[4], me) == 0 then
   return 0
 end
-if redis.call('ZCARD', KEYS[4]) == 0 and (mode == nil or mode == 'read') then
+if not writers_waiting() and (mode == nil or mode == 'read') then
   admit_readers(ARGV[4], mode == nil)
 end
 return 1
