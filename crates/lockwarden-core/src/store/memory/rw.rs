@@ -92,12 +92,14 @@ impl Entry {
         }
         let free = self.holds.is_empty();
         let readers_may_go = self.writers.is_empty() && (free || mode == RwMode::Write);
+        let admitted = readers_may_go
+            .then(|| self.admit_readers(last_token))
+            .flatten();
         Notices {
-            writer: free,
+            // Readers let in hold it now: a writer woken would find them.
+            writer: free && admitted.is_none(),
             readers: false,
-            admitted: readers_may_go
-                .then(|| self.admit_readers(last_token))
-                .flatten(),
+            admitted,
         }
     }
 
@@ -343,5 +345,38 @@ impl RwLocks {
         let entry = self.0.get(key)?;
         let last = entry.holds.values().map(|h| h.expires).max()?;
         (last > now).then(|| last - now)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A write release wakes a waiting writer only if it let no reader in, as Redis does.
+    #[test]
+    fn a_release_that_admits_readers_wakes_no_writer() {
+        let (writer, reader) = (Holder::new("c", 1), Holder::new("c", 2));
+        let later = Instant::now() + Duration::from_secs(30);
+        let hold = || Hold {
+            count: 1,
+            expires: later,
+        };
+        let mut last_token = 0;
+
+        let mut entry = Entry::default();
+        entry.holds.insert((writer.clone(), RwMode::Write), hold());
+        entry.readers.insert(reader.clone(), later);
+        let told = entry.end_hold(&writer, RwMode::Write, &mut last_token);
+        assert!(!told.writer, "a writer was woken with the readers in");
+        let admitted = told.admitted.map(|(_, holders)| holders);
+        assert_eq!(admitted, Some(vec![reader]));
+
+        let mut entry = Entry::default();
+        entry.holds.insert((writer.clone(), RwMode::Write), hold());
+        let told = entry.end_hold(&writer, RwMode::Write, &mut last_token);
+        assert!(
+            told.writer && told.admitted.is_none(),
+            "nobody read: wake a writer"
+        );
     }
 }
