@@ -13,7 +13,7 @@ use super::conn::Conn;
 use super::explain::naming;
 use super::notices::Notices;
 use super::scripts::{self, Call, Lua, What};
-use super::timeout::bounded;
+use super::timeout::{bounded, given_up};
 use crate::error::BackendError;
 
 /// Commands per pipeline when renewing or releasing in bulk.
@@ -56,9 +56,15 @@ impl Commands {
         call: Call,
     ) -> Result<T, BackendError> {
         let what = call.what;
-        bounded(self.timeout, self.send(call))
-            .await
-            .map_err(|error| naming(error, what))
+        let answer = if self.conn.bounds_calls() {
+            // The same bound, kept by redis-rs: a second timer per call only costs.
+            self.send(call)
+                .await
+                .map_err(|error| given_up(error, self.timeout))
+        } else {
+            bounded(self.timeout, self.send(call)).await
+        };
+        answer.map_err(|error| naming(error, what))
     }
 
     /// Runs `call` without a bound (the caller sets one): a future that owns what it

@@ -3,19 +3,29 @@
 use std::future::Future;
 use std::time::Duration;
 
-use redis::RedisResult;
+use redis::{RedisError, RedisResult};
 
 use super::explain::explain;
 use crate::error::BackendError;
 
 /// `fut`, failing with [`BackendError::TimedOut`] after `timeout` (its own errors as
-/// [`explain`] reads them).
+/// [`given_up`] reads them).
 pub(crate) async fn bounded<T>(
     timeout: Duration,
     fut: impl Future<Output = RedisResult<T>>,
 ) -> Result<T, BackendError> {
     match tokio::time::timeout(timeout, fut).await {
-        Ok(reply) => reply.map_err(explain),
+        Ok(reply) => reply.map_err(|error| given_up(error, timeout)),
         Err(_) => Err(BackendError::TimedOut(timeout)),
+    }
+}
+
+/// `error` as [`explain`] reads it, but [`BackendError::TimedOut`] when redis-rs gave up
+/// waiting itself: a cluster's calls carry redis-rs's bound of the same `timeout`, which
+/// may run out a moment before ours.
+pub(crate) fn given_up(error: RedisError, timeout: Duration) -> BackendError {
+    match error.is_timeout() {
+        true => BackendError::TimedOut(timeout),
+        false => explain(error),
     }
 }
