@@ -56,15 +56,23 @@ impl Commands {
         call: Call,
     ) -> Result<T, BackendError> {
         let what = call.what;
-        let answer = if self.conn.bounds_calls() {
-            // The same bound, kept by redis-rs: a second timer per call only costs.
-            self.send(call)
-                .await
-                .map_err(|error| given_up(error, self.timeout))
+        self.within(self.send(call))
+            .await
+            .map_err(|error| naming(error, what))
+    }
+
+    /// `reply`, one call's on this connection, waited for at most the command timeout:
+    /// by redis-rs where it keeps that bound itself ([`Conn::bounds_calls`]; it fires
+    /// first anyway, and a second timer per call only costs), else by a timer here.
+    pub(super) async fn within<T>(
+        &self,
+        reply: impl Future<Output = RedisResult<T>>,
+    ) -> Result<T, BackendError> {
+        if self.conn.bounds_calls() {
+            reply.await.map_err(|error| given_up(error, self.timeout))
         } else {
-            bounded(self.timeout, self.send(call)).await
-        };
-        answer.map_err(|error| naming(error, what))
+            bounded(self.timeout, reply).await
+        }
     }
 
     /// Runs `call` without a bound (the caller sets one): a future that owns what it

@@ -35,7 +35,6 @@ mod tls;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::future::Either;
 use redis::Value;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -183,20 +182,23 @@ impl LockStore for RedisStore {
             key: ask.key.clone(),
             holder: ask.holder.clone(),
         };
-        let mut limit = self.commands.timeout;
-        let reply = match &self.replicated {
-            None => Either::Left(self.commands.send::<Answer>(call)),
-            Some(replicated) => {
-                limit += replicated.timeout();
-                Either::Right(replicated.acquire(call, self.commands.clone(), hold.clone()))
+        // If the caller goes away (or a bound of ours runs out) while the script is in
+        // flight, what it took is given back once its reply is in. A call redis-rs gave
+        // up on (a cluster's) has no reply to come: the acquire loop settles it.
+        let answer = match &self.replicated {
+            None => {
+                let reply = self.commands.send::<Answer>(call);
+                let undo = orphan::give_back(self.commands.clone(), hold);
+                self.commands.within(Finish::new(reply).or_undo(undo)).await
             }
-        };
-        // If the caller goes away (or the bound runs out) while the script is in flight,
-        // what it took is given back once its reply is in.
-        let undo = orphan::give_back(self.commands.clone(), hold);
-        let answer = bounded(limit, Finish::new(reply).or_undo(undo))
-            .await
-            .map_err(|error| explain::naming(error, what))?;
+            Some(replicated) => {
+                let limit = self.commands.timeout + replicated.timeout();
+                let reply = replicated.acquire(call, self.commands.clone(), hold.clone());
+                let undo = orphan::give_back(self.commands.clone(), hold);
+                bounded(limit, Finish::new(reply).or_undo(undo)).await
+            }
+        }
+        .map_err(|error| explain::naming(error, what))?;
         if answer.state == NOT_REPLICATED {
             return Err(BackendError::NotReplicated {
                 acknowledged: match answer.value {
