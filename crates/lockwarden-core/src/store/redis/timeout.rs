@@ -21,11 +21,12 @@ pub(crate) async fn bounded<T>(
 }
 
 /// `error` as [`explain`] reads it, but [`BackendError::TimedOut`] when redis-rs gave up
-/// waiting itself: a cluster's calls carry redis-rs's bound of the same `timeout`, which
-/// may run out a moment before ours.
+/// waiting itself: a cluster's calls carry redis-rs's bound of the same `timeout` (alone,
+/// see `Commands::within`), and it fires before ours where both are set.
 pub(crate) fn given_up(error: RedisError, timeout: Duration) -> BackendError {
-    match error.is_timeout() {
-        true => BackendError::TimedOut(timeout),
-        false => explain(error),
+    if error.is_timeout() {
+        BackendError::TimedOut(timeout)
+    } else {
+        explain(error)
     }
 }
