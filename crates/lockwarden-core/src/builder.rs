@@ -186,8 +186,10 @@ impl LockClientBuilder {
         self
     }
 
-    /// How long one Redis command may take before it fails (default 2 s); an acquire
-    /// whose command times out is given back once its answer arrives.
+    /// How long one Redis command may take before it fails (default 2 s). An acquire
+    /// that times out may still have taken the lock: it is given back once its answer
+    /// arrives, or, where no answer can come (a cluster drops a call it gave up on), by
+    /// the lost-reply settling the README describes.
     ///
     /// ```no_run
     /// # use lockwarden_core::LockClient;
