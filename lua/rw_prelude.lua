@@ -132,13 +132,14 @@ local function foreign()
 end
 
 
--- Registers the read hold `field` as waiting until `ms` from now (a refused reader; a
--- single try, `ms` = 0, does not wait and does not register).
-local function register_reader(field, ms)
+-- Registers `member` in the waiters' set `key` (a refused writer's id in KEYS[4], a
+-- refused reader's hold field in KEYS[5]) as waiting until `ms` from now; the set expires
+-- with its last registration. A single try (`ms` = 0) does not wait and does not register.
+local function register(key, member, ms)
   if tonumber(ms) > 0 then
-    redis.call('ZADD', KEYS[5], int(now + tonumber(ms)), field)
-    local last = redis.call('ZRANGE', KEYS[5], '-1', '-1', 'WITHSCORES')
-    redis.call('PEXPIREAT', KEYS[5], last[2])
+    redis.call('ZADD', key, int(now + tonumber(ms)), member)
+    local last = redis.call('ZRANGE', key, '-1', '-1', 'WITHSCORES')
+    redis.call('PEXPIREAT', key, last[2])
   end
 end
 

@@ -28,7 +28,7 @@ local writers_wait = writers_waiting()
 if not mode then
   -- Writer preference: a free lock goes to a waiting writer first.
   if writers_wait then
-    register_reader(field, ARGV[4])
+    register(KEYS[5], field, ARGV[4])
     return busy(true)
   end
   no_longer_waiting()
@@ -64,5 +64,5 @@ if held[3] or (mode == 'read' and not writers_wait) then
   lease_at_least(field, ARGV[2])
   return token
 end
-register_reader(field, ARGV[4])
+register(KEYS[5], field, ARGV[4])
 return busy(mode ~= 'write')

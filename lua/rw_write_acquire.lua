@@ -30,9 +30,5 @@ end
 if redis.call('HEXISTS', KEYS[1], ARGV[1] .. ':r') == 1 then
   return {3, 0}
 end
-if tonumber(ARGV[3]) > 0 then
-  redis.call('ZADD', KEYS[4], int(now + tonumber(ARGV[3])), ARGV[1])
-  local last = redis.call('ZRANGE', KEYS[4], '-1', '-1', 'WITHSCORES')
-  redis.call('PEXPIREAT', KEYS[4], last[2])
-end
+register(KEYS[4], ARGV[1], ARGV[3])
 return busy(false)
