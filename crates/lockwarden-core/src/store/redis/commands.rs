@@ -6,6 +6,8 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::time::Duration;
 
+use futures_util::future::Either;
+use futures_util::FutureExt;
 use redis::cluster_routing::Slot;
 use redis::{FromRedisValue, RedisResult, Script};
 
@@ -51,27 +53,30 @@ impl Commands {
     }
 
     /// Runs `call`, waiting at most the command timeout.
-    pub(super) async fn run<T: FromRedisValue + Send>(
+    pub(super) fn run<T: FromRedisValue + Send>(
         &self,
         call: Call,
-    ) -> Result<T, BackendError> {
+    ) -> impl Future<Output = Result<T, BackendError>> {
         let what = call.what;
         self.within(self.send(call))
-            .await
-            .map_err(|error| naming(error, what))
+            .map(move |reply| reply.map_err(|error| naming(error, what)))
     }
 
     /// `reply`, one call's on this connection, waited for at most the command timeout:
     /// by redis-rs where it keeps that bound itself ([`Conn::bounds_calls`]; it fires
     /// first anyway, and a second timer per call only costs), else by a timer here.
-    pub(super) async fn within<T>(
+    /// A plain function, as `run` is (see [`bounded`]): a call's future stays the size of
+    /// what it sends.
+    pub(super) fn within<T>(
         &self,
         reply: impl Future<Output = RedisResult<T>>,
-    ) -> Result<T, BackendError> {
-        if self.conn.bounds_calls() {
-            reply.await.map_err(|error| given_up(error, self.timeout))
-        } else {
-            bounded(self.timeout, reply).await
+    ) -> impl Future<Output = Result<T, BackendError>> {
+        let timeout = self.timeout;
+        match self.conn.bounds_calls() {
+            true => Either::Left(
+                reply.map(move |reply| reply.map_err(|error| given_up(error, timeout))),
+            ),
+            false => Either::Right(bounded(timeout, reply)),
         }
     }
 
