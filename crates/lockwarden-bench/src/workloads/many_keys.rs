@@ -88,8 +88,9 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
 struct Run {
     kind: Kind,
     locker: Arc<Locker>,
-    /// One witness per task's key, kept across slices: fencing order holds over them all.
-    exclusions: Vec<Arc<Exclusion>>,
+    /// Each task's key and its witness, kept across slices: fencing order holds over
+    /// them all.
+    keys: Vec<(String, Arc<Exclusion>)>,
     cycles: u64,
     elapsed: Duration,
     spent: Spent,
@@ -99,19 +100,17 @@ struct Run {
 
 impl Run {
     async fn new(ctx: &Ctx, kind: Kind) -> Result<Self, BoxError> {
-        let exclusions = (0..TASKS)
+        let keys = (0..TASKS)
             .map(|task| {
                 let key = format!("{}:w4:{task}", kind.slug());
-                Arc::new(Exclusion::new(
-                    format!("{} {key}", kind.name()),
-                    &ctx.checks,
-                ))
+                let exclusion = Exclusion::new(format!("{} {key}", kind.name()), &ctx.checks);
+                (key, Arc::new(exclusion))
             })
             .collect();
         Ok(Self {
             kind,
             locker: ctx.locker(kind).await?,
-            exclusions,
+            keys,
             cycles: 0,
             elapsed: Duration::ZERO,
             spent: Spent::default(),
@@ -126,13 +125,12 @@ impl Run {
         let deadline = start + run;
         let windows = Arc::new(Windows::new(start, run));
         let mut set = JoinSet::new();
-        for (task, exclusion) in self.exclusions.iter().enumerate() {
+        for (key, exclusion) in &self.keys {
             let locker = self.locker.clone();
             let windows = windows.clone();
             let checks = ctx.checks.clone();
-            let exclusion = exclusion.clone();
+            let (key, exclusion) = (key.clone(), exclusion.clone());
             let kind = self.kind;
-            let key = format!("{}:w4:{task}", kind.slug());
             set.spawn(async move {
                 let mut cycles = 0u64;
                 while cycles < max_cycles && Instant::now() < deadline {
