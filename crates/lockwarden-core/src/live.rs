@@ -3,13 +3,12 @@
 //! for it): then the count in the store was 1, and a second release is a no-op if the
 //! first ran.
 
-use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 
-use crate::hold::Hold;
+use crate::hold::{Hold, HoldMap};
 
 #[derive(Default)]
-pub(crate) struct LiveHolds(Mutex<HashMap<Hold, u32>>);
+pub(crate) struct LiveHolds(Mutex<HoldMap<u32>>);
 
 impl LiveHolds {
     /// A guard of `hold` was made.
@@ -31,7 +30,7 @@ impl LiveHolds {
         left
     }
 
-    fn guards(&self) -> std::sync::MutexGuard<'_, HashMap<Hold, u32>> {
+    fn guards(&self) -> std::sync::MutexGuard<'_, HoldMap<u32>> {
         // Every critical section leaves the map consistent, so a poisoned lock is usable.
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }

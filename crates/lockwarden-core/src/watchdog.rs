@@ -5,7 +5,6 @@
 //! marks a guard lost when a renewal finds its hold gone or taken, or when renewals keep
 //! failing until the lease must have run out.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
@@ -15,7 +14,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::hold::Hold;
+use crate::hold::{Hold, HoldMap};
 use crate::metrics::{self, LostBecause, Operation, RenewalOutcome};
 use crate::store::contract::{LockStore, Renewal, Renewed};
 use crate::store::Store;
@@ -28,7 +27,7 @@ pub(crate) struct Watchdog {
 
 /// The watched holds, shared with the renewal task.
 struct Holds {
-    entries: Mutex<HashMap<Hold, Entry>>,
+    entries: Mutex<HoldMap<Entry>>,
     /// Wakes the task for a hold due before it would wake by itself.
     wake: Notify,
     /// When the task wakes next by itself (`None`: parked until woken, or not started).
@@ -130,7 +129,7 @@ impl Watchdog {
 }
 
 impl Holds {
-    fn entries(&self) -> MutexGuard<'_, HashMap<Hold, Entry>> {
+    fn entries(&self) -> MutexGuard<'_, HoldMap<Entry>> {
         // Every critical section leaves the map consistent, so a poisoned lock is usable.
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -333,7 +332,7 @@ impl Holds {
     }
 }
 
-fn mark_lost(entries: &mut HashMap<Hold, Entry>, hold: &Hold, why: LostBecause) {
+fn mark_lost(entries: &mut HoldMap<Entry>, hold: &Hold, why: LostBecause) {
     if let Some(entry) = entries.remove(hold) {
         tracing::warn!(key = %hold.key, holder = %hold.holder, kind = hold.kind.name(),
             reason = ?why, "lock lost while held");
