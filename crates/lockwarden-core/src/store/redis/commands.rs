@@ -91,9 +91,11 @@ impl Commands {
         let call = self.prepare(call);
         async move {
             if let Some(then) = call.then {
-                let mut pipe = redis::pipe();
-                pipe.add_command(call.cmd).add_command(then).ignore();
-                let (reply,): (T,) = pipe.query_async(&mut conn).await?;
+                let mut pipe = redis::Pipeline::with_capacity(2);
+                pipe.add_command(call.cmd).add_command(then);
+                // The second reply is read and dropped: `ignore()` would cost the
+                // pipeline a hash set, built and searched on every release.
+                let (reply, _): (T, redis::Value) = pipe.query_async(&mut conn).await?;
                 return Ok(reply);
             }
             match call.cmd.query_async(&mut conn).await {
