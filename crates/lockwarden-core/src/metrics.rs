@@ -1,8 +1,9 @@
 //! What the engine records through the `metrics` facade: every name and label in one
 //! place (the README's "Operating" table lists them). Without an installed recorder each
-//! call is a thread-local check and an atomic load: label sets are made once per process
-//! and kept, so recording allocates nothing. Never a lock's name: keys come from
-//! requests and would make every series unique.
+//! call is a thread-local check and an atomic load: every metric's keys (name and labels,
+//! hashed) are made once per process and kept, so recording allocates and hashes
+//! nothing. Never a lock's name: keys come from requests and would make every series
+//! unique.
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -109,18 +110,23 @@ fn kind_index(kind: &str) -> usize {
     KINDS.iter().position(|k| *k == kind).unwrap_or(0)
 }
 
-/// Label sets made once per metric, for every combination of the values of its labels
-/// (`names`, one list of `values` per name), handed out by index without allocating.
-struct Labels<N, V> {
-    cells: OnceLock<Vec<&'static [Label]>>,
+/// The keys of one metric, for every combination of the values of its labels (`names`,
+/// one list of `values` per name): made once per process and handed out by index. A key
+/// hashes its name and labels when it is made, ~500 instructions each time, three times a
+/// lock cycle when made per call, and a recorder is asked with a key every time (the
+/// metrics facade has no handle that survives a recorder installed later).
+struct Keys<N, V> {
+    cells: OnceLock<Vec<Key>>,
+    metric: &'static str,
     names: N,
     values: V,
 }
 
-impl<N, V> Labels<N, V> {
-    const fn new(names: N, values: V) -> Self {
+impl<N, V> Keys<N, V> {
+    const fn new(metric: &'static str, names: N, values: V) -> Self {
         Self {
             cells: OnceLock::new(),
+            metric,
             names,
             values,
         }
@@ -128,112 +134,113 @@ impl<N, V> Labels<N, V> {
 }
 
 /// Two labels.
-type Labels2 =
-    Labels<(&'static str, &'static str), (&'static [&'static str], &'static [&'static str])>;
+type Keys2 = Keys<(&'static str, &'static str), (&'static [&'static str], &'static [&'static str])>;
 /// One label.
-type Labels1 = Labels<&'static str, &'static [&'static str]>;
+type Keys1 = Keys<&'static str, &'static [&'static str]>;
 
-impl Labels2 {
-    fn get(&'static self, a: usize, b: usize) -> &'static [Label] {
+impl Keys2 {
+    fn get(&'static self, a: usize, b: usize) -> &'static Key {
         let cells = self.cells.get_or_init(|| {
             let (first, second) = self.values;
             let mut cells = Vec::with_capacity(first.len() * second.len());
             for x in first {
                 for y in second {
-                    // A few dozen per process, kept for its life: leaked on purpose.
-                    let labels: &'static [Label] = Box::leak(Box::new([
+                    let labels = vec![
                         Label::from_static_parts(self.names.0, x),
                         Label::from_static_parts(self.names.1, y),
-                    ]));
-                    cells.push(labels);
+                    ];
+                    cells.push(Key::from_parts(self.metric, labels));
                 }
             }
             cells
         });
-        cells[a * self.values.1.len() + b]
+        &cells[a * self.values.1.len() + b]
     }
 }
 
-impl Labels1 {
-    fn get(&'static self, at: usize) -> &'static [Label] {
+impl Keys1 {
+    fn get(&'static self, at: usize) -> &'static Key {
         let cells = self.cells.get_or_init(|| {
-            let label = |value| -> &'static [Label] {
-                Box::leak(Box::new([Label::from_static_parts(self.names, value)]))
+            let key = |value| {
+                let labels = vec![Label::from_static_parts(self.names, value)];
+                Key::from_parts(self.metric, labels)
             };
-            self.values.iter().copied().map(label).collect()
+            self.values.iter().copied().map(key).collect()
         });
-        cells[at]
+        &cells[at]
     }
 }
 
-static KIND_OUTCOME: Labels2 = Labels2::new(("kind", "outcome"), (&KINDS, &OUTCOMES));
-static KIND_REASON: Labels2 = Labels2::new(("kind", "reason"), (&KINDS, &REASONS));
-static OPERATION_ERROR: Labels2 = Labels2::new(("operation", "error"), (&OPERATIONS, &ERRORS));
-static KIND: Labels1 = Labels1::new("kind", &KINDS);
-static RENEWAL: Labels1 = Labels1::new("outcome", &RENEWED);
+static ACQUISITION: Keys2 = Keys2::new(ACQUISITIONS, ("kind", "outcome"), (&KINDS, &OUTCOMES));
+static WAITED: Keys2 = Keys2::new(ACQUIRE_WAIT, ("kind", "outcome"), (&KINDS, &OUTCOMES));
+static HELD: Keys1 = Keys1::new(HOLD, "kind", &KINDS);
+static LOSS: Keys2 = Keys2::new(LOST, ("kind", "reason"), (&KINDS, &REASONS));
+static RENEWAL: Keys1 = Keys1::new(RENEWALS, "outcome", &RENEWED);
+static BACKEND_ERROR: Keys2 = Keys2::new(
+    BACKEND_ERRORS,
+    ("operation", "error"),
+    (&OPERATIONS, &ERRORS),
+);
+static RENEWAL_BATCH_TOOK: Key = Key::from_static_name(RENEWAL_BATCH);
+static RENEWAL_OVERRAN: Key = Key::from_static_name(RENEWAL_OVERRUNS);
+static WAITING: Key = Key::from_static_name(WAITERS);
+static SUBSCRIBED: Key = Key::from_static_name(SUBSCRIPTIONS);
 
-fn counter(name: &'static str, labels: &'static [Label], by: u64) {
+fn counter(key: &Key, by: u64) {
+    metrics::with_recorder(|r| r.register_counter(key, &METADATA).increment(by));
+}
+
+fn histogram(key: &Key, value: Duration) {
     metrics::with_recorder(|r| {
-        let key = Key::from_static_parts(name, labels);
-        r.register_counter(&key, &METADATA).increment(by);
+        r.register_histogram(key, &METADATA)
+            .record(value.as_secs_f64())
     });
 }
 
-fn histogram(name: &'static str, labels: &'static [Label], value: Duration) {
-    metrics::with_recorder(|r| {
-        let key = Key::from_static_parts(name, labels);
-        r.register_histogram(&key, &METADATA)
-            .record(value.as_secs_f64());
-    });
-}
-
-fn gauge(name: &'static str, delta: f64) {
-    metrics::with_recorder(|r| {
-        let key = Key::from_static_name(name);
-        r.register_gauge(&key, &METADATA).increment(delta);
-    });
+fn gauge(key: &Key, delta: f64) {
+    metrics::with_recorder(|r| r.register_gauge(key, &METADATA).increment(delta));
 }
 
 /// An acquire call of `kind` ended with `outcome` after `waited`.
 pub(crate) fn acquired(kind: &str, outcome: Acquired, waited: Duration) {
-    let labels = KIND_OUTCOME.get(kind_index(kind), outcome as usize);
-    counter(ACQUISITIONS, labels, 1);
-    histogram(ACQUIRE_WAIT, labels, waited);
+    let (kind, outcome) = (kind_index(kind), outcome as usize);
+    counter(ACQUISITION.get(kind, outcome), 1);
+    histogram(WAITED.get(kind, outcome), waited);
 }
 
 /// A hold of `kind` ended (released or dropped) after `held`.
 pub(crate) fn held(kind: &str, held: Duration) {
-    histogram(HOLD, KIND.get(kind_index(kind)), held);
+    histogram(HELD.get(kind_index(kind)), held);
 }
 
 /// A hold of `kind` was lost.
 pub(crate) fn lost(kind: &str, because: LostBecause) {
-    counter(LOST, KIND_REASON.get(kind_index(kind), because as usize), 1);
+    counter(LOSS.get(kind_index(kind), because as usize), 1);
 }
 
 /// `count` renewals of one batch found `outcome`.
 pub(crate) fn renewals(outcome: RenewalOutcome, count: usize) {
     if count > 0 {
-        counter(RENEWALS, RENEWAL.get(outcome as usize), count as u64);
+        counter(RENEWAL.get(outcome as usize), count as u64);
     }
 }
 
 /// One renewal batch took `took`; `overran` if longer than the renewal interval.
 pub(crate) fn renewal_batch(took: Duration, overran: bool) {
-    histogram(RENEWAL_BATCH, &[], took);
+    histogram(&RENEWAL_BATCH_TOOK, took);
     if overran {
-        counter(RENEWAL_OVERRUNS, &[], 1);
+        counter(&RENEWAL_OVERRAN, 1);
     }
 }
 
 /// A waiter registered (`+1`) or went away (`-1`).
 pub(crate) fn waiters(delta: f64) {
-    gauge(WAITERS, delta);
+    gauge(&WAITING, delta);
 }
 
 /// Release channels subscribed on Redis went up or down by `delta`.
 pub(crate) fn subscriptions(delta: f64) {
-    gauge(SUBSCRIPTIONS, delta);
+    gauge(&SUBSCRIBED, delta);
 }
 
 /// `operation` failed with `error`.
@@ -250,9 +257,5 @@ pub(crate) fn backend_error(operation: Operation, error: &BackendError) {
         BackendError::Tls { .. } => 5,
         BackendError::NotPermitted { .. } => 6,
     };
-    counter(
-        BACKEND_ERRORS,
-        OPERATION_ERROR.get(operation as usize, kind),
-        1,
-    );
+    counter(BACKEND_ERROR.get(operation as usize, kind), 1);
 }
