@@ -14,7 +14,7 @@ use redis::{FromRedisValue, RedisResult, Script};
 use super::conn::Conn;
 use super::explain::naming;
 use super::notices::Notices;
-use super::scripts::{self, Call, Lua, What};
+use super::scripts::{self, Call, Lua, Variant, What};
 use super::timeout::{bounded, given_up};
 use crate::error::BackendError;
 
@@ -40,16 +40,23 @@ pub(super) struct Commands {
 }
 
 impl Commands {
+    /// The variant of every script this connection sends (see [`Lua::with`]).
+    pub(super) fn variant(&self) -> Variant {
+        Variant {
+            notices: self.notices,
+            cluster: self.conn.is_cluster(),
+        }
+    }
+
     /// `call` as this connection sends it (see [`Call::sent`]): only a cluster client
     /// sends a call again on a new connection.
     pub(super) fn prepare(&self, call: Call) -> Call {
-        call.sent(self.notices, self.conn.is_cluster())
+        call.sent(self.conn.is_cluster())
     }
 
-    /// The variant of `lua` this connection sends (see [`Lua::with`]), to load it when
-    /// Redis has lost it.
+    /// The variant of `lua` this connection sends, to load it when Redis has lost it.
     pub(super) fn script_of(&self, lua: &'static Lua) -> &'static Script {
-        lua.with(self.notices, self.conn.is_cluster())
+        lua.with(self.variant())
     }
 
     /// Runs `call`, waiting at most the command timeout.
@@ -202,7 +209,7 @@ impl Commands {
             Err(BackendError::Redis(e)) if is_noscript(&e) => {
                 // All at once: one after the other they cost a round trip each, which on
                 // a slow link outlasted a watchdog lease (tests/fault_network.rs).
-                let loads = scripts::all(self.notices, self.conn.is_cluster()).map(|script| {
+                let loads = scripts::all(self.variant()).map(|script| {
                     let mut conn = conn.clone();
                     async move { script.prepare_invoke().load_async(&mut conn).await }
                 });

@@ -175,7 +175,7 @@ impl LockStore for RedisStore {
     }
 
     async fn acquire(&self, ask: &Acquire<'_>) -> Result<Attempt> {
-        let call = scripts::acquire(ask);
+        let call = scripts::acquire(ask, self.commands.variant());
         let what = call.what;
         let hold = Hold {
             kind: ask.how.kind(),
@@ -224,7 +224,10 @@ impl LockStore for RedisStore {
         if alone(hold, reentries) {
             return self.release_alone(hold, token, reentries).await;
         }
-        let left = self.commands.run(scripts::release(hold, token)).await?;
+        let left = self
+            .commands
+            .run(scripts::release(hold, token, self.commands.variant()))
+            .await?;
         Ok(scripts::released(left))
     }
 
@@ -244,14 +247,19 @@ impl LockStore for RedisStore {
         token: Option<u64>,
         outcome: Outcome<'_>,
     ) -> Result<Released> {
-        let call = scripts::complete(hold, token, outcome);
+        let call = scripts::complete(hold, token, outcome, self.commands.variant());
         Ok(scripts::released(self.commands.run(call).await?))
     }
 
     async fn renew_all(&self, renewals: &[Renewal]) -> Renewed {
+        let variant = self.commands.variant();
         let piped = self
             .commands
-            .pipelined(renewals, |r| r.hold.key.redis_key(), scripts::renew)
+            .pipelined(
+                renewals,
+                |r| r.hold.key.redis_key(),
+                |r| scripts::renew(r, variant),
+            )
             .await;
         let held = piped.replies.into_iter();
         Renewed {
@@ -261,18 +269,24 @@ impl LockStore for RedisStore {
     }
 
     async fn withdraw(&self, waiter: Waiter, key: &Key, holder: &Holder) -> Result<()> {
-        let call = scripts::withdraw(waiter, key, holder);
+        let call = scripts::withdraw(waiter, key, holder, self.commands.variant());
         self.commands.run::<i64>(call).await?;
         Ok(())
     }
 
     async fn force_unlock(&self, key: &Key) -> Result<bool> {
-        let deleted: i64 = self.commands.run(scripts::force_unlock(key)).await?;
+        let deleted: i64 = self
+            .commands
+            .run(scripts::force_unlock(key, self.commands.variant()))
+            .await?;
         Ok(deleted == 1)
     }
 
     async fn hold_count(&self, hold: &Hold) -> Result<u64> {
-        let count: Option<i64> = self.commands.run(scripts::hold_count(hold)).await?;
+        let count: Option<i64> = self
+            .commands
+            .run(scripts::hold_count(hold, self.commands.variant()))
+            .await?;
         Ok(count.unwrap_or(0).max(0) as u64)
     }
 
@@ -288,7 +302,12 @@ impl LockStore for RedisStore {
     async fn fenced_write(&self, key: &Key, token: u64, value: &[u8]) -> Result<Option<u64>> {
         let reply: Vec<i64> = self
             .commands
-            .run(scripts::fenced_write(key, token, value))
+            .run(scripts::fenced_write(
+                key,
+                token,
+                value,
+                self.commands.variant(),
+            ))
             .await?;
         scripts::fenced_written(&reply)
     }
@@ -351,7 +370,7 @@ async fn release_dropped(commands: Commands, mut queue: mpsc::UnboundedReceiver<
                         commands.notices,
                         op_left(&commands, *reentries),
                     ),
-                    false => scripts::release(hold, None),
+                    false => scripts::release(hold, None, commands.variant()),
                 },
             )
             .await;

@@ -126,7 +126,13 @@ async fn take_groups(
     let mut out = vec![Value::Int(1); keys.len() + 1];
     let mut taken: Vec<Key> = Vec::new();
     for group in &groups {
-        let call = scripts::acquire_all(group.iter().map(|&at| &keys[at]), &holder, lease, fresh);
+        let call = scripts::acquire_all(
+            group.iter().map(|&at| &keys[at]),
+            &holder,
+            lease,
+            fresh,
+            commands.variant(),
+        );
         let (reply, acknowledged) = match &replicated {
             None => (commands.send::<Vec<Value>>(call).await, None),
             Some(replicated) => match replicated.send_waited(&commands, call).await {
@@ -175,7 +181,7 @@ async fn give_back(commands: &Commands, taken: &[Key], holder: &Holder) {
             key: key.clone(),
             holder: holder.clone(),
         };
-        commands.run::<i64>(scripts::release(&hold, None))
+        commands.run::<i64>(scripts::release(&hold, None, commands.variant()))
     });
     for (key, released) in taken
         .iter()

@@ -17,19 +17,20 @@ pub(super) fn give_back(commands: Commands, hold: Hold) -> Undo<RedisResult<Answ
             let Ok(Answer { state, .. }) = reply else {
                 return;
             };
+            let variant = commands.variant();
             // Taken or re-entered: one count is ours and nobody will release it.
             let call = match (state, hold.kind) {
-                (1 | 2, _) => scripts::release(&hold, None),
+                (1 | 2, _) => scripts::release(&hold, None, variant),
                 // Waiting in the store: nobody will wait for the turn, so leave now
                 // rather than make the others wait for the place to run out.
                 (0, HoldKind::Exclusive(Exclusive::Fair)) => {
-                    scripts::withdraw(Waiter::Queued, &hold.key, &hold.holder)
+                    scripts::withdraw(Waiter::Queued, &hold.key, &hold.holder, variant)
                 }
                 (0, HoldKind::ReadWrite(RwMode::Write)) => {
-                    scripts::withdraw(Waiter::Writer, &hold.key, &hold.holder)
+                    scripts::withdraw(Waiter::Writer, &hold.key, &hold.holder, variant)
                 }
                 (0, HoldKind::ReadWrite(RwMode::Read)) => {
-                    scripts::withdraw(Waiter::Reader, &hold.key, &hold.holder)
+                    scripts::withdraw(Waiter::Reader, &hold.key, &hold.holder, variant)
                 }
                 _ => return,
             };

@@ -83,7 +83,12 @@ pub(super) async fn check(
         needed.push(WAIT);
     }
     let lines: Vec<&str> = needed.iter().map(|&(_, line)| line).collect();
-    let call = scripts::permissions(probe.fence_key(), probe.channel(), &lines);
+    let call = scripts::permissions(
+        probe.fence_key(),
+        probe.channel(),
+        &lines,
+        commands.variant(),
+    );
     let refused: Option<Vec<usize>> = match commands.run(call).await {
         Ok(refused) => refused,
         Err(BackendError::NotPermitted { message, .. }) if message.contains("keys") => {

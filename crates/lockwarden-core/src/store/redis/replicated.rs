@@ -98,7 +98,10 @@ impl Replicated {
                 Err(error) if only_wait_failed(&error) => {
                     // The script ran (it may have taken the lock) and `WAIT` was refused
                     // (an ACL user without it): give back what the script took.
-                    if let Err(release) = main.run::<i64>(scripts::release(&hold, None)).await {
+                    if let Err(release) = main
+                        .run::<i64>(scripts::release(&hold, None, main.variant()))
+                        .await
+                    {
                         tracing::warn!(key = %hold.key, %release,
                             "could not release a lock whose WAIT failed; it expires with its lease");
                     }
@@ -107,7 +110,10 @@ impl Replicated {
                 Err(error) => return Err(error),
             };
             if matches!(answer.state, 1 | 2) && acked < i64::from(this.replicas) {
-                if let Err(error) = main.run::<i64>(scripts::release(&hold, None)).await {
+                if let Err(error) = main
+                    .run::<i64>(scripts::release(&hold, None, main.variant()))
+                    .await
+                {
                     tracing::warn!(key = %hold.key, %error,
                         "could not release a lock that was not replicated; it expires with its lease");
                 }

@@ -29,6 +29,17 @@ pub(super) struct Lua {
     sharded: Option<Script>,
 }
 
+/// Which variant of every script a connection sends (see [`Lua::with`]). Each call is
+/// built for it, digest included: rewriting a built `EVALSHA` for another variant cost a
+/// cluster ~1,450 client instructions a call.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Variant {
+    /// How the scripts publish release notices.
+    pub(super) notices: Notices,
+    /// Whether the connection is a cluster's, which may send a call twice.
+    pub(super) cluster: bool,
+}
+
 /// `lua/once.lua`'s line that reads no call id, as written for one server...
 const NO_ID: &str = "\nlocal call = ''\n";
 /// ...and as a cluster's variant has it, where a call may be sent twice.
@@ -49,15 +60,15 @@ impl Lua {
         }
     }
 
-    /// The script as sent over a connection that is a cluster's (`cluster`) or not, with
-    /// `notices`. The variants differ within lines, never in their number, so an error's
-    /// line reads the same in each (see [`Lua::line`]).
-    pub(super) fn with(&self, notices: Notices, cluster: bool) -> &Script {
-        if !cluster {
+    /// The script as sent over a connection of `variant`. The variants differ within
+    /// lines, never in their number, so an error's line reads the same in each (see
+    /// [`Lua::line`]).
+    pub(super) fn with(&self, variant: Variant) -> &Script {
+        if !variant.cluster {
             return &self.script;
         }
         let classic = self.clustered.as_ref().unwrap_or(&self.script);
-        match notices {
+        match variant.notices {
             Notices::Sharded => self.sharded.as_ref().unwrap_or(classic),
             Notices::Classic => classic,
         }
@@ -190,10 +201,12 @@ impl std::fmt::Display for What {
 }
 
 impl Call {
-    fn script(script: &'static LazyLock<Lua>, keys: &[&str]) -> Self {
+    fn script(script: &'static LazyLock<Lua>, variant: Variant, keys: &[&str]) -> Self {
         let lua: &'static Lua = script;
         let mut cmd = evalsha(keys.len(), keys.iter().map(|k| k.len()).sum());
-        cmd.arg(lua.get_hash()).arg(keys.len()).arg(keys);
+        cmd.arg(lua.with(variant).get_hash())
+            .arg(keys.len())
+            .arg(keys);
         Self {
             script: Some(lua),
             counted: None,
@@ -232,13 +245,12 @@ impl Call {
         }
     }
 
-    /// This call as sent over a connection with `notices` that may send a call twice
-    /// (`resent`: a cluster's). There a counting call gets its id (`lua/once.lua`), unique
-    /// in this process like the holders it is kept for, or `''` for a holder made for its
-    /// acquisition (the scripts tell that apart without one); elsewhere none. A variant
-    /// of the script other than as written (see [`Lua::with`]) has its own digest, so the
-    /// `EVALSHA` is written again with it.
-    pub(super) fn sent(mut self, notices: Notices, resent: bool) -> Self {
+    /// This call as sent over a connection that may send a call twice (`resent`: a
+    /// cluster's). There a counting call gets its id (`lua/once.lua`), unique in this
+    /// process like the holders it is kept for, or `''` for a holder made for its
+    /// acquisition (the scripts tell that apart without one); elsewhere none. The script's
+    /// variant was chosen when the call was built.
+    pub(super) fn sent(mut self, resent: bool) -> Self {
         static LAST: AtomicU64 = AtomicU64::new(0);
         if let (Some(fresh), true) = (self.counted.take(), resent) {
             match fresh {
@@ -246,25 +258,7 @@ impl Call {
                 false => self.cmd.arg(LAST.fetch_add(1, Ordering::Relaxed) + 1),
             };
         }
-        let Some(lua) = self.script else {
-            return self;
-        };
-        let variant = lua.with(notices, resent);
-        if std::ptr::eq(variant, &lua.script) {
-            return self;
-        }
-        let args = || {
-            self.cmd.args_iter().skip(2).filter_map(|arg| match arg {
-                redis::Arg::Simple(bytes) => Some(bytes),
-                _ => None,
-            })
-        };
-        let mut cmd = evalsha(args().count(), args().map(<[u8]>::len).sum());
-        cmd.arg(variant.get_hash());
-        for arg in args() {
-            cmd.arg(arg);
-        }
-        Self { cmd, ..self }
+        self
     }
 }
 
@@ -290,8 +284,8 @@ fn with_room(name: &'static str, args: usize, bytes: usize) -> Cmd {
 
 /// Every script a pipeline may send with `notices` over a connection that is a cluster's
 /// or not, to load them all when Redis lost them.
-pub(super) fn all(notices: Notices, cluster: bool) -> [&'static Script; 16] {
-    every().map(|lua| lua.with(notices, cluster))
+pub(super) fn all(variant: Variant) -> [&'static Script; 16] {
+    every().map(|lua| lua.with(variant))
 }
 
 /// The script whose SHA1 digest is `sha` (as Redis names it in errors), any variant.
@@ -363,7 +357,7 @@ fn fair_keys(key: &Key) -> [&str; 4] {
 }
 
 /// One acquire attempt (its reply is an [`Answer`], see [`attempted`]).
-pub(super) fn acquire(ask: &Acquire<'_>) -> Call {
+pub(super) fn acquire(ask: &Acquire<'_>, variant: Variant) -> Call {
     let (key, how) = (ask.key, ask.how);
     let (lock, fence) = (key.redis_key(), key.fence_key());
     let plain = match ask.fenced {
@@ -371,11 +365,11 @@ pub(super) fn acquire(ask: &Acquire<'_>) -> Call {
         false => &ACQUIRE_UNFENCED,
     };
     let call = match how {
-        How::Plain => Call::script(plain, &[lock, fence]),
-        How::Claim => Call::script(plain, &[lock, fence, &key.names().outcome]),
-        How::Fair { .. } => Call::script(&FAIR_ACQUIRE, &fair_keys(key)),
-        How::Read { .. } => Call::script(&READ_ACQUIRE, &rw_keys(key)),
-        How::Write { .. } => Call::script(&WRITE_ACQUIRE, &rw_keys(key)),
+        How::Plain => Call::script(plain, variant, &[lock, fence]),
+        How::Claim => Call::script(plain, variant, &[lock, fence, &key.names().outcome]),
+        How::Fair { .. } => Call::script(&FAIR_ACQUIRE, variant, &fair_keys(key)),
+        How::Read { .. } => Call::script(&READ_ACQUIRE, variant, &rw_keys(key)),
+        How::Write { .. } => Call::script(&WRITE_ACQUIRE, variant, &rw_keys(key)),
     };
     let call = call.arg(ask.holder.id()).arg(millis(ask.lease));
     let call = match how {
@@ -471,11 +465,12 @@ pub(super) fn acquire_all<'k>(
     holder: &Holder,
     lease: Duration,
     fresh: bool,
+    variant: Variant,
 ) -> Call {
     let names: Vec<&str> = keys
         .flat_map(|key| [key.redis_key(), key.fence_key()])
         .collect();
-    Call::script(&MULTI_ACQUIRE, &names)
+    Call::script(&MULTI_ACQUIRE, variant, &names)
         .arg(holder.id())
         .arg(millis(lease))
         .arg(flag(fresh))
@@ -484,18 +479,20 @@ pub(super) fn acquire_all<'k>(
 
 /// Releases one hold (`-2`, `-1`, `0` or the count left, see [`released`]), given the
 /// fencing token it was given, if known.
-pub(super) fn release(hold: &Hold, token: Option<u64>) -> Call {
+pub(super) fn release(hold: &Hold, token: Option<u64>, variant: Variant) -> Call {
     let Hold { kind, key, holder } = hold;
     let call = match kind {
         HoldKind::Exclusive(Exclusive::Plain) => {
-            Call::script(&RELEASE, &[key.redis_key(), key.fence_key()])
+            Call::script(&RELEASE, variant, &[key.redis_key(), key.fence_key()])
                 .arg(holder.id())
                 .arg(key.channel())
         }
-        HoldKind::Exclusive(Exclusive::Fair) => Call::script(&FAIR_RELEASE, &fair_keys(key))
-            .arg(holder.id())
-            .arg(&*key.names().wake_prefix),
-        HoldKind::ReadWrite(mode) => Call::script(&RW_RELEASE, &rw_keys(key))
+        HoldKind::Exclusive(Exclusive::Fair) => {
+            Call::script(&FAIR_RELEASE, variant, &fair_keys(key))
+                .arg(holder.id())
+                .arg(&*key.names().wake_prefix)
+        }
+        HoldKind::ReadWrite(mode) => Call::script(&RW_RELEASE, variant, &rw_keys(key))
             .arg(holder.id())
             .arg(mode.field_suffix())
             .arg(key.channel())
@@ -554,20 +551,31 @@ fn token_arg(token: Option<u64>) -> String {
 }
 
 /// Releases one hold and stores a claim's outcome with it.
-pub(super) fn complete(hold: &Hold<Exclusive>, token: Option<u64>, outcome: Outcome<'_>) -> Call {
+pub(super) fn complete(
+    hold: &Hold<Exclusive>,
+    token: Option<u64>,
+    outcome: Outcome<'_>,
+    variant: Variant,
+) -> Call {
     let Hold { kind, key, holder } = hold;
     let outcome_key = &*key.names().outcome;
     let call = match kind {
-        Exclusive::Plain => {
-            Call::script(&RELEASE, &[key.redis_key(), key.fence_key(), outcome_key])
-                .arg(holder.id())
-                .arg(key.channel())
-        }
+        Exclusive::Plain => Call::script(
+            &RELEASE,
+            variant,
+            &[key.redis_key(), key.fence_key(), outcome_key],
+        )
+        .arg(holder.id())
+        .arg(key.channel()),
         Exclusive::Fair => {
             let [lock, fence, queue, deadlines] = fair_keys(key);
-            Call::script(&FAIR_RELEASE, &[lock, fence, queue, deadlines, outcome_key])
-                .arg(holder.id())
-                .arg(&*key.names().wake_prefix)
+            Call::script(
+                &FAIR_RELEASE,
+                variant,
+                &[lock, fence, queue, deadlines, outcome_key],
+            )
+            .arg(holder.id())
+            .arg(&*key.names().wake_prefix)
         }
     };
     let call = call
@@ -582,14 +590,16 @@ pub(super) fn complete(hold: &Hold<Exclusive>, token: Option<u64>, outcome: Outc
 }
 
 /// Renews one hold (`1` renewed, `0` gone).
-pub(super) fn renew(renewal: &Renewal) -> Call {
+pub(super) fn renew(renewal: &Renewal, variant: Variant) -> Call {
     let Hold { kind, key, holder } = &renewal.hold;
     match kind {
         // A fair lock's hash has the plain shape; its queue needs no renewal.
-        HoldKind::Exclusive(_) => Call::script(&RENEW, &[key.redis_key(), key.fence_key()])
-            .arg(holder.id())
-            .arg(millis(renewal.lease)),
-        HoldKind::ReadWrite(mode) => Call::script(&RW_RENEW, &rw_keys(key))
+        HoldKind::Exclusive(_) => {
+            Call::script(&RENEW, variant, &[key.redis_key(), key.fence_key()])
+                .arg(holder.id())
+                .arg(millis(renewal.lease))
+        }
+        HoldKind::ReadWrite(mode) => Call::script(&RW_RENEW, variant, &rw_keys(key))
             .arg(holder.id())
             .arg(mode.field_suffix())
             .arg(millis(renewal.lease)),
@@ -597,12 +607,12 @@ pub(super) fn renew(renewal: &Renewal) -> Call {
 }
 
 /// A waiter gives up what it left in the store.
-pub(super) fn withdraw(waiter: Waiter, key: &Key, holder: &Holder) -> Call {
+pub(super) fn withdraw(waiter: Waiter, key: &Key, holder: &Holder, variant: Variant) -> Call {
     match waiter {
-        Waiter::Queued => Call::script(&FAIR_LEAVE, &fair_keys(key))
+        Waiter::Queued => Call::script(&FAIR_LEAVE, variant, &fair_keys(key))
             .arg(holder.id())
             .arg(&*key.names().wake_prefix),
-        Waiter::Writer | Waiter::Reader => Call::script(&RW_WITHDRAW, &rw_keys(key))
+        Waiter::Writer | Waiter::Reader => Call::script(&RW_WITHDRAW, variant, &rw_keys(key))
             .arg(holder.id())
             .arg(if waiter == Waiter::Reader { "r" } else { "w" })
             .arg(key.channel())
@@ -612,7 +622,7 @@ pub(super) fn withdraw(waiter: Waiter, key: &Key, holder: &Holder) -> Call {
 
 /// Deletes the lock whoever holds it, whatever its kind, and wakes its waiters (`1`
 /// deleted, `0` none).
-pub(super) fn force_unlock(key: &Key) -> Call {
+pub(super) fn force_unlock(key: &Key, variant: Variant) -> Call {
     let names = key.names();
     let keys = [
         key.redis_key(),
@@ -622,17 +632,17 @@ pub(super) fn force_unlock(key: &Key) -> Call {
         key.fence_key(),
         &names.waiting_readers,
     ];
-    Call::script(&FORCE_RELEASE, &keys)
+    Call::script(&FORCE_RELEASE, variant, &keys)
         .arg(key.channel())
         .arg(&*names.readers)
         .arg(&*names.wake_prefix)
 }
 
 /// How many times the holder holds the hold (an integer, or nil for none).
-pub(super) fn hold_count(hold: &Hold) -> Call {
+pub(super) fn hold_count(hold: &Hold, variant: Variant) -> Call {
     match hold.kind {
         HoldKind::Exclusive(_) => Call::command("HGET", hold.key.redis_key()).arg(hold.holder.id()),
-        HoldKind::ReadWrite(mode) => Call::script(&RW_COUNT, &rw_keys(&hold.key))
+        HoldKind::ReadWrite(mode) => Call::script(&RW_COUNT, variant, &rw_keys(&hold.key))
             .arg(hold.holder.id())
             .arg(mode.field_suffix()),
     }
@@ -649,8 +659,8 @@ pub(super) fn queue_length(key: &Key) -> Call {
 }
 
 /// Writes a fenced value with `token` (`{1}` written, `{0, newest}` refused).
-pub(super) fn fenced_write(key: &Key, token: u64, value: &[u8]) -> Call {
-    Call::script(&FENCED_WRITE, &[&key.names().fenced])
+pub(super) fn fenced_write(key: &Key, token: u64, value: &[u8], variant: Variant) -> Call {
+    Call::script(&FENCED_WRITE, variant, &[&key.names().fenced])
         .arg(token)
         .arg(value)
 }
@@ -676,8 +686,8 @@ pub(super) fn fenced_read(key: &Key) -> Call {
 /// Which of `commands` (each a line of words, `K` for `key` and `C` for `channel`) the
 /// user may not run (`permissions.lua`: their positions from 1, or nil on a Redis without
 /// `redis.acl_check_cmd`).
-pub(super) fn permissions(key: &str, channel: &str, commands: &[&str]) -> Call {
-    Call::script(&PERMISSIONS, &[key])
+pub(super) fn permissions(key: &str, channel: &str, commands: &[&str], variant: Variant) -> Call {
+    Call::script(&PERMISSIONS, variant, &[key])
         .arg(channel)
         .arg(commands)
 }
@@ -759,14 +769,18 @@ mod tests {
             key,
             holder: Holder::new("client", 1),
         };
-        let plain = words(&release(&hold, Some(7)));
+        let variant = |notices, cluster| Variant { notices, cluster };
+        let sent = |notices, cluster| {
+            words(&release(&hold, Some(7), variant(notices, cluster)).sent(cluster))
+        };
+        let plain = words(&release(&hold, Some(7), variant(Notices::Classic, false)));
         // One server: the script as written, its arguments alone.
-        let one = words(&release(&hold, Some(7)).sent(Notices::Classic, false));
+        let one = sent(Notices::Classic, false);
         assert_eq!(one, plain);
         assert_eq!(one[0], RELEASE.get_hash());
         // A cluster: the variant that reads an id, and the id, new for every call.
-        let first = words(&release(&hold, Some(7)).sent(Notices::Classic, true));
-        let second = words(&release(&hold, Some(7)).sent(Notices::Classic, true));
+        let first = sent(Notices::Classic, true);
+        let second = sent(Notices::Classic, true);
         let clustered = RELEASE.clustered.as_ref().unwrap().get_hash();
         assert_eq!(
             (first[0].as_str(), second[0].as_str()),
@@ -777,7 +791,7 @@ mod tests {
         assert_ne!(first.last(), second.last());
         assert!(first.last().unwrap().parse::<u64>().unwrap() > 0);
         // Sharded notices: a digest of their own, the id as well.
-        let sharded = words(&release(&hold, Some(7)).sent(Notices::Sharded, true));
+        let sharded = sent(Notices::Sharded, true);
         assert_eq!(sharded[0], RELEASE.sharded.as_ref().unwrap().get_hash());
         assert_eq!(sharded.len(), plain.len() + 1);
         // Every variant is known by its digest, and has the lines of the script as written.
