@@ -146,11 +146,7 @@ impl RedisStore {
         token: Option<u64>,
         reentries: Reentries,
     ) -> Result<Released> {
-        let call = scripts::release_alone(
-            hold,
-            self.commands.notices,
-            op_left(&self.commands, reentries),
-        );
+        let call = scripts::release_alone(hold, reentries, self.commands.variant());
         let released = scripts::released_alone(self.commands.run(call).await?);
         if released == Released::Freed {
             return Ok(released);
@@ -324,12 +320,6 @@ fn alone(hold: &Hold, reentries: Reentries) -> bool {
     reentries != Reentries::Possible && hold.kind == HoldKind::PLAIN
 }
 
-/// Whether a release without a script must delete a call id left beside the count: only
-/// on a cluster, and only for a holder that was handed out (see [`Reentries::NoneLeft`]).
-fn op_left(commands: &Commands, reentries: Reentries) -> bool {
-    reentries == Reentries::NoneLeft && commands.conn.is_cluster()
-}
-
 /// The hold of a dropped guard, queued for release.
 struct Dropped {
     hold: Hold,
@@ -365,11 +355,7 @@ async fn release_dropped(commands: Commands, mut queue: mpsc::UnboundedReceiver<
                 |Dropped {
                      hold, reentries, ..
                  }| match alone(hold, *reentries) {
-                    true => scripts::release_alone(
-                        hold,
-                        commands.notices,
-                        op_left(&commands, *reentries),
-                    ),
+                    true => scripts::release_alone(hold, *reentries, commands.variant()),
                     false => scripts::release(hold, None, commands.variant()),
                 },
             )

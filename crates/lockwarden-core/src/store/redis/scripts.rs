@@ -13,7 +13,9 @@ use crate::error::BackendError;
 use crate::hold::{Exclusive, Hold, HoldKind};
 use crate::holder::Holder;
 use crate::key::Key;
-use crate::store::contract::{Acquire, Attempt, How, Outcome, Released, Renewal, Waiter};
+use crate::store::contract::{
+    Acquire, Attempt, How, Outcome, Reentries, Released, Renewal, Waiter,
+};
 
 /// A script of `lua/`, compiled into the crate, with its source files (to say which of
 /// its commands Redis refused, by line).
@@ -502,15 +504,15 @@ pub(super) fn release(hold: &Hold, token: Option<u64>, variant: Variant) -> Call
 }
 
 /// The release of a plain hold nobody can have re-entered (see
-/// [`Reentries::None`](crate::store::contract::Reentries::None)) as two plain commands in
-/// one pipeline: `HDEL` of the holder's field, which deletes the hash with its last field,
-/// then the notice `release.lua` sends. With `op_left` (a cluster's hold whose holder was
-/// handed out) the `HDEL` takes the field's `:op` too (see `lua/once.lua`): a re-entry,
-/// counted down since, may have left one there. Not atomic, and need not be: the notice follows the
-/// delete either way, and one sent for a hold already gone only makes a waiter try once
-/// more. Read its reply with [`released_alone`].
-pub(super) fn release_alone(hold: &Hold, notices: Notices, op_left: bool) -> Call {
-    let publish = match notices {
+/// [`Reentries::None`]) as two plain commands in one pipeline: `HDEL` of the holder's
+/// field, which deletes the hash with its last field, then the notice `release.lua` sends.
+/// On a cluster, for a holder that was handed out ([`Reentries::NoneLeft`]), the `HDEL`
+/// takes the field's `:op` too (see `lua/once.lua`): a re-entry, counted down since, may
+/// have left one there. Not atomic, and need not be: the notice follows the delete either
+/// way, and one sent for a hold already gone only makes a waiter try once more. Read its
+/// reply with [`released_alone`].
+pub(super) fn release_alone(hold: &Hold, reentries: Reentries, variant: Variant) -> Call {
+    let publish = match variant.notices {
         Notices::Classic => "PUBLISH",
         Notices::Sharded => "SPUBLISH",
     };
@@ -518,7 +520,7 @@ pub(super) fn release_alone(hold: &Hold, notices: Notices, op_left: bool) -> Cal
     let mut notice = with_room(publish, 2, channel.len() + RELEASED.len());
     notice.arg(channel).arg(RELEASED);
     let mut delete = Call::command("HDEL", hold.key.redis_key()).arg(hold.holder.id());
-    if op_left {
+    if variant.cluster && reentries == Reentries::NoneLeft {
         delete = delete.arg([hold.holder.id(), ":op"].concat());
     }
     Call {
