@@ -4,7 +4,7 @@ use std::io::{BufRead, IsTerminal, Write};
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use lockwarden_core::{KeyLayout, LockClient};
+use lockwarden_core::{KeyLayout, LockClient, ReleaseNotices};
 use serde::Serialize;
 
 use crate::error::{CliError, EXIT_CODES};
@@ -45,8 +45,8 @@ pub struct Common {
     #[arg(long, global = true)]
     pub cluster: bool,
     /// With --cluster: send an unlock's release notice by classic PUBLISH, for
-    /// applications whose clients use `classic_notices()` (otherwise it is sharded when
-    /// every master runs Redis 7 or later, as the library's notices are).
+    /// applications whose clients use `.notices(ReleaseNotices::Classic)` (otherwise it
+    /// is sharded when every master runs Redis 7 or later, as the library's notices are).
     #[arg(long, global = true, requires = "cluster")]
     pub classic_notices: bool,
     /// Prefix of every lock key (default `lockwarden:`; empty for --layout redisson).
@@ -397,7 +397,7 @@ async fn connect_client(
     let client = if endpoint.cluster {
         // Waiters hear the unlock only if it publishes the way their clients listen.
         let builder = match common.classic_notices {
-            true => builder.classic_notices(),
+            true => builder.notices(ReleaseNotices::Classic),
             false => builder,
         };
         builder.connect_cluster(&endpoint.urls).await

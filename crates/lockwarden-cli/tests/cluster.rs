@@ -6,7 +6,7 @@ mod common;
 use common::lockwarden;
 use std::time::{Duration, Instant};
 
-use lockwarden_core::{LockClient, LockClientBuilder};
+use lockwarden_core::{LockClient, LockClientBuilder, ReleaseNotices};
 use lockwarden_testkit::RedisCluster;
 
 #[test]
@@ -70,7 +70,7 @@ fn every_master_is_scanned_and_unlock_follows_the_slot() {
 /// A waiter is woken by an unlock from the CLI at once, not at the holder's 30 s lease:
 /// the CLI sends its notice the way the application's clients listen, sharded by default
 /// on these Redis 7 masters, classic with `--classic-notices` for clients that use
-/// `classic_notices()`.
+/// `notices(ReleaseNotices::Classic)`.
 #[test]
 fn an_unlock_wakes_a_waiter_with_either_kind_of_notice() {
     let cluster = RedisCluster::start(3).expect("start a cluster");
@@ -83,10 +83,9 @@ fn an_unlock_wakes_a_waiter_with_either_kind_of_notice() {
     let default = |b: LockClientBuilder| b;
     for (flags, configure) in [
         (&[][..], default as fn(_) -> _),
-        (
-            &["--classic-notices"][..],
-            LockClientBuilder::classic_notices,
-        ),
+        (&["--classic-notices"][..], |b: LockClientBuilder| {
+            b.notices(ReleaseNotices::Classic)
+        }),
     ] {
         let name = format!("stuck{}", flags.len());
         let (guard, waiter) = rt.block_on(async {

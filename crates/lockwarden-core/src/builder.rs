@@ -7,7 +7,7 @@ use crate::client::LockClient;
 use crate::engine::Engine;
 use crate::error::{BackendError, LockError};
 use crate::key::{KeyLayout, KeySpace};
-use crate::store::redis::{ConnectOptions, Credentials, Deployment, NoticesAsked, Tls, PROBE};
+use crate::store::redis::{ConnectOptions, Credentials, Deployment, ReleaseNotices, Tls, PROBE};
 use crate::store::Store;
 use crate::waiters::Waiters;
 
@@ -87,7 +87,7 @@ impl Default for LockClientBuilder {
                 replicas: None,
                 tls: Tls::default(),
                 check_permissions: true,
-                notices: NoticesAsked::Either,
+                notices: ReleaseNotices::Auto,
             },
             primary: None,
         }
@@ -317,49 +317,25 @@ impl LockClientBuilder {
         self
     }
 
-    /// Requires sharded release notices on a Redis Cluster: `SPUBLISH` and `SSUBSCRIBE`,
-    /// which stay on the shard that owns the lock's slot, where a classic `PUBLISH` is
-    /// relayed to every node. A cluster client uses them anyway when every master runs
-    /// Redis 7.0 or later (each master's version is asked at connect with `HELLO`, which
-    /// any user may send; while a master cannot be reached, connecting fails with a
-    /// transient error); with this setting connecting fails instead of falling back to
-    /// classic notices when a master is older. The user needs `+spublish +ssubscribe
-    /// +sunsubscribe` (see the README). Ignored by one server, Sentinel and the in-process
-    /// store.
+    /// How release notices travel on a Redis Cluster (default [`ReleaseNotices::Auto`]:
+    /// sharded `SPUBLISH`/`SSUBSCRIBE` when every master runs Redis 7.0 or later, classic
+    /// `PUBLISH`/`SUBSCRIBE` otherwise). Pin [`ReleaseNotices::Classic`] when other clients
+    /// of the same locks listen classically (Redisson clients configured so), or
+    /// [`ReleaseNotices::Sharded`] to refuse to connect to a cluster with an older master
+    /// instead of falling back. While a master cannot be reached, connecting fails with a
+    /// transient error. Ignored by one server, Sentinel and the in-process store.
     ///
     /// ```no_run
-    /// # use lockwarden_core::LockClient;
+    /// use lockwarden_core::{LockClient, ReleaseNotices};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden_core::LockError> {
     /// let client = LockClient::builder()
-    ///     .sharded_notices()
+    ///     .notices(ReleaseNotices::Sharded)
     ///     .connect_cluster(["redis://127.0.0.1:7000/", "redis://127.0.0.1:7001/"])
     ///     .await?;
     /// # drop(client); Ok(()) }
     /// ```
-    pub fn sharded_notices(mut self) -> Self {
-        self.connect.notices = NoticesAsked::Sharded;
-        self
-    }
-
-    /// Sends release notices on a Redis Cluster with classic `PUBLISH` and listens with
-    /// `SUBSCRIBE`, even where every master has sharded pub/sub. Every client of one lock
-    /// must send and listen the same way (a waiter that hears nothing waits until the
-    /// holder's lease ends), so choose this when other clients of the same locks listen
-    /// classically: Redisson clients configured so, or lockwarden clients of a version
-    /// before sharded notices became the default. Ignored by one server, Sentinel and the
-    /// in-process store.
-    ///
-    /// ```no_run
-    /// # use lockwarden_core::LockClient;
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden_core::LockError> {
-    /// let client = LockClient::builder()
-    ///     .classic_notices()
-    ///     .connect_cluster(["redis://127.0.0.1:7000/", "redis://127.0.0.1:7001/"])
-    ///     .await?;
-    /// # drop(client); Ok(()) }
-    /// ```
-    pub fn classic_notices(mut self) -> Self {
-        self.connect.notices = NoticesAsked::Classic;
+    pub fn notices(mut self, notices: ReleaseNotices) -> Self {
+        self.connect.notices = notices;
         self
     }
 

@@ -77,3 +77,4 @@ pub use lost::LostSignal;
 pub use multi::{MultiGuard, MultiLock};
 pub use redlock::{Redlock, RedlockBuilder, RedlockGuard, RedlockLock};
 pub use rw::{RwLock, RwLockHandle};
+pub use store::redis::ReleaseNotices;

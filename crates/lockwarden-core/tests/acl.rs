@@ -19,7 +19,9 @@ use std::time::{Duration, Instant};
 
 use common::kinds::{Kind, Opts};
 use common::{finishes, spawn_timed};
-use lockwarden_core::{BackendError, Claim, KeyLayout, LockClient, LockClientBuilder, LockError};
+use lockwarden_core::{
+    BackendError, Claim, KeyLayout, LockClient, LockClientBuilder, LockError, ReleaseNotices,
+};
 use lockwarden_testkit::{eventually, RedisServer};
 
 /// Every lock kind, in the order the tests try them.
@@ -1017,7 +1019,7 @@ async fn a_cluster_needs_cluster_slots_and_ping_too() {
     let connect = || async {
         LockClient::builder()
             .command_timeout(Duration::from_secs(2))
-            .classic_notices()
+            .notices(ReleaseNotices::Classic)
             .connect_cluster(&urls)
             .await
             .expect("connect to the cluster as a restricted user")
@@ -1086,12 +1088,12 @@ async fn a_cluster_needs_cluster_slots_and_ping_too() {
     let (got, at) = finishes(SERVED * 2, "the woken waiter (sharded)", waiting).await;
     got.unwrap().release().await.unwrap();
     assert!(at.duration_since(released) < SERVED, "not by the notice");
-    // Without the sharded commands, connecting by default or with `sharded_notices()`
+    // Without the sharded commands, connecting by default or with `notices(ReleaseNotices::Sharded)`
     // fails, naming them and the way back to classic notices.
     let urls = set("classic-only", &[TAGGED, COMMANDS, CLUSTER]);
     for builder in [
         LockClient::builder(),
-        LockClient::builder().sharded_notices(),
+        LockClient::builder().notices(ReleaseNotices::Sharded),
     ] {
         let refused = builder
             .command_timeout(Duration::from_secs(2))
@@ -1100,7 +1102,7 @@ async fn a_cluster_needs_cluster_slots_and_ping_too() {
             .expect_err("connected with sharded notices without SPUBLISH");
         let text = refused.to_string();
         assert!(
-            text.contains("SPUBLISH") && text.contains("classic_notices()"),
+            text.contains("SPUBLISH") && text.contains("notices(ReleaseNotices::Classic)"),
             "{text}"
         );
     }
@@ -1121,7 +1123,7 @@ async fn a_cluster_needs_cluster_slots_and_ping_too() {
     let urls = set("no-ping", &[TAGGED, COMMANDS, "+cluster|slots"]);
     let client = LockClient::builder()
         .command_timeout(Duration::from_secs(2))
-        .classic_notices()
+        .notices(ReleaseNotices::Classic)
         .connect_cluster(&urls)
         .await
         .unwrap();

@@ -10,7 +10,9 @@
 
 use std::time::{Duration, Instant};
 
-use lockwarden_core::{BackendError, Claim, LockClient, LockClientBuilder, LockError, LockGuard};
+use lockwarden_core::{
+    BackendError, Claim, LockClient, LockClientBuilder, LockError, LockGuard, ReleaseNotices,
+};
 use lockwarden_testkit::{eventually, RedisCluster};
 
 /// Long enough that a waiter served before it was served by a release notice.
@@ -298,7 +300,7 @@ async fn a_held_lock_follows_its_slot_to_another_master() {
 /// The same with classic notices.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_lock_follows_its_slot_with_classic_notices() {
-    follows_its_slot(LockClientBuilder::classic_notices).await;
+    follows_its_slot(|b: LockClientBuilder| b.notices(ReleaseNotices::Classic)).await;
 }
 
 async fn follows_its_slot(notices: fn(LockClientBuilder) -> LockClientBuilder) {
@@ -341,7 +343,7 @@ async fn follows_its_slot(notices: fn(LockClientBuilder) -> LockClientBuilder) {
 /// Promise (the performance issue's sharded notices): on a cluster whose masters all run
 /// Redis 7 a release's notice is sharded by default (`SPUBLISH`), processed by the master
 /// that owns the lock only, and still wakes a waiter of another client at once; so with
-/// `sharded_notices()`. With `classic_notices()` notices are relayed to every master, as
+/// `notices(ReleaseNotices::Sharded)`. With `notices(ReleaseNotices::Classic)` notices are relayed to every master, as
 /// Redis does with `PUBLISH`. Each round hands the lock over by notice, so a notice that
 /// went astray would leave the waiter to the 30 s lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -353,13 +355,13 @@ async fn sharded_notices_stay_on_the_owning_master_and_classic_ones_reach_every_
     for (asked, configure, classic) in [
         ("default", default as fn(_) -> _, false),
         (
-            "sharded_notices()",
-            LockClientBuilder::sharded_notices,
+            "notices(ReleaseNotices::Sharded)",
+            |b: LockClientBuilder| b.notices(ReleaseNotices::Sharded),
             false,
         ),
         (
-            "classic_notices()",
-            LockClientBuilder::classic_notices,
+            "notices(ReleaseNotices::Classic)",
+            |b: LockClientBuilder| b.notices(ReleaseNotices::Classic),
             true,
         ),
     ] {
@@ -440,8 +442,14 @@ async fn a_waiter_follows_a_failover_with_sharded_notices() {
     const FIRST: usize = 0;
     let mut cluster = RedisCluster::start(3).unwrap();
     let second = cluster.add_replica(FIRST).unwrap();
-    let a = client_with(&cluster, LockClientBuilder::sharded_notices).await;
-    let b = client_with(&cluster, LockClientBuilder::sharded_notices).await;
+    let a = client_with(&cluster, |b: LockClientBuilder| {
+        b.notices(ReleaseNotices::Sharded)
+    })
+    .await;
+    let b = client_with(&cluster, |b: LockClientBuilder| {
+        b.notices(ReleaseNotices::Sharded)
+    })
+    .await;
     let wait = |name: &str| {
         let (b, name) = (b.clone(), name.to_owned());
         tokio::spawn(async move { b.try_acquire(&name, Duration::from_secs(25)).await })
@@ -474,7 +482,10 @@ async fn a_waiter_follows_a_failover_with_sharded_notices() {
         guard.key().redis_key().to_owned(),
         guard.key().channel().to_owned(),
     );
-    let c = client_with(&cluster, LockClientBuilder::sharded_notices).await;
+    let c = client_with(&cluster, |b: LockClientBuilder| {
+        b.notices(ReleaseNotices::Sharded)
+    })
+    .await;
     let waiter = {
         let name = name.clone();
         tokio::spawn(async move { c.try_acquire(&name, Duration::from_secs(25)).await })
@@ -577,7 +588,7 @@ async fn wait_for_replicas_counts_the_replicas_of_the_master_that_took_the_lock(
 /// or not at all. With a master down (and no replica to take over) connecting fails at
 /// once with a transient error, where choosing from the masters that answered could pick
 /// sharded notices that the missing one (say, one still on Redis 6) cannot run; a client
-/// that pins `classic_notices()` asks nothing and connects.
+/// that pins `notices(ReleaseNotices::Classic)` asks nothing and connects.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connecting_with_a_master_down_fails_unless_the_notices_are_pinned() {
     let mut cluster = RedisCluster::start(3).unwrap();
@@ -585,7 +596,10 @@ async fn connecting_with_a_master_down_fails_unless_the_notices_are_pinned() {
     let builder = || LockClient::builder().command_timeout(Duration::from_secs(2));
     for (asked, builder) in [
         ("default", builder()),
-        ("sharded_notices()", builder().sharded_notices()),
+        (
+            "notices(ReleaseNotices::Sharded)",
+            builder().notices(ReleaseNotices::Sharded),
+        ),
     ] {
         match builder.connect_cluster(cluster.urls()).await {
             Err(LockError::Backend(error)) => {
@@ -598,7 +612,7 @@ async fn connecting_with_a_master_down_fails_unless_the_notices_are_pinned() {
         }
     }
     let client = builder()
-        .classic_notices()
+        .notices(ReleaseNotices::Classic)
         .connect_cluster(cluster.urls())
         .await
         .expect("classic notices ask no master");

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use lockwarden_core::LockClient;
+use lockwarden_core::{LockClient, ReleaseNotices};
 use lockwarden_testkit::{RedisCluster, RedisServer};
 
 use crate::baselines::{
@@ -88,7 +88,7 @@ async fn clustered(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
         .get_async_connection()
         .await?;
     let client = LockClient::builder()
-        .classic_notices()
+        .notices(ReleaseNotices::Classic)
         .connect_cluster(cluster.urls())
         .await?;
     // The default on these Redis 7 masters: sharded notices.
@@ -168,7 +168,7 @@ async fn clustered(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
     );
     for (implementation, samples, relayed) in [
         (
-            "lockwarden, connect_cluster + classic_notices",
+            "lockwarden, connect_cluster + classic notices",
             &samples,
             classic_relayed,
         ),

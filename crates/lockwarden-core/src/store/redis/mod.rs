@@ -53,8 +53,8 @@ use crate::waiters::Waiters;
 use commands::Commands;
 pub(crate) use conn::Deployment;
 pub(crate) use credentials::Credentials;
-pub(crate) use notices::Asked as NoticesAsked;
 use notices::Notices;
+pub use notices::ReleaseNotices;
 pub(crate) use permissions::PROBE;
 use replicated::Replicated;
 use scripts::{Answer, NOT_REPLICATED};
@@ -74,7 +74,7 @@ pub(crate) struct ConnectOptions {
     pub(crate) check_permissions: bool,
     /// Which release notices a cluster client uses: sharded (`SPUBLISH`), classic, or
     /// sharded when every master has them.
-    pub(crate) notices: NoticesAsked,
+    pub(crate) notices: ReleaseNotices,
 }
 
 /// The Redis store; clones share its connections. Its background tasks (the pub/sub
@@ -104,7 +104,7 @@ impl RedisStore {
         // Every call on it goes through `Commands`, which bounds it.
         let (conn, source) = deployment.connect(timeout, None, &options.tls).await?;
         let notices = match (conn.is_cluster(), options.notices) {
-            (false, _) | (true, NoticesAsked::Classic) => Notices::Classic,
+            (false, _) | (true, ReleaseNotices::Classic) => Notices::Classic,
             (true, asked) => {
                 let hello = bounded(timeout, conn.on_every_master(redis::cmd("HELLO"))).await?;
                 Notices::on_cluster(asked, &hello)?

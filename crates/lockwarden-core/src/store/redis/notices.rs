@@ -23,14 +23,32 @@ pub(crate) enum Notices {
     Sharded,
 }
 
-/// Which notices a cluster client was asked to use.
+/// How a client on a Redis Cluster sends and hears release notices (set with
+/// [`LockClientBuilder::notices`](crate::LockClientBuilder::notices)). One server,
+/// Sentinel and the in-process store have one way only and ignore it.
+///
+/// Every client of one lock must send and listen the same way: a waiter that hears
+/// nothing waits until the holder's lease ends.
+///
+/// ```
+/// use lockwarden_core::{LockClient, ReleaseNotices};
+/// let builder = LockClient::builder().notices(ReleaseNotices::Classic);
+/// # let _ = builder;
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) enum Asked {
-    /// Sharded when every master has them, classic otherwise.
+#[non_exhaustive]
+pub enum ReleaseNotices {
+    /// Sharded (`SPUBLISH`, `SSUBSCRIBE`: each notice stays on the shard that owns the
+    /// lock's slot) when every master runs Redis 7.0 or later, classic otherwise. Each
+    /// master's version is asked at connect with `HELLO`, which any user may send.
     #[default]
-    Either,
+    Auto,
+    /// Classic `PUBLISH` and `SUBSCRIBE` (every notice is relayed to every node), even
+    /// where every master has sharded pub/sub: for clients of the same locks that listen
+    /// classically (Redisson clients configured so).
     Classic,
-    /// Sharded, refusing to connect when a master lacks them.
+    /// Sharded, and connecting fails instead of falling back when a master is older than
+    /// Redis 7.0. The user needs `+spublish +ssubscribe +sunsubscribe`.
     Sharded,
 }
 
@@ -38,23 +56,23 @@ impl Notices {
     /// The notices of a cluster client that `asked` for them, given each master's reply
     /// to a bare `HELLO` (its address, then the reply or the error it answered).
     pub(super) fn on_cluster(
-        asked: Asked,
+        asked: ReleaseNotices,
         hello: &[(String, Value)],
     ) -> Result<Self, BackendError> {
         let lacking = hello
             .iter()
             .find(|(_, reply)| major_version(reply).is_none_or(|major| major < SHARDED_SINCE));
         match (asked, lacking) {
-            (Asked::Classic, _) => Ok(Notices::Classic),
-            (Asked::Either, None) | (Asked::Sharded, None) => Ok(Notices::Sharded),
-            (Asked::Either, Some((node, _))) => {
+            (ReleaseNotices::Classic, _) => Ok(Notices::Classic),
+            (ReleaseNotices::Auto, None) | (ReleaseNotices::Sharded, None) => Ok(Notices::Sharded),
+            (ReleaseNotices::Auto, Some((node, _))) => {
                 tracing::info!(
                     node,
                     "classic release notices: this master has no sharded pub/sub"
                 );
                 Ok(Notices::Classic)
             }
-            (Asked::Sharded, Some((node, reply))) => Err(BackendError::config(
+            (ReleaseNotices::Sharded, Some((node, reply))) => Err(BackendError::config(
                 "sharded notices need Redis 7 or later on every master",
                 format!("{node} answered HELLO with {reply:?}"),
             )),
@@ -89,7 +107,7 @@ fn major_version(hello: &Value) -> Option<u32> {
 mod tests {
     use redis::Value;
 
-    use super::{Asked, Notices};
+    use super::{Notices, ReleaseNotices};
 
     fn bulk(text: &str) -> Value {
         Value::BulkString(text.as_bytes().to_vec())
@@ -134,12 +152,15 @@ mod tests {
             (&old, Notices::Classic),
             (&unreadable, Notices::Classic),
         ] {
-            assert_eq!(Notices::on_cluster(Asked::Either, replies).unwrap(), either);
             assert_eq!(
-                Notices::on_cluster(Asked::Classic, replies).unwrap(),
+                Notices::on_cluster(ReleaseNotices::Auto, replies).unwrap(),
+                either
+            );
+            assert_eq!(
+                Notices::on_cluster(ReleaseNotices::Classic, replies).unwrap(),
                 Notices::Classic
             );
-            match Notices::on_cluster(Asked::Sharded, replies) {
+            match Notices::on_cluster(ReleaseNotices::Sharded, replies) {
                 Ok(notices) => assert_eq!(notices, either, "{replies:?}"),
                 Err(error) => {
                     assert_eq!(either, Notices::Classic, "{error}");

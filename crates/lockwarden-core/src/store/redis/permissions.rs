@@ -118,7 +118,7 @@ pub(super) async fn check(
     if commands.notices == Notices::Sharded {
         message.push_str(
             " (every master runs Redis 7 or later, so notices are sharded; \
-             `classic_notices()` keeps PUBLISH and SUBSCRIBE)",
+             `notices(ReleaseNotices::Classic)` keeps PUBLISH and SUBSCRIBE)",
         );
     }
     Err(BackendError::NotPermitted {
