@@ -41,6 +41,7 @@ conformance!(
     too_long_and_control_character_keys_are_400,
     json_field_key_leaves_the_body_intact,
     json_errors_are_400_422_and_413,
+    a_remembering_json_layer_reads_the_body_by_one_limit,
     handler_sees_lock_info_and_reenters,
     a_client_without_fencing_tokens_locks_requests_with_token_0,
     scope_separates_principals,
@@ -572,6 +573,31 @@ async fn json_errors_are_400_422_and_413(env: Env) {
     assert_eq!(probe.hits(), 0);
     assert_eq!(client.stats().watched_locks, 0);
     assert!(!locked(&client, "http:x").await);
+}
+
+/// `body_limit` after `remember` bounds both the fingerprint's read and the JSON field's:
+/// a body between the field's earlier limit and the new one is served, one above the new
+/// one is 413.
+async fn a_remembering_json_layer_reads_the_body_by_one_limit(env: Env) {
+    let client = env.client().await;
+    let probe = Probe::default();
+    let app = app!(
+        LockLayer::by_json_field("/id")
+            .client(client.clone())
+            .body_limit(64)
+            .remember(Duration::from_secs(60))
+            .body_limit(256),
+        probe
+    );
+    let body = format!(r#"{{"id":"one-limit","pad":"{}"}}"#, "p".repeat(150));
+    let served = send(&app, json_req("/echo", body.clone())).await;
+    assert_eq!(served.status, StatusCode::OK, "{}", served.text());
+    assert_eq!(served.text(), body);
+    let over = format!(r#"{{"id":"two","pad":"{}"}}"#, "p".repeat(300));
+    send(&app, json_req("/echo", over))
+        .await
+        .assert_problem(413, "body-too-large");
+    assert_eq!(probe.hits(), 1);
 }
 
 async fn handler_sees_lock_info_and_reenters(env: Env) {

@@ -94,6 +94,13 @@ pub trait KeySource<B>: Clone {
     fn body_limit(&self) -> Option<usize> {
         None
     }
+
+    /// Makes this source read at most `limit` bytes of body, if it reads the body (a
+    /// longer one is answered `413`); a source that reads none ignores it. A source that
+    /// wraps another passes it on, so a layer has one body limit.
+    fn set_body_limit(&mut self, limit: usize) {
+        let _ = limit;
+    }
 }
 
 /// A key source that needs only the request head (method, URI, headers, extensions).
@@ -397,10 +404,6 @@ impl FromJsonField {
         Self { pointer, limit }
     }
 
-    pub(crate) fn set_limit(&mut self, limit: usize) {
-        self.limit = limit;
-    }
-
     fn key_of(&self, bytes: &[u8]) -> Result<Option<String>, LockRejection> {
         let value: serde_json::Value =
             serde_json::from_slice(bytes).map_err(|e| LockRejection::InvalidBody {
@@ -448,6 +451,10 @@ where
 
     fn body_limit(&self) -> Option<usize> {
         Some(self.limit)
+    }
+
+    fn set_body_limit(&mut self, limit: usize) {
+        self.limit = limit;
     }
 }
 

@@ -142,7 +142,9 @@ impl LockLayer<FromJsonField> {
         Self::new(FromJsonField::new(pointer, DEFAULT_BODY_LIMIT))
     }
 
-    /// Reads at most `bytes` of body; longer bodies are answered `413`.
+    /// Reads at most `bytes` of request body (default [`DEFAULT_BODY_LIMIT`], 64 KiB);
+    /// longer bodies are answered `413`. This one limit also bounds what a remembering
+    /// layer reads to fingerprint the request (see [`remember`](Self::remember)).
     ///
     /// ```
     /// use lockwarden::LockLayer;
@@ -150,7 +152,7 @@ impl LockLayer<FromJsonField> {
     /// # let _ = layer;
     /// ```
     pub fn body_limit(mut self, bytes: usize) -> Self {
-        self.source_mut().set_limit(bytes);
+        KeySource::<Full<Bytes>>::set_body_limit(self.source_mut(), bytes);
         self
     }
 }
@@ -422,9 +424,10 @@ impl<K> LockLayer<Remember<K>> {
         self
     }
 
-    /// Reads at most `bytes` of request body to fingerprint it; longer bodies are
-    /// answered `413`. (With [`by_json_field`](LockLayer::by_json_field), set the field's
-    /// limit before `remember`: `remember` starts from it.)
+    /// Reads at most `bytes` of request body (default [`DEFAULT_BODY_LIMIT`], 64 KiB) to
+    /// fingerprint it, and to find the key in it with
+    /// [`by_json_field`](LockLayer::by_json_field): one limit for both; longer bodies are
+    /// answered `413`.
     ///
     /// ```
     /// # use lockwarden::LockLayer;
@@ -434,8 +437,11 @@ impl<K> LockLayer<Remember<K>> {
     ///     .body_limit(256 * 1024);
     /// # let _ = layer;
     /// ```
-    pub fn body_limit(mut self, bytes: usize) -> Self {
-        self.source_mut().set_limit(bytes);
+    pub fn body_limit(mut self, bytes: usize) -> Self
+    where
+        K: KeySource<Full<Bytes>>,
+    {
+        KeySource::<Full<Bytes>>::set_body_limit(self.source_mut(), bytes);
         self
     }
 

@@ -39,10 +39,6 @@ impl<K> Remember<K> {
     pub(crate) fn set_fingerprint(&mut self, fingerprint: Fingerprint) {
         self.fingerprint = fingerprint;
     }
-
-    pub(crate) fn set_limit(&mut self, limit: usize) {
-        self.limit = limit;
-    }
 }
 
 impl<B, K> KeySource<B> for Remember<K>
@@ -65,6 +61,17 @@ where
 
     fn missing(&self) -> LockRejection {
         self.inner.missing()
+    }
+
+    fn body_limit(&self) -> Option<usize> {
+        Some(self.limit)
+    }
+
+    /// The remembered request's body is read here, and the wrapped source (a JSON field)
+    /// reads the copy: both by this one limit.
+    fn set_body_limit(&mut self, limit: usize) {
+        self.limit = limit;
+        KeySource::<Full<Bytes>>::set_body_limit(&mut self.inner, limit);
     }
 }
 
