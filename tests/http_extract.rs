@@ -139,7 +139,7 @@ async fn extractor_reenters_inside_a_lock_layer_request(env: Env) {
         .route_layer(
             LockLayer::by_path_param("id")
                 .client(client.clone())
-                .namespace("order:"),
+                .name_prefix("order:"),
         );
     let answer = call(&app, "/orders/9/ship").await;
     assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());

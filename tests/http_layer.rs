@@ -708,7 +708,7 @@ async fn path_and_closure_keys(env: Env) {
     let by_fn = app!(
         LockLayer::by(|parts| parts.uri.query().map(str::to_owned))
             .client(client.clone())
-            .namespace("jobs:"),
+            .name_prefix("jobs:"),
         probe
     );
     let held = client.acquire("jobs:n=1").await.expect("acquire");

@@ -1,5 +1,5 @@
 //! Properties of lock keys extracted from HTTP requests, for arbitrary input: names from
-//! headers, JSON fields, scopes and layer namespaces, through `LockLayer` over an
+//! headers, JSON fields, scopes and layer name prefixes, through `LockLayer` over an
 //! in-process store with `tower::ServiceExt::oneshot`, held to the documented layout (the
 //! oracle in the engine's `tests/common/keys.rs`). (The engine's own key properties:
 //! `crates/lockwarden-core/tests/key_props.rs`.)
@@ -126,7 +126,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(128))]
 
     /// For any header value: the layer never panics; it locks exactly when the value is
-    /// non-empty UTF-8 that makes a valid name with the namespace `http:`, under the name
+    /// non-empty UTF-8 that makes a valid name with the name prefix `http:`, under the name
     /// `http:<value>` laid out as documented; otherwise it answers 400 invalid-lock-key.
     #[test]
     fn header_values_become_keys_or_400(value in header_bytes()) {
@@ -182,15 +182,15 @@ proptest! {
         }
     }
 
-    /// For any layer namespace and key: the lock name is `<namespace><key>` and its Redis
+    /// For any layer name prefix and key: the lock name is `<prefix><key>` and its Redis
     /// key stays under the client's namespace with the tag wrapping the escaped name.
     #[test]
-    fn layer_namespace_prefixes_every_name(namespace in tricky(), key in "[ -~]{0,16}") {
+    fn layer_name_prefix_starts_every_name(prefix in tricky(), key in "[ -~]{0,16}") {
         let request = Request::post("/").header("idempotency-key", key.as_str()).body(Full::default()).expect("request");
         let response = runtime().block_on(
-            service(LockLayer::by_header("Idempotency-Key").namespace(namespace.clone()).client(LockClient::in_memory())).oneshot(request),
+            service(LockLayer::by_header("Idempotency-Key").name_prefix(prefix.clone()).client(LockClient::in_memory())).oneshot(request),
         ).unwrap_or_else(|e| match e {});
-        check_key(outcome(response)?, &namespace, &key)?;
+        check_key(outcome(response)?, &prefix, &key)?;
     }
 
     /// Scoped names are injective: for any two (scope, key) pairs, the lock names are

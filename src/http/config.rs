@@ -18,9 +18,9 @@ use crate::LockClient;
 /// default: 64 KiB.
 pub const DEFAULT_BODY_LIMIT: usize = 64 * 1024;
 
-/// The prefix of every lock name the layer makes, unless set with
-/// [`LockLayer::namespace`](super::LockLayer::namespace).
-pub const DEFAULT_HTTP_NAMESPACE: &str = "http:";
+/// The start of every lock name a layer makes, unless set with
+/// [`LockLayer::name_prefix`](super::LockLayer::name_prefix).
+pub const DEFAULT_NAME_PREFIX: &str = "http:";
 
 /// What to do with a request that carries no key (see
 /// [`LockLayer::on_missing_key`](super::LockLayer::on_missing_key)).
@@ -46,7 +46,7 @@ pub(crate) type ScopeFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
 #[derive(Clone)]
 pub(crate) struct Config {
     pub(crate) client: Option<LockClient>,
-    pub(crate) namespace: Arc<str>,
+    pub(crate) name_prefix: Arc<str>,
     pub(crate) scope: Option<ScopeFn>,
     pub(crate) wait: Duration,
     pub(crate) lease: Option<Duration>,
@@ -64,7 +64,7 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             client: None,
-            namespace: DEFAULT_HTTP_NAMESPACE.into(),
+            name_prefix: DEFAULT_NAME_PREFIX.into(),
             scope: None,
             wait: Duration::ZERO,
             lease: None,
@@ -79,13 +79,13 @@ impl Default for Config {
 }
 
 impl Config {
-    /// The lock name of a request: `<namespace>[<escaped scope>/]<key>`. The scope is
+    /// The lock name of a request: `<name prefix>[<escaped scope>/]<key>`. The scope is
     /// escaped (`%` and `/`), so no scope/key pair can spell another pair's name.
     pub(crate) fn lock_name(&self, scope: Option<&str>, key: &str) -> String {
         let mut name = String::with_capacity(
-            self.namespace.len() + scope.map_or(0, |s| s.len() + 1) + key.len(),
+            self.name_prefix.len() + scope.map_or(0, |s| s.len() + 1) + key.len(),
         );
-        name.push_str(&self.namespace);
+        name.push_str(&self.name_prefix);
         if let Some(scope) = scope {
             for c in scope.chars() {
                 match c {
@@ -105,7 +105,7 @@ impl fmt::Debug for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Config")
             .field("client", &self.client)
-            .field("namespace", &self.namespace)
+            .field("name_prefix", &self.name_prefix)
             .field("scoped", &self.scope.is_some())
             .field("wait", &self.wait)
             .field("lease", &self.lease)

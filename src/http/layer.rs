@@ -215,17 +215,18 @@ impl<K> LockLayer<K> {
         self
     }
 
-    /// Prefixes every lock name (default
-    /// [`DEFAULT_HTTP_NAMESPACE`](super::DEFAULT_HTTP_NAMESPACE)); give layers that must not
-    /// share locks different namespaces.
+    /// Starts every lock name this layer makes with `prefix` (default
+    /// [`DEFAULT_NAME_PREFIX`](super::DEFAULT_NAME_PREFIX), `http:`); give layers that must
+    /// not share locks different prefixes. The name then goes under the client's Redis
+    /// key namespace ([`LockClientBuilder::namespace`](crate::LockClientBuilder::namespace)).
     ///
     /// ```
     /// use lockwarden::LockLayer;
-    /// let layer = LockLayer::by_path().namespace("billing:");
+    /// let layer = LockLayer::by_path().name_prefix("billing:");
     /// # let _ = layer;
     /// ```
-    pub fn namespace(mut self, namespace: impl Into<Arc<str>>) -> Self {
-        self.config().namespace = namespace.into();
+    pub fn name_prefix(mut self, prefix: impl Into<Arc<str>>) -> Self {
+        self.config().name_prefix = prefix.into();
         self
     }
 

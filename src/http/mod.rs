@@ -61,7 +61,7 @@ mod trace;
 
 pub use body::LockedBody;
 pub use client::default_client;
-pub use config::{MissingKey, DEFAULT_BODY_LIMIT, DEFAULT_HTTP_NAMESPACE};
+pub use config::{MissingKey, DEFAULT_BODY_LIMIT, DEFAULT_NAME_PREFIX};
 #[cfg(feature = "axum")]
 pub use extract::{Guarded, LockKey, Locked, LockedRejection, StateLocked};
 pub use future::ResponseFuture;
