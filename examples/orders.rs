@@ -1,9 +1,12 @@
 //! Per-order serialization with the `Locked<OrderId>` extractor and a streaming response.
 //!
 //! ```text
-//! cargo run --example orders             # serve on 127.0.0.1:3001
 //! cargo run --example orders -- --demo   # ship one order twice at once, print both answers
+//! REDIS_URL=redis://127.0.0.1:6379/ cargo run --example orders   # serve on 127.0.0.1:3001
 //! ```
+//!
+//! The extractor takes its lock client from the router's state. The demo is one process,
+//! so without `REDIS_URL` it runs on the in-process store; serving needs `REDIS_URL`.
 //!
 //! `POST /orders/{id}/ship` locks `order:<id>` and streams its progress for a second. The
 //! lock moves into the response stream, so it is held until the last line is sent: a second
@@ -22,7 +25,7 @@ use axum::routing::post;
 use axum::Router;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
-use lockwarden::{LockKey, Locked};
+use lockwarden::{LockClient, LockKey, Locked};
 
 /// An order id from the path.
 struct OrderId(u64);
@@ -57,8 +60,10 @@ async fn ship(Locked(order): Locked<OrderId>) -> Body {
     Body::from_stream(lines)
 }
 
-fn app() -> Router {
-    Router::new().route("/orders/{id}/ship", post(ship))
+fn app(locks: LockClient) -> Router {
+    Router::new()
+        .route("/orders/{id}/ship", post(ship))
+        .with_state(locks)
 }
 
 #[tokio::main]
@@ -69,6 +74,21 @@ async fn main() -> ExitCode {
         )
         .init();
     let demo = std::env::args().any(|a| a == "--demo");
+    let locks = match std::env::var("REDIS_URL") {
+        Ok(url) if !url.is_empty() => match LockClient::connect(&url).await {
+            Ok(client) => client,
+            Err(e) => {
+                eprintln!("cannot reach REDIS_URL: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+        // One process: the in-process store is enough, and chosen here.
+        _ if demo => LockClient::in_memory(),
+        _ => {
+            eprintln!("set REDIS_URL=redis://host:6379/, or run with --demo");
+            return ExitCode::FAILURE;
+        }
+    };
     let addr = if demo {
         "127.0.0.1:0"
     } else {
@@ -87,12 +107,12 @@ async fn main() -> ExitCode {
     if !demo {
         println!("listening on http://{addr}\n");
         println!("  curl -N -X POST http://{addr}/orders/42/ship   # in two terminals at once");
-        return match axum::serve(listener, app()).await {
+        return match axum::serve(listener, app(locks)).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(_) => ExitCode::FAILURE,
         };
     }
-    let server = tokio::spawn(async move { axum::serve(listener, app()).await });
+    let server = tokio::spawn(async move { axum::serve(listener, app(locks)).await });
     let (first, second, other) = tokio::join!(
         ship_order(addr, 42),
         async {

@@ -2,9 +2,13 @@
 //!
 //! ```text
 //! cargo run --example webhook -- --demo   # fire concurrent duplicates at itself, print a table
-//! cargo run --example webhook             # serve on 127.0.0.1:3000
-//! REDIS_URL=redis://127.0.0.1:6379/ cargo run --example webhook -- --demo   # on Redis
+//! REDIS_URL=redis://127.0.0.1:6379/ cargo run --example webhook -- --demo   # the same on Redis
+//! REDIS_URL=redis://127.0.0.1:6379/ cargo run --example webhook             # serve on 127.0.0.1:3000
 //! ```
+//!
+//! The demo is one process, so without `REDIS_URL` it runs on the in-process store, and
+//! says so. Serving needs `REDIS_URL`: a receiver deployed as several replicas must share
+//! its locks in Redis.
 //!
 //! Two routes, two ways to stay idempotent:
 //!
@@ -33,7 +37,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
-use lockwarden::LockLayer;
+use lockwarden::{LockClient, LockLayer};
 use serde::Deserialize;
 
 /// How many times each event was processed.
@@ -97,18 +101,23 @@ async fn event_status(
     Json(serde_json::json!({ "id": id, "processed": processed.count(&id) }))
 }
 
-fn app(processed: Processed) -> Router {
+fn app(processed: Processed, locks: LockClient) -> Router {
     let payments = Router::new()
         .route("/webhooks/payments", post(by_header))
         .layer(
             LockLayer::by_header("Idempotency-Key")
-                .namespace("payments:")
+                .client(locks.clone())
+                .name_prefix("payments:")
                 .wait(Duration::from_secs(2))
                 .remember(Duration::from_secs(24 * 3600)),
         );
     let events = Router::new()
         .route("/webhooks/events", post(by_body))
-        .layer(LockLayer::by_json_field("/id").namespace("events:"));
+        .layer(
+            LockLayer::by_json_field("/id")
+                .client(locks)
+                .name_prefix("events:"),
+        );
     Router::new()
         .route("/events/{id}", get(event_status))
         .merge(payments)
@@ -126,20 +135,30 @@ async fn main() -> ExitCode {
         .init();
     let demo = std::env::args().any(|a| a == "--demo");
 
-    // The layers use the process-wide default client; make it now to report on it.
-    let backend = match lockwarden::default_client().await {
-        Ok(client) => client.backend_name(),
-        Err(e) => {
-            eprintln!("cannot reach REDIS_URL: {e}");
+    let locks = match std::env::var("REDIS_URL") {
+        Ok(url) if !url.is_empty() => match LockClient::connect(&url).await {
+            Ok(client) => {
+                println!("lock backend: Redis (REDIS_URL)");
+                client
+            }
+            Err(e) => {
+                eprintln!("cannot reach REDIS_URL: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+        // The demo is one process: the in-process store is enough, and chosen here.
+        _ if demo => {
+            println!("lock backend: in-process (set REDIS_URL=redis://... to use Redis)");
+            LockClient::in_memory()
+        }
+        _ => {
+            eprintln!(
+                "set REDIS_URL=redis://host:6379/ (the Redis every replica shares), \
+                 or run with --demo"
+            );
             return ExitCode::FAILURE;
         }
     };
-    match backend {
-        "redis" => println!("lock backend: Redis (REDIS_URL)"),
-        _ => println!(
-            "lock backend: in-process (set REDIS_URL=redis://... to share locks between processes)"
-        ),
-    }
 
     let processed = Processed::default();
     let addr = if demo {
@@ -157,7 +176,7 @@ async fn main() -> ExitCode {
     let Ok(addr) = listener.local_addr() else {
         return ExitCode::FAILURE;
     };
-    let server = tokio::spawn(axum::serve(listener, app(processed.clone())).into_future());
+    let server = tokio::spawn(axum::serve(listener, app(processed.clone(), locks)).into_future());
 
     if !demo {
         println!("listening on http://{addr}\n");

@@ -1,5 +1,8 @@
-//! The process-wide default lock client: Redis from `REDIS_URL`, else the in-process store.
+//! The process-wide default lock client: Redis at `REDIS_URL`, and an error naming that
+//! variable when it is not set. The in-process store is never chosen for you: a service
+//! deployed as two replicas would then run requests with the same key at once.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -15,28 +18,45 @@ static LAST_FAILURE: Mutex<Option<Instant>> = Mutex::new(None);
 /// How long after a failed connection attempt the next one is made.
 const RECONNECT_AFTER: Duration = Duration::from_millis(500);
 
-/// The lock client used by layers and extractors that were not given one.
+/// The variable the default client reads its Redis URL from.
+const REDIS_URL: &str = "REDIS_URL";
+
+/// What [`default_client`] answers while `REDIS_URL` is not set.
+const NOT_SET: &str = "REDIS_URL is not set. Set it to the Redis every replica shares \
+    (redis://host:6379/), or give the layer or extractor a client of its own: \
+    `.client(LockClient::connect(url).await?)`, or `.client(LockClient::in_memory())` \
+    for locks that exclude requests of this process only";
+
+/// The lock client used by layers and extractors that were not given one: Redis at the
+/// URL in the `REDIS_URL` environment variable.
 ///
-/// Made on first use: a Redis client for `REDIS_URL` if that variable is set, otherwise
-/// an in-process store (with a warning, once: locks then exclude requests of this
-/// process only). If Redis cannot be reached, this fails (the layer answers `503`) and a
-/// later call tries again.
+/// Made on first use. Without `REDIS_URL` it fails with
+/// [`BackendError::NotConfigured`], which names the variable, and the layer answers
+/// `503`: the in-process store is used only when you ask for it
+/// ([`LockClient::in_memory`], given with `.client(..)`), so a deployment cannot run
+/// single-process by accident. If Redis cannot be reached this fails too (the layer
+/// answers `503`), and a later call tries again.
 ///
 /// The client's background tasks (watchdog, pub/sub) run on the Tokio runtime of the
 /// first call, so use it from one runtime for the life of the process.
 ///
 /// ```
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden::LockError> {
-/// // With REDIS_URL unset this is the in-process store.
-/// let client = lockwarden::default_client().await?;
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use lockwarden::{BackendError, LockError};
+///
 /// # if std::env::var_os("REDIS_URL").is_none() {
-/// assert_eq!(client.backend_name(), "in-memory");
+/// // With REDIS_URL unset there is no default: the error says what to set.
+/// match lockwarden::default_client().await {
+///     Err(LockError::Backend(BackendError::NotConfigured(what))) => assert!(what.contains("REDIS_URL")),
+///     other => panic!("expected NotConfigured, got {other:?}"),
+/// }
 /// # }
-/// # Ok(()) }
+/// # }
 /// ```
 ///
 /// # Errors
-/// [`LockError::Backend`] if `REDIS_URL` is set and Redis cannot be reached.
+/// [`BackendError::NotConfigured`] if `REDIS_URL` is not set, [`LockError::Backend`] if
+/// Redis cannot be reached.
 pub async fn default_client() -> Result<LockClient, LockError> {
     if let Some(client) = DEFAULT.get() {
         return Ok(client.clone());
@@ -49,14 +69,22 @@ pub(crate) fn ready_default_client() -> Option<LockClient> {
     DEFAULT.get().cloned()
 }
 
+/// Says once, when a layer without a client of its own is built, that its requests will
+/// be refused because `REDIS_URL` is not set: at start-up, not at the first request.
+pub(crate) fn warn_if_unconfigured() {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    if redis_url().is_none() && !WARNED.swap(true, Ordering::Relaxed) {
+        tracing::error!("lockwarden: {NOT_SET}; until then, every locked request is answered 503");
+    }
+}
+
+fn redis_url() -> Option<String> {
+    std::env::var(REDIS_URL).ok().filter(|u| !u.is_empty())
+}
+
 async fn init() -> Result<LockClient, LockError> {
-    let url = std::env::var("REDIS_URL").ok().filter(|u| !u.is_empty());
-    let Some(url) = url else {
-        tracing::warn!(
-            "REDIS_URL is not set: lockwarden uses the in-process lock store, so locks \
-             exclude requests of this process only"
-        );
-        return Ok(LockClient::in_memory());
+    let Some(url) = redis_url() else {
+        return Err(LockError::Backend(BackendError::NotConfigured(NOT_SET)));
     };
     let since_failure = LAST_FAILURE
         .lock()

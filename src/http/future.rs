@@ -404,7 +404,9 @@ fn route<RB>(
     }
 }
 
-/// The store failed: pass unlocked when failing open, otherwise 503.
+/// The store failed: pass unlocked when failing open, otherwise 503. A store that is not
+/// configured at all is no outage to ride out: failing open would run every request
+/// unlocked, so it is always 503.
 fn backend_failed<RB>(
     error: &LockError,
     request: Request<RB>,
@@ -412,7 +414,8 @@ fn backend_failed<RB>(
     span: &Span,
     route: &Route,
 ) -> Next<RB> {
-    if config.fail_open {
+    let configured = !matches!(error, LockError::Backend(BackendError::NotConfigured(_)));
+    if config.fail_open && configured {
         tracing::warn!(%error, "lock store unavailable; failing open: the request runs without its lock");
         span.record("outcome", "backend error, failed open");
         metrics::answered(route, Answered::FailedOpen);

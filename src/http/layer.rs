@@ -307,7 +307,9 @@ impl<K> LockLayer<K> {
     }
 
     /// Lets requests through without a lock (logging a warning) when the lock store
-    /// cannot be reached, instead of answering `503`.
+    /// cannot be reached, instead of answering `503`. A layer without a client while
+    /// `REDIS_URL` is not set (see [`default_client`](super::default_client)) still
+    /// answers `503`: that is a missing setting, not an outage.
     ///
     /// ```
     /// use lockwarden::LockLayer;
@@ -503,6 +505,9 @@ impl<S, K: Clone> Layer<S> for LockLayer<K> {
     type Service = LockService<S, K>;
 
     fn layer(&self, inner: S) -> Self::Service {
+        if self.config.client.is_none() {
+            super::client::warn_if_unconfigured();
+        }
         LockService::from_parts(
             inner,
             self.source.clone(),

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{Response, StatusCode};
 
-use crate::{KeyError, LockError};
+use crate::{BackendError, KeyError, LockError};
 
 /// The media type of problem details (RFC 9457).
 const PROBLEM_JSON: &str = "application/problem+json";
@@ -236,6 +236,10 @@ impl LockRejection {
                 retry_after: *retry_after,
             },
             LockError::InvalidKey(e) => Self::invalid_key(e),
+            LockError::Backend(BackendError::NotConfigured(_)) => Self::Unavailable {
+                detail: "The lock store is not configured; the request was not processed."
+                    .to_owned(),
+            },
             _ => Self::Unavailable {
                 detail: "The lock store could not be reached; the request was not processed."
                     .to_owned(),

@@ -146,6 +146,11 @@ pub enum BackendError {
         /// Replicas asked for.
         wanted: u32,
     },
+    /// No lock store is configured: the process-wide default client was asked for, and
+    /// the setting it reads is missing (the text says which, and what to do). Retrying
+    /// does not help until the process is configured.
+    #[error("no lock store is configured: {0}")]
+    NotConfigured(&'static str),
     /// Redis could not be reached moments ago; the next attempt is not due yet.
     #[error("redis was unreachable moments ago; retrying in {0:?}")]
     Unreachable(Duration),
@@ -212,7 +217,8 @@ impl BackendError {
             BackendError::Protocol(_)
             | BackendError::NotReplicated { .. }
             | BackendError::Tls { .. }
-            | BackendError::NotPermitted { .. } => false,
+            | BackendError::NotPermitted { .. }
+            | BackendError::NotConfigured(_) => false,
         }
     }
 }

@@ -95,7 +95,7 @@ pub(crate) enum Operation {
 }
 
 const OPERATIONS: [&str; 3] = ["acquire", "release", "renew"];
-const ERRORS: [&str; 7] = [
+const ERRORS: [&str; 8] = [
     "timeout",
     "connection",
     "server",
@@ -103,6 +103,7 @@ const ERRORS: [&str; 7] = [
     "protocol",
     "tls",
     "not_permitted",
+    "not_configured",
 ];
 
 /// Which label value a kind name has: one of [`KINDS`] (an unknown one counts as plain).
@@ -256,6 +257,7 @@ pub(crate) fn backend_error(operation: Operation, error: &BackendError) {
         BackendError::Protocol(_) => 4,
         BackendError::Tls { .. } => 5,
         BackendError::NotPermitted { .. } => 6,
+        BackendError::NotConfigured(_) => 7,
     };
     counter(BACKEND_ERROR.get(operation as usize, kind), 1);
 }
