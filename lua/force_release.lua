@@ -3,7 +3,8 @@
 -- KEYS[1] lock hash, KEYS[2] a read-write lock's leases, KEYS[3] a fair lock's queue,
 -- KEYS[4] its waiters' deadlines, KEYS[5] the fencing key, KEYS[6] a read-write lock's
 -- waiting readers
--- ARGV[1] release channel, ARGV[2] readers' channel, ARGV[3] fair wake channel prefix
+-- ARGV[1] release channel, ARGV[2] readers' channel, ARGV[3] fair wake channel prefix,
+-- ARGV[4] a semaphore's grant channel
 -- Returns 1 if a lock was deleted, 0 if there was none.
 if redis.call('DEL', KEYS[1]) == 0 then
   return 0
@@ -22,6 +23,9 @@ end
 redis.call('PUBLISH', ARGV[1], '0')
 -- Waiting readers (still held back by any writer that waits).
 redis.call('PUBLISH', ARGV[2], 'read')
+-- A semaphore's waiters: every permit is free, and they keep their places in line (the
+-- first to try again grants them in order).
+redis.call('PUBLISH', ARGV[4], 'read')
 -- The fair queue's head, skipping waiters that died.
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)

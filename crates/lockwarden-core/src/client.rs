@@ -16,6 +16,7 @@ use crate::key::Key;
 use crate::lock::Lock;
 use crate::multi::MultiLock;
 use crate::rw::RwLock;
+use crate::semaphore::Semaphore;
 use crate::store::contract::LockStore;
 use crate::waiters::Waiting;
 
@@ -104,6 +105,27 @@ impl LockClient {
     /// ```
     pub fn fair_lock(&self, name: impl AsRef<str>) -> FairLock {
         FairLock::new(self.engine.clone(), self.engine.key(name.as_ref()))
+    }
+
+    /// A handle on the semaphore named `name`: at most `capacity` permits held at once,
+    /// across every process that uses it, each a lease of its own (see [`Semaphore`]). An
+    /// invalid name or capacity is reported by the operation that uses it.
+    ///
+    /// ```
+    /// # use lockwarden_core::LockClient;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden_core::LockError> {
+    /// let client = LockClient::in_memory();
+    /// // At most 5 exports at once for this account, whichever replica runs them.
+    /// let permit = client.semaphore("exports:acct_7", 5).acquire().await?;
+    /// permit.release().await
+    /// # }
+    /// ```
+    pub fn semaphore(&self, name: impl AsRef<str>, capacity: u32) -> Semaphore {
+        Semaphore::new(
+            self.engine.clone(),
+            self.engine.key(name.as_ref()),
+            capacity,
+        )
     }
 
     /// A value that only the newest fencing token may write: the resource side of

@@ -51,6 +51,28 @@ pub enum LockError {
         /// The lock's name.
         key: String,
     },
+    /// A semaphore was asked for a number of permits it can never grant: zero permits, a
+    /// capacity of zero or above [`MAX_PERMITS`](crate::MAX_PERMITS). Nothing was sent;
+    /// fix the numbers.
+    #[error("semaphore `{key}`: {problem}")]
+    InvalidPermits {
+        /// The semaphore's name.
+        key: String,
+        /// What is wrong with the numbers.
+        problem: String,
+    },
+    /// More permits were asked at once than the semaphore has: its capacity, as stored by
+    /// the client that made it (see [`Semaphore`](crate::Semaphore)). Waiting would never
+    /// end, so it is refused at once; nothing is held.
+    #[error("semaphore `{key}` has {capacity} permits; {asked} can never be granted at once")]
+    TooManyPermits {
+        /// The semaphore's name.
+        key: String,
+        /// The permits asked at once.
+        asked: u32,
+        /// The semaphore's capacity.
+        capacity: u32,
+    },
     /// A claim was completed with the guard of a read-write lock: only plain and fair
     /// locks keep a claim's outcome. The hold was released; nothing was stored.
     #[error("lock `{key}` is a read-write lock, which stores no claim outcome; the hold was released without it")]

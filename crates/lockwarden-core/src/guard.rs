@@ -52,6 +52,8 @@ pub struct LockGuard {
     /// Whether its holder is its own: not shared with other guards (a multi-lock's
     /// guards share one, so one guard's holder may re-enter another's key).
     sole: bool,
+    /// The semaphore permits it holds (0 for a lock), for the metrics.
+    permits: u32,
     /// Its holder as handed out ([`holder`](Self::holder), [`info`](Self::info)): a copy
     /// of its own, so that the release can tell whether any clone of it is left, with
     /// which someone could have re-entered the hold (in this client or another).
@@ -140,6 +142,7 @@ impl LockGuard {
             lease,
             fresh,
             sole: true,
+            permits: 0,
             shown: OnceLock::new(),
             released: false,
         }
@@ -152,7 +155,14 @@ impl LockGuard {
         self
     }
 
-    /// The lock's key.
+    /// This guard holds `permits` of a semaphore.
+    pub(crate) fn holding_permits(mut self, permits: u32) -> Self {
+        metrics::permits_held(f64::from(permits));
+        self.permits = permits;
+        self
+    }
+
+    /// The lock's key (a semaphore's name, for its permits).
     pub fn key(&self) -> &Key {
         &self.hold.key
     }
@@ -390,6 +400,9 @@ impl LockGuard {
         self.released = true;
         let kind = self.hold.kind.name();
         metrics::held(kind, self.since.elapsed());
+        if self.permits > 0 {
+            metrics::permits_held(-f64::from(self.permits));
+        }
         match self.watched.take() {
             Some(generation) => self.engine.watchdog().unregister(&self.hold, generation),
             None if self.lost.is_lost() => metrics::lost(kind, LostBecause::LeaseEnded),

@@ -49,19 +49,23 @@ pub(crate) enum HoldKind {
     Exclusive(Exclusive),
     /// One side of a read-write lock.
     ReadWrite(RwMode),
+    /// Permits of a semaphore, held by a holder made for them (never re-entered: each
+    /// acquisition takes permits of its own).
+    Permits,
 }
 
 impl HoldKind {
     pub(crate) const PLAIN: HoldKind = HoldKind::Exclusive(Exclusive::Plain);
     pub(crate) const FAIR: HoldKind = HoldKind::Exclusive(Exclusive::Fair);
 
-    /// The kind's name in logs: `plain`, `fair`, `read` or `write`.
+    /// The kind's name in logs: `plain`, `fair`, `read`, `write` or `permits`.
     pub(crate) fn name(self) -> &'static str {
         match self {
             HoldKind::Exclusive(Exclusive::Plain) => "plain",
             HoldKind::Exclusive(Exclusive::Fair) => "fair",
             HoldKind::ReadWrite(RwMode::Read) => "read",
             HoldKind::ReadWrite(RwMode::Write) => "write",
+            HoldKind::Permits => "permits",
         }
     }
 }

@@ -52,6 +52,7 @@ mod lock;
 mod multi;
 mod options;
 mod rw;
+mod semaphore;
 mod target;
 
 mod builder;
@@ -77,4 +78,5 @@ pub use lost::LostSignal;
 pub use multi::{MultiGuard, MultiLock};
 pub use redlock::{Redlock, RedlockBuilder, RedlockGuard, RedlockLock};
 pub use rw::{RwLock, RwLockHandle};
+pub use semaphore::{Semaphore, SemaphoreState, MAX_PERMITS};
 pub use store::redis::ReleaseNotices;

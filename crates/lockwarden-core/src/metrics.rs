@@ -22,12 +22,16 @@ const RENEWAL_OVERRUNS: &str = "lockwarden_renewal_overruns_total";
 const WAITERS: &str = "lockwarden_waiters";
 const SUBSCRIPTIONS: &str = "lockwarden_subscriptions";
 const BACKEND_ERRORS: &str = "lockwarden_backend_errors_total";
+const PERMITS_HELD: &str = "lockwarden_permits_held";
+const PERMITS_WAITING: &str = "lockwarden_permits_waiting";
 
 static METADATA: Metadata<'static> =
     Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
 
 /// Lock kinds, as the `kind` label says them.
-const KINDS: [&str; 6] = ["plain", "fair", "read", "write", "multi", "redlock"];
+const KINDS: [&str; 7] = [
+    "plain", "fair", "read", "write", "multi", "redlock", "permits",
+];
 
 /// How an acquire call ended (the `outcome` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -186,6 +190,8 @@ static RENEWAL_BATCH_TOOK: Key = Key::from_static_name(RENEWAL_BATCH);
 static RENEWAL_OVERRAN: Key = Key::from_static_name(RENEWAL_OVERRUNS);
 static WAITING: Key = Key::from_static_name(WAITERS);
 static SUBSCRIBED: Key = Key::from_static_name(SUBSCRIPTIONS);
+static HELD_PERMITS: Key = Key::from_static_name(PERMITS_HELD);
+static WAITING_PERMITS: Key = Key::from_static_name(PERMITS_WAITING);
 
 fn counter(key: &Key, by: u64) {
     metrics::with_recorder(|r| r.register_counter(key, &METADATA).increment(by));
@@ -237,6 +243,16 @@ pub(crate) fn renewal_batch(took: Duration, overran: bool) {
 /// A waiter registered (`+1`) or went away (`-1`).
 pub(crate) fn waiters(delta: f64) {
     gauge(&WAITING, delta);
+}
+
+/// Semaphore permits this client holds went up or down by `delta`.
+pub(crate) fn permits_held(delta: f64) {
+    gauge(&HELD_PERMITS, delta);
+}
+
+/// Acquisitions of this client waiting in a semaphore's line went up or down by `delta`.
+pub(crate) fn permits_waiting(delta: f64) {
+    gauge(&WAITING_PERMITS, delta);
 }
 
 /// Release channels subscribed on Redis went up or down by `delta`.

@@ -35,9 +35,35 @@ impl HoldOptions {
 }
 
 /// The setters of [`HoldOptions`] on a lock handle (a type with an `options` field);
-/// `$make` makes one in the examples, from a `client`.
+/// `$make` makes one in the examples, from a `client`. With `leases`, only the lease
+/// setters: for a handle whose holder is always made for the acquisition.
 macro_rules! hold_options {
     ($handle:ty, $make:literal) => {
+        hold_options!($handle, $make, leases);
+
+        impl $handle {
+            /// Acquires as `holder`, re-entering what it already holds. Without this, the
+            /// holder of the enclosing [`Holder::scope`](crate::Holder::scope) is used, or
+            /// else a fresh one.
+            ///
+            /// ```
+            /// # use lockwarden_core::LockClient;
+            /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden_core::LockError> {
+            /// let client = LockClient::in_memory();
+            /// let me = client.holder();
+            #[doc = concat!("let outer = ", $make, ".holder(&me).acquire().await?;")]
+            #[doc = concat!("let inner = ", $make, ".holder(&me).acquire().await?; // re-enters")]
+            /// inner.release().await?;
+            /// outer.release().await
+            /// # }
+            /// ```
+            pub fn holder(mut self, holder: &crate::Holder) -> Self {
+                self.options.holder = Some(holder.clone());
+                self
+            }
+        }
+    };
+    ($handle:ty, $make:literal, leases) => {
         impl $handle {
             /// Holds the lock for a fixed lease instead of keeping it alive with the
             /// watchdog: it expires `lease` after acquisition unless released sooner.
@@ -71,26 +97,6 @@ macro_rules! hold_options {
             /// ```
             pub fn max_hold(mut self, max_hold: std::time::Duration) -> Self {
                 self.options.max_hold = Some(max_hold);
-                self
-            }
-
-            /// Acquires as `holder`, re-entering what it already holds. Without this, the
-            /// holder of the enclosing [`Holder::scope`](crate::Holder::scope) is used, or
-            /// else a fresh one.
-            ///
-            /// ```
-            /// # use lockwarden_core::LockClient;
-            /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden_core::LockError> {
-            /// let client = LockClient::in_memory();
-            /// let me = client.holder();
-            #[doc = concat!("let outer = ", $make, ".holder(&me).acquire().await?;")]
-            #[doc = concat!("let inner = ", $make, ".holder(&me).acquire().await?; // re-enters")]
-            /// inner.release().await?;
-            /// outer.release().await
-            /// # }
-            /// ```
-            pub fn holder(mut self, holder: &crate::Holder) -> Self {
-                self.options.holder = Some(holder.clone());
                 self
             }
         }

@@ -43,6 +43,20 @@ impl<'a> Target<'a> {
         }
     }
 
+    /// `key`, to be acquired with `options` by a holder made for this acquisition, whatever
+    /// holder the options or the enclosing scope give: a semaphore's permits, which are
+    /// never re-entered.
+    pub(crate) fn fresh(engine: &'a Arc<Engine>, key: &'a Key, options: &'a HoldOptions) -> Self {
+        Self {
+            engine,
+            key,
+            holder: engine.holder(),
+            fresh: true,
+            lease: options.lease(engine),
+            options,
+        }
+    }
+
     /// After an attempt that got no answer: if the holder was made for this acquisition,
     /// settles in the background what the attempt may have taken (a `kind` hold) or left
     /// (its place as `waiter`), and goes on as a new holder. Returns whether it did; a
@@ -103,6 +117,14 @@ impl<'a> Target<'a> {
                 "the store answered a {} acquire with a stored outcome",
                 how.kind().name()
             ))),
+            Attempt::OverCapacity { capacity } => Ok(Tried::Refused(LockError::TooManyPermits {
+                key: self.key.name().to_owned(),
+                asked: match how {
+                    How::Permits(asked) => asked.permits,
+                    _ => 0,
+                },
+                capacity,
+            })),
         }
     }
 

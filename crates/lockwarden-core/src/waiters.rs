@@ -182,34 +182,42 @@ impl Waiters {
         token: u64,
         holders: impl Iterator<Item = &'h str>,
     ) {
-        self.wake_named(channel, Some(token), holders);
+        self.wake_named(channel, holders.map(|holder| (holder, Some(token))));
+    }
+
+    /// Hands each of `grants` (a holder and its fencing token: a semaphore's permits a
+    /// release granted, each a hold of its own) to its waiters on `channel`, waking each
+    /// of them alone.
+    pub(crate) fn grant_each<'h>(
+        &self,
+        channel: &str,
+        grants: impl Iterator<Item = (&'h str, u64)>,
+    ) {
+        self.wake_named(channel, grants.map(|(holder, token)| (holder, Some(token))));
     }
 
     /// Wakes the waiters of `channel` that wait as one of `holders` (a fair lock's head,
     /// whose turn a force unlock left to it), alone.
     pub(crate) fn wake<'h>(&self, channel: &str, holders: impl Iterator<Item = &'h str>) {
-        self.wake_named(channel, None, holders);
+        self.wake_named(channel, holders.map(|holder| (holder, None)));
     }
 
-    fn wake_named<'h>(
-        &self,
-        channel: &str,
-        token: Option<u64>,
-        holders: impl Iterator<Item = &'h str>,
-    ) {
+    /// Wakes the waiters of `channel` that wait as each named holder, handing it its
+    /// fencing token if a lock was granted to it.
+    fn wake_named<'h>(&self, channel: &str, named: impl Iterator<Item = (&'h str, Option<u64>)>) {
         let Some(shared) = self.channels().get(channel).map(|e| e.shared.clone()) else {
             return;
         };
-        let mut named = shared.named();
-        for holder in holders {
+        let mut waiting = shared.named();
+        for (holder, token) in named {
             let ours = holder
                 .rsplit_once(':')
                 .is_some_and(|(client, _)| client == &*self.client);
-            let named = match named.get_mut(holder) {
+            let named = match waiting.get_mut(holder) {
                 Some(named) => named,
                 // Kept for a waiter of this client that registers next (it was between
                 // its attempt and its sleep); another client's is none of ours.
-                None if ours => named.entry(holder.into()).or_default(),
+                None if ours => waiting.entry(holder.into()).or_default(),
                 None => continue,
             };
             if token.is_some() {

@@ -37,7 +37,7 @@ const KINDS: [Kind; 5] = [
 /// README's "ACL users" section for what each one is for.
 const COMMANDS: &str = "+evalsha +script|load +subscribe +unsubscribe +publish +time \
 +exists +get +set +del +pexpire +pexpireat +pttl +hget +hmget +hset +hexists +hincrby +hdel \
-+llen +lindex +lpop +lpos +lrem +rpush +zadd +zrem +zcard +zscore +zrange +zrangebyscore \
++llen +lindex +lpop +lpos +lrem +rpush +zadd +zrem +zcard +zscore +zrank +zrange +zrangebyscore \
 +zremrangebyscore +copy";
 
 /// Keys and channels of the default layout and namespace (`lockwarden:`).
@@ -648,6 +648,11 @@ async fn every_operation(
             errors
         }));
     }
+    tasks.push(tokio::spawn({
+        let (weak, admin, renewing) = (weak.clone(), admin.clone(), renewing.clone());
+        let name = format!("{tag}:Permits");
+        async move { permits(&weak, &admin, &renewing, &name).await }
+    }));
     let mut errors = Vec::new();
     for task in tasks {
         errors.extend(task.await.unwrap());
@@ -687,6 +692,83 @@ async fn every_operation(
     if let Err(e) = fenced.read().await {
         errors.push(e);
     }
+    errors
+}
+
+/// Everything a semaphore does, by `weak`: permits taken, inspected and released; a
+/// waiter in line granted its permit by a release, one that gives up; a new capacity; a
+/// renewal; a forced unlock.
+async fn permits(
+    weak: &LockClient,
+    admin: &LockClient,
+    renewing: &LockClient,
+    name: &str,
+) -> Vec<LockError> {
+    let mut errors = Vec::new();
+    let mut keep = |result: Result<(), LockError>| {
+        if let Err(e) = result {
+            errors.push(e);
+        }
+    };
+    let free = weak.semaphore(format!("{name}:free"), 2);
+    match free.acquire_many(2).await {
+        Ok(held) => {
+            keep(free.state().await.map(drop));
+            keep(held.release().await);
+        }
+        Err(e) => keep(Err(e)),
+    }
+    let blocker = admin
+        .semaphore(name, 1)
+        .lease(LEASE)
+        .try_acquire(Duration::from_secs(5))
+        .await
+        .unwrap();
+    let waiting = tokio::spawn({
+        let sem = weak.semaphore(name, 1);
+        async move { sem.try_acquire(Duration::from_secs(2)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    keep(
+        weak.semaphore(name, 1)
+            .try_acquire(Duration::from_millis(100))
+            .await
+            .map(drop),
+    );
+    blocker.release().await.unwrap();
+    match waiting.await.unwrap() {
+        Ok(held) => keep(held.release().await),
+        Err(e) => keep(Err(e)),
+    }
+    match renewing
+        .semaphore(format!("{name}:renewed"), 1)
+        .try_acquire(Duration::ZERO)
+        .await
+    {
+        Ok(held) => {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            let _ = held.release().await;
+        }
+        Err(e) => keep(Err(e)),
+    }
+    let stuck = admin
+        .semaphore(format!("{name}:forced"), 1)
+        .acquire()
+        .await
+        .unwrap();
+    keep(
+        weak.semaphore(format!("{name}:forced"), 1)
+            .set_capacity(2)
+            .await
+            .map(drop),
+    );
+    keep(
+        weak.semaphore(format!("{name}:forced"), 1)
+            .force_unlock()
+            .await
+            .map(drop),
+    );
+    drop(stuck);
     errors
 }
 

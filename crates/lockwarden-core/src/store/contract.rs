@@ -25,7 +25,9 @@ pub(crate) type Result<T, E = BackendError> = std::result::Result<T, E>;
 ///   while it is in flight is undone once its answer is in: no lock is held for nobody.
 /// - **Re-entry** by the same holder counts up; each release counts down; at zero the lock
 ///   is free and its waiters are woken (the fair lock's head only; every reader of a
-///   read-write lock open to readers; every waiter of a completed claim).
+///   read-write lock open to readers; every waiter of a completed claim). A semaphore's
+///   permits are never re-entered (each acquisition is a holder of its own); a release
+///   grants what it frees to as many waiters, in arrival order, as it lets in.
 /// - **Fencing tokens** strictly increase per lock, across holders and across the loss of
 ///   the fencing key (they come from the server clock, never at or below the last one).
 /// - **Leases** are kept by the store: a hold not renewed or released in time expires.
@@ -91,6 +93,14 @@ pub(crate) trait LockStore {
     /// Waiters in a fair lock's queue, counting any that died less than their queue
     /// timeout ago.
     fn queued(&self, key: &Key) -> impl Future<Output = Result<usize>> + Send;
+
+    /// A semaphore's state (its holds and registrations that ran out dropped first);
+    /// `None` if it is idle (nothing stored).
+    fn permits(&self, key: &Key) -> impl Future<Output = Result<Option<PermitsState>>> + Send;
+
+    /// Changes the capacity of a semaphore in use, granting new room to waiters at once
+    /// and taking no held permit back; whether it was in use (an idle one stores nothing).
+    fn set_capacity(&self, key: &Key, capacity: u32) -> impl Future<Output = Result<bool>> + Send;
 
     /// Writes `value` as `key`'s fenced value if no larger token than `token` wrote it
     /// before; `Some(newest)` (the larger token) if refused.
@@ -164,6 +174,19 @@ pub(crate) enum How {
     /// The write side; a refused writer is registered as waiting for `register`, which
     /// holds back new readers.
     Write { register: Duration },
+    /// `permits` of a semaphore of `capacity` (stored if it is idle, else the stored one
+    /// counts), in strict arrival order if `fifo` (stored with it); a refused waiter waits
+    /// in line for `register` (zero: a single try), to be granted permits by a release.
+    Permits(PermitsAsked),
+}
+
+/// What an acquisition of a semaphore's permits asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PermitsAsked {
+    pub(crate) permits: u32,
+    pub(crate) capacity: u32,
+    pub(crate) fifo: bool,
+    pub(crate) register: Duration,
 }
 
 impl How {
@@ -174,6 +197,18 @@ impl How {
             How::Fair { .. } => HoldKind::FAIR,
             How::Read { .. } => HoldKind::ReadWrite(RwMode::Read),
             How::Write { .. } => HoldKind::ReadWrite(RwMode::Write),
+            How::Permits(_) => HoldKind::Permits,
+        }
+    }
+
+    /// What a refused attempt of this way may leave in the store while it waits.
+    pub(crate) fn waiter(self) -> Option<Waiter> {
+        match self {
+            How::Plain | How::Claim => None,
+            How::Fair { .. } => Some(Waiter::Queued),
+            How::Read { .. } => Some(Waiter::Reader),
+            How::Write { .. } => Some(Waiter::Writer),
+            How::Permits(asked) => Some(Waiter::Permits(asked.permits)),
         }
     }
 }
@@ -192,6 +227,8 @@ pub(crate) enum Attempt {
     Completed { outcome: Vec<u8> },
     /// A write asked by a holder that holds only the read side: it would wait for itself.
     Upgrade,
+    /// More permits asked than the semaphore has (its stored capacity): never granted.
+    OverCapacity { capacity: u32 },
 }
 
 /// Answer of one attempt to take several locks at once.
@@ -271,4 +308,18 @@ pub(crate) enum Waiter {
     /// Its registration as a waiting reader of a read-write lock (and an admission it
     /// has not taken up).
     Reader,
+    /// Its place in a semaphore's line, waiting for this many permits (and a grant it has
+    /// not taken up).
+    Permits(u32),
+}
+
+/// A semaphore in use, as the store has it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PermitsState {
+    /// The stored capacity.
+    pub(crate) capacity: u32,
+    /// Permits held.
+    pub(crate) used: u32,
+    /// Waiters in line.
+    pub(crate) waiting: u32,
 }

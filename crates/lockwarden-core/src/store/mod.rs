@@ -17,8 +17,8 @@ use crate::holder::Holder;
 use crate::key::Key;
 use crate::waiters::Waiters;
 use contract::{
-    Acquire, AcquireAll, Attempt, LockStore, MultiAttempt, Outcome, Reentries, Released, Renewal,
-    Renewed, Result, Waiter,
+    Acquire, AcquireAll, Attempt, LockStore, MultiAttempt, Outcome, PermitsState, Reentries,
+    Released, Renewal, Renewed, Result, Waiter,
 };
 use memory::MemoryStore;
 
@@ -120,6 +120,14 @@ impl LockStore for Store {
 
     async fn queued(&self, key: &Key) -> Result<usize> {
         dispatch!(self, s => s.queued(key).await)
+    }
+
+    async fn permits(&self, key: &Key) -> Result<Option<PermitsState>> {
+        dispatch!(self, s => s.permits(key).await)
+    }
+
+    async fn set_capacity(&self, key: &Key, capacity: u32) -> Result<bool> {
+        dispatch!(self, s => s.set_capacity(key, capacity).await)
     }
 
     async fn fenced_write(&self, key: &Key, token: u64, value: &[u8]) -> Result<Option<u64>> {

@@ -1,9 +1,11 @@
 //! The in-process lock store: the store contract kept by one mutex over the exclusive
-//! locks (`locks.rs`), the fair queues (`queue.rs`) and the read-write locks (`rw.rs`),
+//! locks (`locks.rs`), the fair queues (`queue.rs`), the read-write locks (`rw.rs`) and
+//! the semaphores (`permits.rs`),
 //! with the same semantics as the Lua scripts. For single-process apps, tests and
 //! zero-setup examples. Waiters are woken directly, once the mutex is released.
 
 mod locks;
+mod permits;
 mod queue;
 mod rw;
 mod tokens;
@@ -18,11 +20,12 @@ use crate::hold::{Exclusive, Hold, HoldKind, RwMode};
 use crate::holder::Holder;
 use crate::key::Key;
 use crate::store::contract::{
-    Acquire, AcquireAll, Attempt, How, LockStore, MultiAttempt, Outcome, Reentries, Released,
-    Renewal, Renewed, Result, Waiter,
+    Acquire, AcquireAll, Attempt, How, LockStore, MultiAttempt, Outcome, PermitsState, Reentries,
+    Released, Renewal, Renewed, Result, Waiter,
 };
 use crate::waiters::Waiters;
 use locks::Locks;
+use permits::{Grants, Semaphores};
 use queue::{Ask, Grant, Queues};
 use rw::{Notices, RwLocks};
 
@@ -41,6 +44,7 @@ struct State {
     fenced: HashMap<Key, (u64, Vec<u8>)>,
     queues: Queues,
     rw: RwLocks,
+    permits: Semaphores,
     last_token: u64,
     ops: u32,
 }
@@ -53,18 +57,39 @@ impl State {
             self.locks.sweep(now);
             self.queues.sweep(now);
             self.rw.sweep(now);
+            self.permits.sweep(now);
         }
     }
 
-    /// How long a lock of the other family (exclusive or read-write) under the same name
-    /// has left: on Redis both are one hash, so each keeps the other out.
-    fn held_by_other_family(&mut self, key: &Key, rw: bool, now: Instant) -> Option<Duration> {
-        if rw {
-            self.locks.live(key, now).map(|held| held.expires - now)
-        } else {
-            self.rw.remaining_ttl(key, now)
-        }
+    /// How long a lock of another family than `family` under the same name has left: on
+    /// Redis every family is one hash, so each keeps the others out.
+    fn held_by_other_family(
+        &mut self,
+        key: &Key,
+        family: Family,
+        now: Instant,
+    ) -> Option<Duration> {
+        let held = match family {
+            Family::Exclusive => None,
+            _ => self.locks.live(key, now).map(|held| held.expires - now),
+        };
+        held.or_else(|| match family {
+            Family::ReadWrite => None,
+            _ => self.rw.remaining_ttl(key, now),
+        })
+        .or_else(|| match family {
+            Family::Permits => None,
+            _ => self.permits.remaining_ttl(key, now),
+        })
     }
+}
+
+/// The families of locks that share a name's one hash on Redis.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Family {
+    Exclusive,
+    ReadWrite,
+    Permits,
 }
 
 impl MemoryStore {
@@ -100,6 +125,14 @@ impl MemoryStore {
         }
     }
 
+    /// Tells the waiters a semaphore's permits were granted to, each with its token.
+    fn tell_permits(&self, key: &Key, grants: Grants) {
+        if !grants.is_empty() {
+            let grants = grants.iter().map(|(holder, token)| (holder.id(), *token));
+            self.waiters.grant_each(&key.names().granted, grants);
+        }
+    }
+
     /// Tells the waiter a fair lock was handed to, with its token.
     fn tell_grant(&self, key: &Key, grant: Option<Grant>) {
         if let Some((holder, token)) = grant {
@@ -119,14 +152,19 @@ impl MemoryStore {
                 return Attempt::Completed { outcome };
             }
         }
-        let rw = matches!(how, How::Read { .. } | How::Write { .. });
-        if let Some(ttl) = state.held_by_other_family(key, rw, now) {
+        let family = match how {
+            How::Read { .. } | How::Write { .. } => Family::ReadWrite,
+            How::Permits(_) => Family::Permits,
+            _ => Family::Exclusive,
+        };
+        if let Some(ttl) = state.held_by_other_family(key, family, now) {
             return Attempt::Busy { ttl: Some(ttl) };
         }
         let State {
             locks,
             queues,
             rw,
+            permits,
             last_token,
             ..
         } = &mut *state;
@@ -177,6 +215,13 @@ impl MemoryStore {
                 now,
                 last_token,
             ),
+            How::Permits(asked) => {
+                let (attempt, grants) =
+                    permits.attempt(key, holder, (lease, asked), now, last_token);
+                drop(state);
+                self.tell_permits(key, grants);
+                attempt
+            }
         }
     }
 
@@ -225,6 +270,17 @@ impl MemoryStore {
                 self.tell(key, notices);
                 released
             }
+            HoldKind::Permits => {
+                let State {
+                    permits,
+                    last_token,
+                    ..
+                } = &mut *state;
+                let (released, grants) = permits.release(key, holder, now, last_token);
+                drop(state);
+                self.tell_permits(key, grants);
+                released
+            }
         }
     }
 }
@@ -246,7 +302,7 @@ impl LockStore for MemoryStore {
         for (index, key) in keys.iter().enumerate() {
             let busy = match state.locks.live(key, now) {
                 Some(held) if held.holder != *holder => Some(held.expires - now),
-                _ => state.held_by_other_family(key, false, now),
+                _ => state.held_by_other_family(key, Family::Exclusive, now),
             };
             if let Some(ttl) = busy {
                 return Ok(MultiAttempt::Busy {
@@ -305,6 +361,7 @@ impl LockStore for MemoryStore {
                 HoldKind::ReadWrite(mode) => {
                     state.rw.renew(mode, &hold.key, &hold.holder, *lease, now)
                 }
+                HoldKind::Permits => state.permits.renew(&hold.key, &hold.holder, *lease, now),
             })
             .map(Some)
             .collect();
@@ -336,6 +393,16 @@ impl LockStore for MemoryStore {
                 drop(state);
                 self.tell(key, notices);
             }
+            Waiter::Permits(_) => {
+                let State {
+                    permits,
+                    last_token,
+                    ..
+                } = &mut *state;
+                let grants = permits.withdraw(key, holder, now, last_token);
+                drop(state);
+                self.tell_permits(key, grants);
+            }
         }
         Ok(())
     }
@@ -345,10 +412,15 @@ impl LockStore for MemoryStore {
         let mut state = self.state();
         let exclusive = state.locks.remove(key, now);
         let read_write = state.rw.remove(key, now);
+        let semaphore = state.permits.remove(key, now);
         let next = (exclusive || read_write)
             .then(|| state.queues.head(key, now))
             .flatten();
         drop(state);
+        if semaphore {
+            // Every permit is free: its waiters try again, in their places in line.
+            self.waiters.notify_all(&key.names().granted);
+        }
         if exclusive || read_write {
             self.tell(
                 key,
@@ -360,7 +432,7 @@ impl LockStore for MemoryStore {
             );
             self.wake_turn(key, next);
         }
-        Ok(exclusive || read_write)
+        Ok(exclusive || read_write || semaphore)
     }
 
     async fn hold_count(&self, hold: &Hold) -> Result<u64> {
@@ -369,6 +441,7 @@ impl LockStore for MemoryStore {
         Ok(match hold.kind {
             HoldKind::Exclusive(_) => state.locks.hold_count(&hold.key, &hold.holder, now),
             HoldKind::ReadWrite(mode) => state.rw.hold_count(mode, &hold.key, &hold.holder, now),
+            HoldKind::Permits => state.permits.held_by(&hold.key, &hold.holder, now),
         })
     }
 
@@ -376,11 +449,30 @@ impl LockStore for MemoryStore {
         let now = Instant::now();
         let mut state = self.state();
         let exclusive = state.locks.live(key, now).map(|held| held.expires - now);
-        Ok(exclusive.or_else(|| state.rw.remaining_ttl(key, now)))
+        Ok(exclusive
+            .or_else(|| state.rw.remaining_ttl(key, now))
+            .or_else(|| state.permits.remaining_ttl(key, now)))
     }
 
     async fn queued(&self, key: &Key) -> Result<usize> {
         Ok(self.state().queues.len(key, Instant::now()))
+    }
+
+    async fn permits(&self, key: &Key) -> Result<Option<PermitsState>> {
+        Ok(self.state().permits.state(key, Instant::now()))
+    }
+
+    async fn set_capacity(&self, key: &Key, capacity: u32) -> Result<bool> {
+        let mut state = self.state();
+        let State {
+            permits,
+            last_token,
+            ..
+        } = &mut *state;
+        let (changed, grants) = permits.set_capacity(key, capacity, Instant::now(), last_token);
+        drop(state);
+        self.tell_permits(key, grants);
+        Ok(changed)
     }
 
     async fn fenced_write(&self, key: &Key, token: u64, value: &[u8]) -> Result<Option<u64>> {

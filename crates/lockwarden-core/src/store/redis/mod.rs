@@ -46,8 +46,8 @@ use crate::hold::{Exclusive, Hold, HoldKind};
 use crate::holder::Holder;
 use crate::key::Key;
 use crate::store::contract::{
-    Acquire, AcquireAll, Attempt, LockStore, MultiAttempt, Outcome, Reentries, Released, Renewal,
-    Renewed, Result, Waiter,
+    Acquire, AcquireAll, Attempt, LockStore, MultiAttempt, Outcome, PermitsState, Reentries,
+    Released, Renewal, Renewed, Result, Waiter,
 };
 use crate::waiters::Waiters;
 use commands::Commands;
@@ -184,13 +184,13 @@ impl LockStore for RedisStore {
         let answer = match &self.replicated {
             None => {
                 let reply = self.commands.send::<Answer>(call);
-                let undo = orphan::give_back(self.commands.clone(), hold);
+                let undo = orphan::give_back(self.commands.clone(), hold, ask.how.waiter());
                 self.commands.within(Finish::new(reply).or_undo(undo)).await
             }
             Some(replicated) => {
                 let limit = self.commands.timeout + replicated.timeout();
                 let reply = replicated.acquire(call, self.commands.clone(), hold.clone());
-                let undo = orphan::give_back(self.commands.clone(), hold);
+                let undo = orphan::give_back(self.commands.clone(), hold, ask.how.waiter());
                 bounded(limit, Finish::new(reply).or_undo(undo)).await
             }
         }
@@ -279,10 +279,11 @@ impl LockStore for RedisStore {
     }
 
     async fn hold_count(&self, hold: &Hold) -> Result<u64> {
-        let count: Option<i64> = self
-            .commands
-            .run(scripts::hold_count(hold, self.commands.variant()))
-            .await?;
+        let call = scripts::hold_count(hold, self.commands.variant());
+        if hold.kind == HoldKind::Permits {
+            return Ok(scripts::permits_held(self.commands.run(call).await?));
+        }
+        let count: Option<i64> = self.commands.run(call).await?;
         Ok(count.unwrap_or(0).max(0) as u64)
     }
 
@@ -293,6 +294,18 @@ impl LockStore for RedisStore {
 
     async fn queued(&self, key: &Key) -> Result<usize> {
         self.commands.run(scripts::queue_length(key)).await
+    }
+
+    async fn permits(&self, key: &Key) -> Result<Option<PermitsState>> {
+        let call = scripts::permits(key, self.commands.variant());
+        let reply: Vec<i64> = self.commands.run(call).await?;
+        scripts::permits_state(&reply)
+    }
+
+    async fn set_capacity(&self, key: &Key, capacity: u32) -> Result<bool> {
+        let call = scripts::set_capacity(key, capacity, self.commands.variant());
+        let changed: i64 = self.commands.run(call).await?;
+        Ok(changed == 1)
     }
 
     async fn fenced_write(&self, key: &Key, token: u64, value: &[u8]) -> Result<Option<u64>> {

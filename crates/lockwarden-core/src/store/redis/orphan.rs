@@ -7,11 +7,16 @@ use redis::RedisResult;
 use super::commands::Commands;
 use super::scripts::{self, Answer};
 use crate::finish::{BoxFuture, Undo};
-use crate::hold::{Exclusive, Hold, HoldKind, RwMode};
+use crate::hold::Hold;
 use crate::store::contract::Waiter;
 
-/// Undoes what an abandoned acquire of `hold` did, once its reply is in.
-pub(super) fn give_back(commands: Commands, hold: Hold) -> Undo<RedisResult<Answer>> {
+/// Undoes what an abandoned acquire of `hold` did, once its reply is in; `waiter`: what
+/// a refused attempt of its kind leaves in the store, if anything.
+pub(super) fn give_back(
+    commands: Commands,
+    hold: Hold,
+    waiter: Option<Waiter>,
+) -> Undo<RedisResult<Answer>> {
     Box::new(move |reply| -> BoxFuture {
         Box::pin(async move {
             let Ok(Answer { state, .. }) = reply else {
@@ -19,19 +24,11 @@ pub(super) fn give_back(commands: Commands, hold: Hold) -> Undo<RedisResult<Answ
             };
             let variant = commands.variant();
             // Taken or re-entered: one count is ours and nobody will release it.
-            let call = match (state, hold.kind) {
+            let call = match (state, waiter) {
                 (1 | 2, _) => scripts::release(&hold, None, variant),
                 // Waiting in the store: nobody will wait for the turn, so leave now
                 // rather than make the others wait for the place to run out.
-                (0, HoldKind::Exclusive(Exclusive::Fair)) => {
-                    scripts::withdraw(Waiter::Queued, &hold.key, &hold.holder, variant)
-                }
-                (0, HoldKind::ReadWrite(RwMode::Write)) => {
-                    scripts::withdraw(Waiter::Writer, &hold.key, &hold.holder, variant)
-                }
-                (0, HoldKind::ReadWrite(RwMode::Read)) => {
-                    scripts::withdraw(Waiter::Reader, &hold.key, &hold.holder, variant)
-                }
+                (0, Some(waiter)) => scripts::withdraw(waiter, &hold.key, &hold.holder, variant),
                 _ => return,
             };
             match commands.run::<i64>(call).await {

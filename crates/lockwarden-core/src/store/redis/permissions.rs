@@ -50,6 +50,7 @@ const NEEDED: &[(&str, &str)] = &[
     ("zrem", "zrem K x"),
     ("zcard", "zcard K"),
     ("zscore", "zscore K x"),
+    ("zrank", "zrank K x"),
     ("zrange", "zrange K 0 1"),
     ("zrangebyscore", "zrangebyscore K 0 1"),
     ("zremrangebyscore", "zremrangebyscore K 0 1"),

@@ -252,6 +252,10 @@ impl Session<'_> {
                         Some(Named::Granted(token, holders)) => {
                             self.waiters.grant(&channel, token, holders.split(' ').map(holder_of));
                         }
+                        Some(Named::Permits(first, holders)) => {
+                            let tokens = (first..).zip(holders.split(' '));
+                            self.waiters.grant_each(&channel, tokens.map(|(token, holder)| (holder, token)));
+                        }
                         Some(Named::Woken(holders)) => self.waiters.wake(&channel, holders.split(' ')),
                         None => self.waiters.notify_one(&channel),
                     },
@@ -495,6 +499,10 @@ enum Named<'a> {
     Granted(u64, &'a str),
     /// Their turn, to take by asking (a fair lock's head after a force unlock): `wake:<holder id>`.
     Woken(&'a str),
+    /// A semaphore's permits a release granted them, each its own hold:
+    /// `permits:<token>:<holder> <holder>..`, the n-th named holding the token + n - 1
+    /// (see `permits_prelude.lua`).
+    Permits(u64, &'a str),
 }
 
 /// The holder id a grant names: an admitted reader's notice names its hold's field
@@ -509,6 +517,10 @@ fn named(payload: &[u8]) -> Option<Named<'_>> {
     if let Some(holders) = text.strip_prefix("wake:") {
         return Some(Named::Woken(holders));
     }
+    if let Some(grants) = text.strip_prefix("permits:") {
+        let (token, holders) = grants.split_once(':')?;
+        return Some(Named::Permits(token.parse().ok()?, holders));
+    }
     let (token, holders) = text.strip_prefix("granted:")?.split_once(':')?;
     Some(Named::Granted(token.parse().ok()?, holders))
 }
@@ -522,7 +534,7 @@ mod tests {
             Named::Granted(token, holders) => {
                 Some((token, holders.split(' ').map(holder_of).collect()))
             }
-            Named::Woken(_) => None,
+            Named::Woken(_) | Named::Permits(..) => None,
         }
     }
 
@@ -539,5 +551,14 @@ mod tests {
         assert_eq!(granted("granted:x:c1:7"), None, "a token is a number");
         assert!(matches!(named(b"wake:c1:7"), Some(Named::Woken("c1:7"))));
         assert!(named(b"0").is_none());
+    }
+
+    #[test]
+    fn a_grant_of_permits_names_each_holder_once() {
+        match named(b"permits:17:c1:7 c2:19") {
+            Some(Named::Permits(17, holders)) => assert_eq!(holders, "c1:7 c2:19"),
+            _ => panic!("not read as a grant of permits"),
+        }
+        assert!(named(b"permits:x:c1:7").is_none(), "a token is a number");
     }
 }

@@ -14,7 +14,8 @@ use crate::hold::{Exclusive, Hold, HoldKind};
 use crate::holder::Holder;
 use crate::key::Key;
 use crate::store::contract::{
-    Acquire, Attempt, How, Outcome, Reentries, Released, Renewal, Waiter,
+    Acquire, Attempt, How, Outcome, PermitsAsked, PermitsState, Reentries, Released, Renewal,
+    Waiter,
 };
 
 /// A script of `lua/`, compiled into the crate, with its source files (to say which of
@@ -124,8 +125,12 @@ impl std::ops::Deref for Lua {
 /// A script made of files of `lua/` (each ending with a newline, so lines add up).
 /// `fair: f` and `rw: f` put a fair or read-write script after the clock, the count-once
 /// helpers, the token maker and its kind's prelude (layout, pruning; the fair one also the
-/// handoff).
+/// handoff); `permits: f` a semaphore's after the clock, the token maker and its prelude
+/// (its holders are made for each acquisition, so it needs no count-once helpers).
 macro_rules! script {
+    (permits: $file:literal) => {
+        script!("clock.lua", "token.lua", "permits_prelude.lua", $file)
+    };
     (fair: $file:literal) => {
         script!("clock.lua", "once.lua", "token.lua", "fair_prelude.lua", $file)
     };
@@ -163,6 +168,12 @@ static RW_RELEASE: LazyLock<Lua> = script!(rw: "rw_release.lua");
 static RW_RENEW: LazyLock<Lua> = script!(rw: "rw_renew.lua");
 static RW_WITHDRAW: LazyLock<Lua> = script!(rw: "rw_withdraw.lua");
 static RW_COUNT: LazyLock<Lua> = script!(rw: "rw_count.lua");
+static PERMITS_ACQUIRE: LazyLock<Lua> = script!(permits: "permits_acquire.lua");
+static PERMITS_RELEASE: LazyLock<Lua> = script!(permits: "permits_release.lua");
+static PERMITS_RENEW: LazyLock<Lua> = script!(permits: "permits_renew.lua");
+static PERMITS_WITHDRAW: LazyLock<Lua> = script!(permits: "permits_withdraw.lua");
+static PERMITS_CAPACITY: LazyLock<Lua> = script!(permits: "permits_capacity.lua");
+static PERMITS_STATE: LazyLock<Lua> = script!(permits: "permits_state.lua");
 static FENCED_WRITE: LazyLock<Lua> = script!("fenced_write.lua");
 // Not a lock operation: the connect-time check of the user's permissions.
 static PERMISSIONS: LazyLock<Lua> = script!("permissions.lua");
@@ -286,7 +297,7 @@ fn with_room(name: &'static str, args: usize, bytes: usize) -> Cmd {
 
 /// Every script a pipeline may send with `notices` over a connection that is a cluster's
 /// or not, to load them all when Redis lost them.
-pub(super) fn all(variant: Variant) -> [&'static Script; 16] {
+pub(super) fn all(variant: Variant) -> [&'static Script; 22] {
     every().map(|lua| lua.with(variant))
 }
 
@@ -314,7 +325,7 @@ pub(super) fn named(file: &str) -> &'static Lua {
         .unwrap_or_else(|| panic!("no script {file}"))
 }
 
-fn every() -> [&'static Lua; 16] {
+fn every() -> [&'static Lua; 22] {
     [
         &ACQUIRE,
         &ACQUIRE_UNFENCED,
@@ -331,6 +342,12 @@ fn every() -> [&'static Lua; 16] {
         &RW_RENEW,
         &RW_WITHDRAW,
         &RW_COUNT,
+        &PERMITS_ACQUIRE,
+        &PERMITS_RELEASE,
+        &PERMITS_RENEW,
+        &PERMITS_WITHDRAW,
+        &PERMITS_CAPACITY,
+        &PERMITS_STATE,
         &FENCED_WRITE,
     ]
     .map(|lua| -> &'static Lua { lua })
@@ -348,6 +365,18 @@ fn rw_keys(key: &Key) -> [&str; 5] {
     ]
 }
 
+/// The five keys of every semaphore script, in the prelude's order.
+fn permits_keys(key: &Key) -> [&str; 5] {
+    let names = key.names();
+    [
+        key.redis_key(),
+        &names.leases,
+        key.fence_key(),
+        &names.waiting,
+        &names.waiting_until,
+    ]
+}
+
 /// The four keys of every fair script, in the prelude's order.
 fn fair_keys(key: &Key) -> [&str; 4] {
     [
@@ -361,6 +390,9 @@ fn fair_keys(key: &Key) -> [&str; 4] {
 /// One acquire attempt (its reply is an [`Answer`], see [`attempted`]).
 pub(super) fn acquire(ask: &Acquire<'_>, variant: Variant) -> Call {
     let (key, how) = (ask.key, ask.how);
+    if let How::Permits(asked) = how {
+        return acquire_permits(ask, asked, variant);
+    }
     let (lock, fence) = (key.redis_key(), key.fence_key());
     let plain = match ask.fenced {
         true => &ACQUIRE,
@@ -372,6 +404,7 @@ pub(super) fn acquire(ask: &Acquire<'_>, variant: Variant) -> Call {
         How::Fair { .. } => Call::script(&FAIR_ACQUIRE, variant, &fair_keys(key)),
         How::Read { .. } => Call::script(&READ_ACQUIRE, variant, &rw_keys(key)),
         How::Write { .. } => Call::script(&WRITE_ACQUIRE, variant, &rw_keys(key)),
+        How::Permits(asked) => return acquire_permits(ask, asked, variant),
     };
     let call = call.arg(ask.holder.id()).arg(millis(ask.lease));
     let call = match how {
@@ -385,7 +418,7 @@ pub(super) fn acquire(ask: &Acquire<'_>, variant: Variant) -> Call {
             .arg(if join { "1" } else { "0" })
             .arg(if queued { "1" } else { "0" }),
         How::Write { register } => call.arg(registration(register)),
-        How::Plain | How::Claim | How::Read { .. } => call,
+        How::Plain | How::Claim | How::Read { .. } | How::Permits(_) => call,
     };
     let call = call.arg(flag(ask.fresh));
     match how {
@@ -396,6 +429,21 @@ pub(super) fn acquire(ask: &Acquire<'_>, variant: Variant) -> Call {
         _ => call,
     }
     .counted(ask.fresh)
+}
+
+/// Permits of a semaphore. Its holder is always made for the acquisition, which the
+/// script relies on (holding already: this call ran before, or a release granted it), so
+/// the call needs no id on a cluster.
+fn acquire_permits(ask: &Acquire<'_>, asked: PermitsAsked, variant: Variant) -> Call {
+    let key = ask.key;
+    Call::script(&PERMITS_ACQUIRE, variant, &permits_keys(key))
+        .arg(ask.holder.id())
+        .arg(millis(ask.lease))
+        .arg(asked.permits)
+        .arg(asked.capacity)
+        .arg(flag(asked.fifo))
+        .arg(registration(asked.register))
+        .arg(&*key.names().granted)
 }
 
 /// How long a waiter's registration lasts, in ms: `0` for a single try, which never
@@ -443,6 +491,7 @@ pub(super) fn attempted(
 ) -> Result<Attempt, BackendError> {
     let claim = how == How::Claim;
     let write = matches!(how, How::Write { .. });
+    let permits = matches!(how, How::Permits(_));
     match (state, value) {
         (1, Value::Int(token)) => Ok(Attempt::Taken {
             token: token as u64,
@@ -453,6 +502,9 @@ pub(super) fn attempted(
         (0, Value::Int(ms)) => Ok(Attempt::Busy { ttl: pttl(ms) }),
         (3, Value::BulkString(outcome)) if claim => Ok(Attempt::Completed { outcome }),
         (3, Value::Int(_)) if write => Ok(Attempt::Upgrade),
+        (3, Value::Int(capacity)) if permits => Ok(Attempt::OverCapacity {
+            capacity: u32::try_from(capacity).unwrap_or(u32::MAX),
+        }),
         (state, other) => Err(BackendError::Protocol(format!(
             "the {} acquire script returned {{{state}, {other:?}}}",
             how.kind().name()
@@ -483,7 +535,7 @@ pub(super) fn acquire_all<'k>(
 /// fencing token it was given, if known.
 pub(super) fn release(hold: &Hold, token: Option<u64>, variant: Variant) -> Call {
     let Hold { kind, key, holder } = hold;
-    let call = match kind {
+    match kind {
         HoldKind::Exclusive(Exclusive::Plain) => {
             Call::script(&RELEASE, variant, &[key.redis_key(), key.fence_key()])
                 .arg(holder.id())
@@ -499,8 +551,15 @@ pub(super) fn release(hold: &Hold, token: Option<u64>, variant: Variant) -> Call
             .arg(mode.field_suffix())
             .arg(key.channel())
             .arg(&*key.names().readers),
-    };
-    call.arg(token_arg(token)).counted(false)
+        // Never re-entered, so never counted twice: no token, no call id.
+        HoldKind::Permits => {
+            return Call::script(&PERMITS_RELEASE, variant, &permits_keys(key))
+                .arg(holder.id())
+                .arg(&*key.names().granted)
+        }
+    }
+    .arg(token_arg(token))
+    .counted(false)
 }
 
 /// The release of a plain hold nobody can have re-entered (see
@@ -605,6 +664,9 @@ pub(super) fn renew(renewal: &Renewal, variant: Variant) -> Call {
             .arg(holder.id())
             .arg(mode.field_suffix())
             .arg(millis(renewal.lease)),
+        HoldKind::Permits => Call::script(&PERMITS_RENEW, variant, &permits_keys(key))
+            .arg(holder.id())
+            .arg(millis(renewal.lease)),
     }
 }
 
@@ -619,6 +681,10 @@ pub(super) fn withdraw(waiter: Waiter, key: &Key, holder: &Holder, variant: Vari
             .arg(if waiter == Waiter::Reader { "r" } else { "w" })
             .arg(key.channel())
             .arg(&*key.names().readers),
+        Waiter::Permits(permits) => Call::script(&PERMITS_WITHDRAW, variant, &permits_keys(key))
+            .arg(holder.id())
+            .arg(permits)
+            .arg(&*key.names().granted),
     }
 }
 
@@ -638,16 +704,57 @@ pub(super) fn force_unlock(key: &Key, variant: Variant) -> Call {
         .arg(key.channel())
         .arg(&*names.readers)
         .arg(&*names.wake_prefix)
+        .arg(&*names.granted)
 }
 
-/// How many times the holder holds the hold (an integer, or nil for none).
+/// How many times the holder holds the hold (an integer, or nil for none; for permits,
+/// its field, read with [`permits_held`]).
 pub(super) fn hold_count(hold: &Hold, variant: Variant) -> Call {
     match hold.kind {
-        HoldKind::Exclusive(_) => Call::command("HGET", hold.key.redis_key()).arg(hold.holder.id()),
+        HoldKind::Exclusive(_) | HoldKind::Permits => {
+            Call::command("HGET", hold.key.redis_key()).arg(hold.holder.id())
+        }
         HoldKind::ReadWrite(mode) => Call::script(&RW_COUNT, variant, &rw_keys(&hold.key))
             .arg(hold.holder.id())
             .arg(mode.field_suffix()),
     }
+}
+
+/// How many permits a holder's field (`<permits>:<token>`) says it holds.
+pub(super) fn permits_held(field: Option<String>) -> u64 {
+    field
+        .as_deref()
+        .and_then(|field| field.split(':').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A semaphore's state: `{capacity, used, waiting}`, capacity `-1` idle, `-2` another
+/// kind's lock (read with [`permits_state`]).
+pub(super) fn permits(key: &Key, variant: Variant) -> Call {
+    Call::script(&PERMITS_STATE, variant, &permits_keys(key))
+}
+
+/// Reads [`permits`]'s answer.
+pub(super) fn permits_state(reply: &[i64]) -> Result<Option<PermitsState>, BackendError> {
+    let count = |n: i64| u32::try_from(n).unwrap_or(0);
+    match *reply {
+        [capacity, used, waiting] if capacity > 0 => Ok(Some(PermitsState {
+            capacity: count(capacity),
+            used: count(used),
+            waiting: count(waiting),
+        })),
+        [-1 | -2, ..] => Ok(None),
+        _ => Err(BackendError::Protocol(format!(
+            "the semaphore state script returned {reply:?}"
+        ))),
+    }
+}
+
+/// Changes a semaphore's capacity (`1` changed, `0` idle).
+pub(super) fn set_capacity(key: &Key, capacity: u32, variant: Variant) -> Call {
+    Call::script(&PERMITS_CAPACITY, variant, &permits_keys(key))
+        .arg(capacity)
+        .arg(&*key.names().granted)
 }
 
 /// The lock's `PTTL` (see [`remaining_ttl`]).
