@@ -17,8 +17,9 @@ pub use lockwarden_core::*;
 pub mod http;
 
 #[cfg(feature = "axum")]
-pub use crate::http::{Guarded, LockKey, Locked, LockedRejection, StateLocked};
+pub use crate::http::{Guarded, LimitKey, Limited, LockKey, Locked, LockedRejection, StateLocked};
 
 pub use crate::http::{
-    default_client, Fingerprint, LockLayer, LockRejection, LockService, LockedBody, MissingKey,
+    default_client, Fingerprint, LimitLayer, LockLayer, LockRejection, LockService, LockedBody,
+    MissingKey, PermitInfo,
 };

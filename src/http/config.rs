@@ -22,6 +22,11 @@ pub const DEFAULT_BODY_LIMIT: usize = 64 * 1024;
 /// [`LockLayer::name_prefix`](super::LockLayer::name_prefix).
 pub const DEFAULT_NAME_PREFIX: &str = "http:";
 
+/// The start of every semaphore name a [`LimitLayer`](super::LimitLayer) makes, unless
+/// set with [`LimitLayer::name_prefix`](super::LimitLayer::name_prefix): another than the
+/// lock layer's, so that a lock and a limit on the same key never share a name.
+pub const DEFAULT_LIMIT_PREFIX: &str = "http-limit:";
+
 /// What to do with a request that carries no key (see
 /// [`LockLayer::on_missing_key`](super::LockLayer::on_missing_key)).
 ///
@@ -42,6 +47,33 @@ pub enum MissingKey {
 
 pub(crate) type ScopeFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
 
+/// How many permits a limit layer's semaphore has: one number, or one per request (a
+/// tenant's tier).
+#[derive(Clone)]
+pub(crate) enum Capacity {
+    Fixed(u32),
+    ByRequest(Arc<dyn Fn(&Parts) -> u32 + Send + Sync>),
+}
+
+impl Capacity {
+    /// The capacity for the request with head `parts`.
+    pub(crate) fn of(&self, parts: &Parts) -> u32 {
+        match self {
+            Capacity::Fixed(permits) => *permits,
+            Capacity::ByRequest(of) => of(parts),
+        }
+    }
+}
+
+impl fmt::Debug for Capacity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Capacity::Fixed(permits) => write!(f, "{permits}"),
+            Capacity::ByRequest(_) => f.write_str("by request"),
+        }
+    }
+}
+
 /// The settings shared by a layer and every service and future it makes.
 #[derive(Clone)]
 pub(crate) struct Config {
@@ -50,7 +82,12 @@ pub(crate) struct Config {
     pub(crate) scope: Option<ScopeFn>,
     pub(crate) wait: Duration,
     pub(crate) lease: Option<Duration>,
-    pub(crate) conflict_status: StatusCode,
+    /// The status of a request refused because its lock is busy (409 or 423) or its
+    /// limit is full (429 or 503).
+    pub(crate) refused_status: StatusCode,
+    /// Set for a limit layer: requests hold permits of a semaphore of this capacity,
+    /// not a lock.
+    pub(crate) permits: Option<Capacity>,
     pub(crate) missing_key: MissingKey,
     pub(crate) fail_open: bool,
     pub(crate) abort_on_loss: bool,
@@ -68,7 +105,8 @@ impl Default for Config {
             scope: None,
             wait: Duration::ZERO,
             lease: None,
-            conflict_status: StatusCode::CONFLICT,
+            refused_status: StatusCode::CONFLICT,
+            permits: None,
             missing_key: MissingKey::Reject,
             fail_open: false,
             abort_on_loss: false,
@@ -79,6 +117,17 @@ impl Default for Config {
 }
 
 impl Config {
+    /// A limit layer's settings before its builder methods: no capacity yet (a request is
+    /// refused as a misconfiguration until one is set), its own name prefix, `429`.
+    pub(crate) fn limit() -> Self {
+        Self {
+            name_prefix: DEFAULT_LIMIT_PREFIX.into(),
+            refused_status: StatusCode::TOO_MANY_REQUESTS,
+            permits: Some(Capacity::Fixed(0)),
+            ..Self::default()
+        }
+    }
+
     /// The lock name of a request: `<name prefix>[<escaped scope>/]<key>`. The scope is
     /// escaped (`%` and `/`), so no scope/key pair can spell another pair's name.
     pub(crate) fn lock_name(&self, scope: Option<&str>, key: &str) -> String {
@@ -109,7 +158,8 @@ impl fmt::Debug for Config {
             .field("scoped", &self.scope.is_some())
             .field("wait", &self.wait)
             .field("lease", &self.lease)
-            .field("conflict_status", &self.conflict_status)
+            .field("refused_status", &self.refused_status)
+            .field("permits", &self.permits)
             .field("missing_key", &self.missing_key)
             .field("fail_open", &self.fail_open)
             .field("abort_on_loss", &self.abort_on_loss)

@@ -1,5 +1,6 @@
 //! [`Locked<T>`]: an axum extractor that locks on a value taken from the request (e.g. an
-//! order id from the path) and holds the lock for as long as the handler keeps it.
+//! order id from the path) and holds the lock for as long as the handler keeps it; and
+//! [`Limited<T>`], which holds a permit of the value's concurrency limit instead.
 
 use std::any::Any;
 use std::fmt;
@@ -132,6 +133,33 @@ impl<T: fmt::Display> fmt::Display for Guarded<T> {
     }
 }
 
+/// Deref to the guarded value, and debug-print, for an extractor that wraps a
+/// [`Guarded`] value.
+macro_rules! wraps_guarded {
+    ($extractor:ident) => {
+        impl<T> Deref for $extractor<T> {
+            type Target = T;
+            fn deref(&self) -> &T {
+                &self.0
+            }
+        }
+
+        impl<T> DerefMut for $extractor<T> {
+            fn deref_mut(&mut self) -> &mut T {
+                &mut self.0
+            }
+        }
+
+        impl<T: fmt::Debug> fmt::Debug for $extractor<T> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.debug_tuple(stringify!($extractor))
+                    .field(&self.0)
+                    .finish()
+            }
+        }
+    };
+}
+
 /// Extracts `T` (any [`FromRequestParts`] that implements [`LockKey`]), locks on it, and
 /// holds the lock while the handler keeps the extracted value.
 ///
@@ -177,24 +205,7 @@ impl<T: fmt::Display> fmt::Display for Guarded<T> {
 /// is held until `order` is dropped, normally when the handler returns.
 pub struct Locked<T>(pub Guarded<T>);
 
-impl<T> Deref for Locked<T> {
-    type Target = T;
-    fn deref(&self) -> &T {
-        &self.0
-    }
-}
-
-impl<T> DerefMut for Locked<T> {
-    fn deref_mut(&mut self) -> &mut T {
-        &mut self.0
-    }
-}
-
-impl<T: fmt::Debug> fmt::Debug for Locked<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("Locked").field(&self.0).finish()
-    }
-}
+wraps_guarded!(Locked);
 
 /// Why [`Locked<T>`] could not be extracted: `T`'s own rejection, or the lock's.
 ///
@@ -292,24 +303,7 @@ where
 /// ```
 pub struct StateLocked<T>(pub Guarded<T>);
 
-impl<T> Deref for StateLocked<T> {
-    type Target = T;
-    fn deref(&self) -> &T {
-        &self.0
-    }
-}
-
-impl<T> DerefMut for StateLocked<T> {
-    fn deref_mut(&mut self) -> &mut T {
-        &mut self.0
-    }
-}
-
-impl<T: fmt::Debug> fmt::Debug for StateLocked<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("StateLocked").field(&self.0).finish()
-    }
-}
+wraps_guarded!(StateLocked);
 
 impl<S, T> FromRequestParts<S> for StateLocked<T>
 where
@@ -335,7 +329,7 @@ async fn lock<T: LockKey, R>(
     client: Option<LockClient>,
 ) -> Result<Guarded<T>, LockedRejection<R>> {
     let reject = |e: LockError| {
-        let rejection = LockRejection::from_lock_error(&e, T::CONFLICT_STATUS);
+        let rejection = LockRejection::from_lock_error(&e, T::CONFLICT_STATUS, false);
         tracing::debug!(error = %e, status = rejection.status().as_u16(), "Locked extractor rejected the request");
         LockedRejection::Lock(rejection)
     };
@@ -354,6 +348,124 @@ async fn lock<T: LockKey, R>(
         lock = lock.lease(lease);
     }
     let guard = lock.try_acquire(T::WAIT).await.map_err(reject)?;
+    Ok(Guarded::new(value, guard))
+}
+
+/// A value that names a concurrency limit: implement it for the type you extract with
+/// [`Limited`]. The constants tune the acquisition; override them in the impl.
+///
+/// ```
+/// use lockwarden::LimitKey;
+///
+/// struct Tenant { id: String, paid: bool }
+///
+/// impl LimitKey for Tenant {
+///     fn limit_key(&self) -> String {
+///         format!("exports:{}", self.id)
+///     }
+///     fn permits(&self) -> u32 {
+///         if self.paid { 20 } else { 2 }
+///     }
+/// }
+/// assert_eq!(Tenant { id: "t1".into(), paid: false }.permits(), 2);
+/// ```
+pub trait LimitKey {
+    /// How long to wait for a permit before answering with
+    /// [`FULL_STATUS`](Self::FULL_STATUS) (default: zero, one attempt).
+    const WAIT: Duration = Duration::ZERO;
+    /// A fixed lease; `None` (the default) keeps the permit alive with the watchdog.
+    const LEASE: Option<Duration> = None;
+    /// The status of the answer when every permit is held: 429 (default) or 503.
+    const FULL_STATUS: StatusCode = StatusCode::TOO_MANY_REQUESTS;
+
+    /// The name of the limit's semaphore (validated like every key). Include a prefix,
+    /// e.g. `exports:<tenant>`, so keys of different types differ.
+    fn limit_key(&self) -> String;
+
+    /// Its capacity: how many handlers with this key may run at once, across every
+    /// replica (the stored capacity counts while the key is in use, see
+    /// [`Semaphore`](crate::Semaphore)).
+    fn permits(&self) -> u32;
+}
+
+/// Extracts `T` (any [`FromRequestParts`] that implements [`LimitKey`]) and holds a
+/// permit of its limit while the handler keeps the extracted value: at most
+/// [`LimitKey::permits`] handlers with the same key run at once, on every replica. A
+/// handler that finds the limit full is answered 429 (or [`LimitKey::FULL_STATUS`]) with
+/// `Retry-After` and a problem body.
+///
+/// ```
+/// use axum::{extract::Path, routing::post, Router};
+/// use lockwarden::{LimitKey, Limited, LockClient};
+///
+/// struct Account(String);
+///
+/// impl LimitKey for Account {
+///     fn limit_key(&self) -> String {
+///         format!("exports:{}", self.0)
+///     }
+///     fn permits(&self) -> u32 {
+///         3 // three exports at once per account
+///     }
+/// }
+///
+/// impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Account {
+///     type Rejection = axum::extract::rejection::PathRejection;
+///     async fn from_request_parts(parts: &mut http::request::Parts, state: &S) -> Result<Self, Self::Rejection> {
+///         Ok(Account(Path::<String>::from_request_parts(parts, state).await?.0))
+///     }
+/// }
+///
+/// async fn export(Limited(account): Limited<Account>) -> String {
+///     format!("exporting for {} (token {})", account.0, account.fencing_token())
+/// }
+///
+/// let app: Router = Router::new()
+///     .route("/accounts/{id}/export", post(export))
+///     .with_state(LockClient::in_memory());
+/// ```
+///
+/// The client is found as [`Locked`]'s is: the request's extensions, the router's state
+/// if it is a [`LockClient`], or [`default_client`].
+pub struct Limited<T>(pub Guarded<T>);
+
+wraps_guarded!(Limited);
+
+impl<S, T> FromRequestParts<S> for Limited<T>
+where
+    T: LimitKey + FromRequestParts<S> + Send,
+    S: Send + Sync + 'static,
+{
+    type Rejection = LockedRejection<T::Rejection>;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let value = T::from_request_parts(parts, state)
+            .await
+            .map_err(LockedRejection::Key)?;
+        let client = client_of(parts, state);
+        permit(value, client).await.map(Limited)
+    }
+}
+
+/// Takes a permit of `value`'s limit with `client` (or the default client).
+async fn permit<T: LimitKey, R>(
+    value: T,
+    client: Option<LockClient>,
+) -> Result<Guarded<T>, LockedRejection<R>> {
+    let reject = |e: LockError| {
+        let rejection = LockRejection::from_lock_error(&e, T::FULL_STATUS, true);
+        tracing::debug!(error = %e, status = rejection.status().as_u16(), "Limited extractor rejected the request");
+        LockedRejection::Lock(rejection)
+    };
+    let client = match client {
+        Some(client) => client,
+        None => default_client().await.map_err(reject)?,
+    };
+    let mut permits = client.semaphore(value.limit_key(), value.permits());
+    if let Some(lease) = T::LEASE {
+        permits = permits.lease(lease);
+    }
+    let guard = permits.try_acquire(T::WAIT).await.map_err(reject)?;
     Ok(Guarded::new(value, guard))
 }
 

@@ -21,6 +21,7 @@ use super::client::{default_client, ready_default_client};
 use super::config::{Config, MissingKey};
 use super::held::{Held, Release};
 use super::key::Extracted;
+use super::limit::PermitInfo;
 use super::metrics::{self, Answered, Route};
 use super::rejection::LockRejection;
 use super::remember::fingerprint::RequestFingerprint;
@@ -71,13 +72,14 @@ pin_project! {
             fut: BoxFuture<Result<LockClient, LockError>>,
             request: Option<Request<RB>>,
             name: String,
+            take: Take,
         },
         Acquire {
             fut: BoxFuture<Result<Claim, LockError>>,
             request: Option<Request<RB>>,
             client: LockClient,
         },
-        Locked { #[pin] fut: Scoped<Fut> },
+        Locked { #[pin] fut: Inner<Fut> },
         Unlocked { #[pin] fut: Fut },
         Finishing { release: Release },
         Done,
@@ -139,13 +141,43 @@ where
     }
 }
 
+pin_project! {
+    /// The inner service's future while the request holds its lock or permit: run as
+    /// the lock's holder, so that locking inside re-enters; a permit's holder is its own
+    /// (the request keeps the holder it had, and a lock taken inside is its own too).
+    #[project = InnerProj]
+    enum Inner<Fut> {
+        AsHolder { #[pin] fut: Scoped<Fut> },
+        AsItself { #[pin] fut: Fut },
+    }
+}
+
+impl<Fut: Future> Future for Inner<Fut> {
+    type Output = Fut::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project() {
+            InnerProj::AsHolder { fut } => fut.poll(cx),
+            InnerProj::AsItself { fut } => fut.poll(cx),
+        }
+    }
+}
+
+/// What a request takes: the layer's lock, or a permit of its limit's semaphore of this
+/// capacity.
+#[derive(Debug, Clone, Copy)]
+enum Take {
+    Lock,
+    Permit(u32),
+}
+
 /// What a request needs next, once its key is known or an acquisition has finished.
 enum Next<RB> {
     Reject(LockRejection),
     Replay(Stored),
     Pass(Request<RB>),
-    Connect(Request<RB>, String),
-    Acquire(Request<RB>, LockClient, String),
+    Connect(Request<RB>, String, Take),
+    Acquire(Request<RB>, LockClient, String, Take),
 }
 
 impl<F, S, RB, ResBody> Future for ResponseFuture<F, S, RB>
@@ -170,11 +202,16 @@ where
                         route(extracted, this.config, this.missing, span, this.route)
                     }
                 },
-                StateProj::Connect { fut, request, name } => {
+                StateProj::Connect {
+                    fut,
+                    request,
+                    name,
+                    take,
+                } => {
                     let connected = ready!(fut.as_mut().poll(cx));
                     let request = take_request(request);
                     match connected {
-                        Ok(client) => Next::Acquire(request, client, std::mem::take(name)),
+                        Ok(client) => Next::Acquire(request, client, std::mem::take(name), *take),
                         Err(error) => {
                             backend_failed(&error, request, this.config, span, this.route)
                         }
@@ -201,10 +238,18 @@ where
                             }
                         }
                         Ok(Claim::Acquired(guard)) => {
+                            let permit = this.config.permits.is_some();
                             span.record("outcome", "acquired");
-                            metrics::answered(this.route, Answered::Locked);
+                            let answered = match permit {
+                                true => Answered::Admitted,
+                                false => Answered::Locked,
+                            };
+                            metrics::answered(this.route, answered);
                             let extensions = request.extensions_mut();
-                            extensions.insert(guard.info());
+                            match permit {
+                                true => extensions.insert(PermitInfo::of(&guard)).map(drop),
+                                false => extensions.insert(guard.info()).map(drop),
+                            };
                             extensions.insert(client.clone());
                             if this.config.abort_on_loss {
                                 let lost = guard.lost_signal();
@@ -212,15 +257,31 @@ where
                             }
                             let holder = guard.holder().clone();
                             *this.held = Some(Held::new(guard, span.clone()));
-                            let fut = holder.scope(call(this.service, request));
+                            let fut = call(this.service, request);
+                            let fut = match permit {
+                                true => Inner::AsItself { fut },
+                                false => Inner::AsHolder {
+                                    fut: holder.scope(fut),
+                                },
+                            };
                             this.state.set(State::Locked { fut });
                             continue;
                         }
-                        Err(error @ (LockError::Timeout { .. } | LockError::InvalidKey(_))) => {
-                            Next::Reject(LockRejection::from_lock_error(
+                        Err(
+                            error @ (LockError::Timeout { .. }
+                            | LockError::InvalidKey(_)
+                            | LockError::InvalidPermits { .. }
+                            | LockError::TooManyPermits { .. }),
+                        ) => {
+                            let rejection = LockRejection::from_lock_error(
                                 &error,
-                                this.config.conflict_status,
-                            ))
+                                this.config.refused_status,
+                                this.config.permits.is_some(),
+                            );
+                            if let LockRejection::InvalidLimit { detail } = &rejection {
+                                tracing::error!(%detail, "the limit's capacity is misconfigured; answering 500");
+                            }
+                            Next::Reject(rejection)
                         }
                         Err(error) => {
                             backend_failed(&error, request, this.config, span, this.route)
@@ -302,7 +363,7 @@ where
                     let fut = call(this.service, request);
                     this.state.set(State::Unlocked { fut });
                 }
-                Next::Connect(request, name) => {
+                Next::Connect(request, name, take) => {
                     let fut: BoxFuture<_> = Box::pin(async {
                         match tokio::time::timeout(CONNECT_BUDGET, default_client()).await {
                             Ok(connected) => connected,
@@ -315,27 +376,41 @@ where
                         fut,
                         request: Some(request),
                         name,
+                        take,
                     });
                 }
-                Next::Acquire(request, client, name) => {
+                Next::Acquire(request, client, name, take) => {
                     *this.started = trace::clock(span);
-                    // No holder given: the core makes one for this request (or takes an
-                    // enclosing request's), and can then settle an acquire whose reply was
-                    // lost without holding the key for a whole lease.
-                    let mut lock = client.lock(&name);
-                    if let Some(lease) = this.config.lease {
-                        lock = lock.lease(lease);
-                    }
-                    let wait = this.config.wait;
-                    let remember = this.config.remember.is_some();
+                    let (wait, lease) = (this.config.wait, this.config.lease);
                     // The core's acquire is an `async fn`: its future has no name to store.
-                    let fut: BoxFuture<_> = Box::pin(async move {
-                        if remember {
-                            lock.try_claim(wait).await
-                        } else {
-                            lock.try_acquire(wait).await.map(Claim::Acquired)
+                    let fut: BoxFuture<_> = match take {
+                        Take::Lock => {
+                            // No holder given: the core makes one for this request (or
+                            // takes an enclosing request's), and can then settle an acquire
+                            // whose reply was lost without holding the key for a whole lease.
+                            let mut lock = client.lock(&name);
+                            if let Some(lease) = lease {
+                                lock = lock.lease(lease);
+                            }
+                            let remember = this.config.remember.is_some();
+                            Box::pin(async move {
+                                if remember {
+                                    lock.try_claim(wait).await
+                                } else {
+                                    lock.try_acquire(wait).await.map(Claim::Acquired)
+                                }
+                            })
                         }
-                    });
+                        Take::Permit(capacity) => {
+                            let mut permits = client.semaphore(&name, capacity);
+                            if let Some(lease) = lease {
+                                permits = permits.lease(lease);
+                            }
+                            Box::pin(
+                                async move { permits.try_acquire(wait).await.map(Claim::Acquired) },
+                            )
+                        }
+                    };
                     this.state.set(State::Acquire {
                         fut,
                         request: Some(request),
@@ -395,12 +470,16 @@ fn route<RB>(
             None => return on_missing(Request::from_parts(parts, body)),
         },
     };
+    let take = match &config.permits {
+        Some(capacity) => Take::Permit(capacity.of(&parts)),
+        None => Take::Lock,
+    };
     let request = Request::from_parts(parts, body);
     let name = config.lock_name(scope.as_deref(), &key);
     trace::record_key(span, &name, config.redact_keys);
     match config.client.clone().or_else(ready_default_client) {
-        Some(client) => Next::Acquire(request, client, name),
-        None => Next::Connect(request, name),
+        Some(client) => Next::Acquire(request, client, name, take),
+        None => Next::Connect(request, name, take),
     }
 }
 
@@ -424,7 +503,8 @@ fn backend_failed<RB>(
         tracing::error!(%error, "lock store unavailable; answering 503");
         Next::Reject(LockRejection::from_lock_error(
             error,
-            config.conflict_status,
+            config.refused_status,
+            config.permits.is_some(),
         ))
     }
 }

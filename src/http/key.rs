@@ -230,6 +230,36 @@ impl PartsKey for FromHeader {
     }
 }
 
+/// The key is the same for every request (made by
+/// [`LimitLayer::global`](super::LimitLayer::global)): one limit for all of them.
+///
+/// ```
+/// # use lockwarden::http::{Global, PartsKey};
+/// let (mut parts, ()) = http::Request::get("/reports").body(()).unwrap().into_parts();
+/// assert_eq!(Global::new("reports").key(&mut parts).unwrap().as_deref(), Some("reports"));
+/// ```
+#[derive(Debug, Clone)]
+pub struct Global {
+    name: Arc<str>,
+}
+
+impl Global {
+    /// The key `name` for every request.
+    pub fn new(name: impl Into<Arc<str>>) -> Self {
+        Self { name: name.into() }
+    }
+}
+
+impl PartsKey for Global {
+    fn key(&self, _parts: &mut Parts) -> Result<Option<String>, LockRejection> {
+        Ok(Some(self.name.to_string()))
+    }
+
+    fn missing(&self) -> LockRejection {
+        missing("The request has no key.".to_owned())
+    }
+}
+
 /// The key is the request path, without the query (made by [`LockLayer::by_path`](super::LockLayer::by_path)).
 ///
 /// ```

@@ -1,25 +1,21 @@
-//! [`LockLayer`] and its builder methods: where the key comes from and how the lock is
-//! taken, in one cloneable value that wraps services into [`LockService`]. The settings
-//! themselves are in `config.rs`.
+//! [`LockLayer`] and the builder methods only it has (the busy status, idempotent
+//! replay); where the key comes from and how the lock is held are shared with the limit
+//! layer (`settings.rs`). The settings themselves are in `config.rs`.
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::request::Parts;
 use http::StatusCode;
 use http_body_util::Full;
 use tower_layer::Layer;
 
-use super::config::{Config, MissingKey, DEFAULT_BODY_LIMIT};
-#[cfg(feature = "axum")]
-use super::key::FromPathParam;
-use super::key::{FromFn, FromHeader, FromJsonField, FromPath, KeySource};
+use super::config::{Config, DEFAULT_BODY_LIMIT};
+use super::key::KeySource;
 use super::remember::config::Remembering;
 use super::remember::{Fingerprint, Remember};
 use super::service::{LockService, Missing};
-use crate::LockClient;
+use super::settings::layer_settings;
 
 /// A tower layer that holds a distributed lock, keyed by something in the request, for
 /// the whole life of each request: while the inner service runs and while the response
@@ -61,226 +57,9 @@ pub struct LockLayer<K> {
     missing: Missing,
 }
 
-impl<K: fmt::Debug> fmt::Debug for LockLayer<K> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LockLayer")
-            .field("source", &self.source)
-            .field("config", &self.config)
-            .finish()
-    }
-}
-
-impl LockLayer<FromHeader> {
-    /// Keys requests by the value of header `name` (e.g. `Idempotency-Key`).
-    ///
-    /// ```
-    /// use lockwarden::LockLayer;
-    /// let layer = LockLayer::by_header("Idempotency-Key");
-    /// # let _ = layer;
-    /// ```
-    ///
-    /// # Panics
-    /// If `name` is not a valid header name.
-    pub fn by_header<N>(name: N) -> Self
-    where
-        N: TryInto<http::HeaderName>,
-        N::Error: fmt::Debug,
-    {
-        Self::new(FromHeader::new(name))
-    }
-}
-
-impl LockLayer<FromPath> {
-    /// Keys requests by their path (without the query string).
-    ///
-    /// ```
-    /// use lockwarden::LockLayer;
-    /// let layer = LockLayer::by_path();
-    /// # let _ = layer;
-    /// ```
-    pub fn by_path() -> Self {
-        Self::new(FromPath)
-    }
-}
-
-#[cfg(feature = "axum")]
-impl LockLayer<FromPathParam> {
-    /// Keys requests by the axum path parameter `name`. Add it with `Router::route_layer`
-    /// (the parameters are known only once a route has matched).
-    ///
-    /// ```
-    /// use axum::{routing::post, Router};
-    /// use lockwarden::LockLayer;
-    ///
-    /// let app: Router = Router::new()
-    ///     .route("/orders/{id}/ship", post(|| async { "shipped" }))
-    ///     .route_layer(LockLayer::by_path_param("id"));
-    /// ```
-    pub fn by_path_param(name: &str) -> Self {
-        Self::new(FromPathParam::new(name))
-    }
-}
-
-impl LockLayer<FromJsonField> {
-    /// Keys requests by a field of their JSON body, named by a JSON Pointer such as
-    /// `/data/object/id`. The body is read up to [`DEFAULT_BODY_LIMIT`] (see
-    /// [`body_limit`](Self::body_limit)) and handed on unchanged as a
-    /// `http_body_util::Full<Bytes>`. See [`FromJsonField`] for the answers to bad bodies.
-    ///
-    /// ```
-    /// use axum::{routing::post, Router};
-    /// use lockwarden::LockLayer;
-    ///
-    /// let app: Router = Router::new()
-    ///     .route("/webhooks/stripe", post(|body: String| async move { body }))
-    ///     .layer(LockLayer::by_json_field("/data/object/id"));
-    /// ```
-    ///
-    /// # Panics
-    /// If `pointer` is not empty and does not start with `/`.
-    pub fn by_json_field(pointer: &str) -> Self {
-        Self::new(FromJsonField::new(pointer, DEFAULT_BODY_LIMIT))
-    }
-
-    /// Reads at most `bytes` of request body (default [`DEFAULT_BODY_LIMIT`], 64 KiB);
-    /// longer bodies are answered `413`. This one limit also bounds what a remembering
-    /// layer reads to fingerprint the request (see [`remember`](Self::remember)).
-    ///
-    /// ```
-    /// use lockwarden::LockLayer;
-    /// let layer = LockLayer::by_json_field("/id").body_limit(1024 * 1024);
-    /// # let _ = layer;
-    /// ```
-    pub fn body_limit(mut self, bytes: usize) -> Self {
-        KeySource::<Full<Bytes>>::set_body_limit(self.source_mut(), bytes);
-        self
-    }
-}
-
-impl<F> LockLayer<FromFn<F>>
-where
-    F: Fn(&Parts) -> Option<String> + Clone,
-{
-    /// Keys requests by a closure over the request head; `None` means "no key".
-    ///
-    /// ```
-    /// use lockwarden::LockLayer;
-    /// let layer = LockLayer::by(|parts| {
-    ///     let tenant = parts.headers.get("x-tenant")?.to_str().ok()?;
-    ///     Some(format!("{tenant}:{}", parts.uri.path()))
-    /// });
-    /// # let _ = layer;
-    /// ```
-    pub fn by(f: F) -> Self {
-        Self::new(FromFn::new(f))
-    }
-}
+layer_settings!(LockLayer, "lock", Config::default(), "LockLayer::by_path()");
 
 impl<K> LockLayer<K> {
-    /// A layer with any key source (see [`KeySource`] and
-    /// [`PartsKey`](super::PartsKey)).
-    ///
-    /// ```
-    /// use lockwarden::{LockLayer, http::FromPath};
-    /// let layer = LockLayer::new(FromPath);
-    /// # let _ = layer;
-    /// ```
-    pub fn new(source: K) -> Self {
-        Self {
-            source,
-            config: Arc::new(Config::default()),
-            missing: Missing::default(),
-        }
-    }
-
-    fn config(&mut self) -> &mut Config {
-        Arc::make_mut(&mut self.config)
-    }
-
-    /// The source, to change it: the answer made from the old one no longer applies.
-    fn source_mut(&mut self) -> &mut K {
-        self.missing = Missing::default();
-        &mut self.source
-    }
-
-    /// Uses `client` for the locks (default: [`default_client`](super::default_client)).
-    ///
-    /// ```
-    /// use lockwarden::{LockClient, LockLayer};
-    /// let layer = LockLayer::by_path().client(LockClient::in_memory());
-    /// # let _ = layer;
-    /// ```
-    pub fn client(mut self, client: LockClient) -> Self {
-        self.config().client = Some(client);
-        self
-    }
-
-    /// Starts every lock name this layer makes with `prefix` (default
-    /// [`DEFAULT_NAME_PREFIX`](super::DEFAULT_NAME_PREFIX), `http:`); give layers that must
-    /// not share locks different prefixes. The name then goes under the client's Redis
-    /// key namespace ([`LockClientBuilder::namespace`](crate::LockClientBuilder::namespace)).
-    ///
-    /// ```
-    /// use lockwarden::LockLayer;
-    /// let layer = LockLayer::by_path().name_prefix("billing:");
-    /// # let _ = layer;
-    /// ```
-    pub fn name_prefix(mut self, prefix: impl Into<Arc<str>>) -> Self {
-        self.config().name_prefix = prefix.into();
-        self
-    }
-
-    /// Places each key under a scope taken from the request, typically the authenticated
-    /// principal, so one client's keys can never block or collide with another's. A
-    /// request whose scope is `None` is treated as one without a key.
-    ///
-    /// ```
-    /// use lockwarden::LockLayer;
-    ///
-    /// #[derive(Clone)]
-    /// struct User(String); // put into the extensions by your auth layer
-    ///
-    /// let layer = LockLayer::by_header("Idempotency-Key")
-    ///     .scope(|parts| parts.extensions.get::<User>().map(|u| u.0.clone()));
-    /// # let _ = layer;
-    /// ```
-    pub fn scope<F>(mut self, scope: F) -> Self
-    where
-        F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
-    {
-        self.config().scope = Some(Arc::new(scope));
-        self
-    }
-
-    /// Waits up to `wait` for a busy lock before answering `409` (default: zero, one
-    /// attempt, as a duplicate of an idempotent request is best answered at once).
-    ///
-    /// ```
-    /// use lockwarden::LockLayer;
-    /// use std::time::Duration;
-    /// let layer = LockLayer::by_path().wait(Duration::from_secs(2));
-    /// # let _ = layer;
-    /// ```
-    pub fn wait(mut self, wait: Duration) -> Self {
-        self.config().wait = wait;
-        self
-    }
-
-    /// Holds each lock for a fixed `lease` instead of renewing it with the watchdog: a
-    /// request still running after `lease` loses its lock (see
-    /// [`abort_on_loss`](Self::abort_on_loss)).
-    ///
-    /// ```
-    /// use lockwarden::LockLayer;
-    /// use std::time::Duration;
-    /// let layer = LockLayer::by_path().lease(Duration::from_secs(60));
-    /// # let _ = layer;
-    /// ```
-    pub fn lease(mut self, lease: Duration) -> Self {
-        self.config().lease = Some(lease);
-        self
-    }
-
     /// The status of the answer to a request that finds its lock busy: `409 Conflict`
     /// (default) or `423 Locked`.
     ///
@@ -290,62 +69,7 @@ impl<K> LockLayer<K> {
     /// # let _ = layer;
     /// ```
     pub fn conflict_status(mut self, status: StatusCode) -> Self {
-        self.config().conflict_status = status;
-        self
-    }
-
-    /// What to do with a request without a key (default [`MissingKey::Reject`]).
-    ///
-    /// ```
-    /// use lockwarden::{LockLayer, MissingKey};
-    /// let layer = LockLayer::by_header("Idempotency-Key").on_missing_key(MissingKey::PassUnlocked);
-    /// # let _ = layer;
-    /// ```
-    pub fn on_missing_key(mut self, policy: MissingKey) -> Self {
-        self.config().missing_key = policy;
-        self
-    }
-
-    /// Lets requests through without a lock (logging a warning) when the lock store
-    /// cannot be reached, instead of answering `503`. A layer without a client while
-    /// `REDIS_URL` is not set (see [`default_client`](super::default_client)) still
-    /// answers `503`: that is a missing setting, not an outage.
-    ///
-    /// ```
-    /// use lockwarden::LockLayer;
-    /// let layer = LockLayer::by_path().fail_open();
-    /// # let _ = layer;
-    /// ```
-    pub fn fail_open(mut self) -> Self {
-        self.config().fail_open = true;
-        self
-    }
-
-    /// Stops the inner service and answers `503` when the lock is lost while it runs
-    /// (by default the loss is logged and visible through the request's
-    /// [`LockInfo`](crate::LockInfo) extension only).
-    ///
-    /// ```
-    /// use lockwarden::LockLayer;
-    /// let layer = LockLayer::by_path().abort_on_loss();
-    /// # let _ = layer;
-    /// ```
-    pub fn abort_on_loss(mut self) -> Self {
-        self.config().abort_on_loss = true;
-        self
-    }
-
-    /// Logs a hash of each key instead of the key (for keys that are secrets or personal
-    /// data): a SipHash under a random key drawn once per process, so log lines of one key
-    /// correlate within a process, and a key cannot be recovered by hashing guesses.
-    ///
-    /// ```
-    /// use lockwarden::LockLayer;
-    /// let layer = LockLayer::by_header("Idempotency-Key").redact_keys();
-    /// # let _ = layer;
-    /// ```
-    pub fn redact_keys(mut self) -> Self {
-        self.config().redact_keys = true;
+        self.config().refused_status = status;
         self
     }
 }

@@ -18,7 +18,7 @@ static METADATA: Metadata<'static> =
     Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
 
 /// The `outcome` label values, indexed by [`Answered::labels`].
-const OUTCOMES: [&str; 12] = [
+const OUTCOMES: [&str; 15] = [
     "locked",
     "replayed",
     "passed_unlocked",
@@ -31,10 +31,15 @@ const OUTCOMES: [&str; 12] = [
     "unavailable",
     "lost",
     "key_reused",
+    "admitted",
+    "limit_reached",
+    "invalid_limit",
 ];
 
 /// The `status` label values (the handler's answer, or the layer's status).
-const STATUSES: [&str; 8] = ["handler", "400", "409", "413", "422", "423", "503", "other"];
+const STATUSES: [&str; 10] = [
+    "handler", "400", "409", "413", "422", "423", "429", "500", "503", "other",
+];
 
 /// The route of a request, where the router says it (axum's `MatchedPath`).
 #[derive(Clone, Debug, Default)]
@@ -66,6 +71,8 @@ impl Route {
 pub(crate) enum Answered<'a> {
     /// The handler ran under the lock.
     Locked,
+    /// The handler ran holding a permit of its limit.
+    Admitted,
     /// A stored response was replayed.
     Replayed,
     /// The handler ran without a lock: no key, and the layer lets such requests through.
@@ -81,6 +88,7 @@ impl Answered<'_> {
     fn labels(self) -> (usize, usize) {
         match self {
             Answered::Locked => (0, 0),
+            Answered::Admitted => (12, 0),
             Answered::Replayed => (1, 0),
             Answered::PassedUnlocked => (2, 0),
             Answered::FailedOpen => (3, 0),
@@ -174,6 +182,8 @@ fn outcome(rejection: &LockRejection) -> usize {
         LockRejection::Unavailable { .. } => 9,
         LockRejection::Lost => 10,
         LockRejection::KeyReused => 11,
+        LockRejection::Full { .. } => 13,
+        LockRejection::InvalidLimit { .. } => 14,
     }
 }
 
@@ -185,7 +195,9 @@ fn status(rejection: &LockRejection) -> usize {
         413 => 3,
         422 => 4,
         423 => 5,
-        503 => 6,
-        _ => 7,
+        429 => 6,
+        500 => 7,
+        503 => 8,
+        _ => 9,
     }
 }

@@ -53,24 +53,28 @@ mod future;
 mod held;
 mod key;
 mod layer;
+mod limit;
 mod metrics;
 mod rejection;
 mod remember;
 mod service;
+mod settings;
 mod trace;
 
 pub use body::LockedBody;
 pub use client::default_client;
-pub use config::{MissingKey, DEFAULT_BODY_LIMIT, DEFAULT_NAME_PREFIX};
+pub use config::{MissingKey, DEFAULT_BODY_LIMIT, DEFAULT_LIMIT_PREFIX, DEFAULT_NAME_PREFIX};
 #[cfg(feature = "axum")]
-pub use extract::{Guarded, LockKey, Locked, LockedRejection, StateLocked};
+pub use extract::{Guarded, LimitKey, Limited, LockKey, Locked, LockedRejection, StateLocked};
 pub use future::ResponseFuture;
 #[cfg(feature = "axum")]
 pub use key::FromPathParam;
 pub use key::{
-    Extracted, FromFn, FromHeader, FromJsonField, FromPath, JsonKeyFuture, KeySource, PartsKey,
+    Extracted, FromFn, FromHeader, FromJsonField, FromPath, Global, JsonKeyFuture, KeySource,
+    PartsKey,
 };
 pub use layer::LockLayer;
+pub use limit::{LimitLayer, PermitInfo};
 pub use rejection::LockRejection;
 pub use remember::{
     Fingerprint, Remember, RememberFuture, DEFAULT_MAX_STORED_BODY, IDEMPOTENCY_REPLAYED,

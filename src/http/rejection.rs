@@ -30,6 +30,8 @@ const PROBLEM_JSON: &str = "application/problem+json";
 /// | `Unavailable` | 503 | `lock-unavailable` |
 /// | `Lost` | 503 | `lock-lost` |
 /// | `KeyReused` | 422 | `idempotency-key-reused` |
+/// | `Full` | 429 (or the configured 503) + `Retry-After` | `limit-reached` |
+/// | `InvalidLimit` | 500 | `invalid-limit` |
 ///
 /// ```
 /// use lockwarden::LockRejection;
@@ -89,6 +91,22 @@ pub enum LockRejection {
     /// The key belongs to a remembered request that differs from this one (method, path
     /// or body); see [`LockLayer::remember`](super::LockLayer::remember).
     KeyReused,
+    /// Every permit of the request's limit is held and the wait budget is spent (a
+    /// [`LimitLayer`](super::LimitLayer)).
+    Full {
+        /// 429 Too Many Requests by default, 503 if so configured.
+        status: StatusCode,
+        /// When a permit could come back at the latest (sent as `Retry-After`, at least
+        /// 1 s; one may be released sooner).
+        retry_after: Duration,
+    },
+    /// The limit's capacity cannot be: 0, or above [`MAX_PERMITS`](crate::MAX_PERMITS).
+    /// A misconfiguration of the server, not of the request.
+    InvalidLimit {
+        /// What is wrong, for the logs (the client is told only that the limit is
+        /// misconfigured).
+        detail: String,
+    },
 }
 
 impl LockRejection {
@@ -101,12 +119,14 @@ impl LockRejection {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::Busy { status, .. }
+            | Self::Full { status, .. }
             | Self::MissingKey { status, .. }
             | Self::InvalidBody { status, .. } => *status,
             Self::InvalidKey { .. } => StatusCode::BAD_REQUEST,
             Self::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Unavailable { .. } | Self::Lost => StatusCode::SERVICE_UNAVAILABLE,
+            Self::InvalidLimit { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -126,6 +146,8 @@ impl LockRejection {
             Self::Unavailable { .. } => "urn:lockwarden:problem:lock-unavailable",
             Self::Lost => "urn:lockwarden:problem:lock-lost",
             Self::KeyReused => "urn:lockwarden:problem:idempotency-key-reused",
+            Self::Full { .. } => "urn:lockwarden:problem:limit-reached",
+            Self::InvalidLimit { .. } => "urn:lockwarden:problem:invalid-limit",
         }
     }
 
@@ -145,6 +167,8 @@ impl LockRejection {
             Self::Unavailable { .. } => "Lock service unavailable",
             Self::Lost => "Lock lost",
             Self::KeyReused => "Idempotency-Key is already used",
+            Self::Full { .. } => "Too many concurrent requests",
+            Self::InvalidLimit { .. } => "Concurrency limit misconfigured",
         }
     }
 
@@ -173,10 +197,17 @@ impl LockRejection {
             Self::KeyReused => "This key was used for a different request (method, path or \
                                 body differ); send a new request with a new key."
                 .to_owned(),
+            Self::Full { retry_after, .. } => format!(
+                "The limit of concurrent requests for this key is reached; retry in {} s.",
+                retry_after_secs(*retry_after)
+            ),
+            Self::InvalidLimit { .. } => "The server's concurrency limit for this request is \
+                                          misconfigured; the request was not processed."
+                .to_owned(),
         }
     }
 
-    /// The `Retry-After` value in whole seconds, for `Busy` only.
+    /// The `Retry-After` value in whole seconds, for `Busy` and `Full` only.
     ///
     /// ```
     /// # use lockwarden::LockRejection;
@@ -186,7 +217,9 @@ impl LockRejection {
     /// ```
     pub fn retry_after_secs(&self) -> Option<u64> {
         match self {
-            Self::Busy { retry_after, .. } => Some(retry_after_secs(*retry_after)),
+            Self::Busy { retry_after, .. } | Self::Full { retry_after, .. } => {
+                Some(retry_after_secs(*retry_after))
+            }
             _ => None,
         }
     }
@@ -227,14 +260,24 @@ impl LockRejection {
         response
     }
 
-    /// Maps a lock error: `Timeout` to `Busy` with `conflict_status`, `InvalidKey` to
-    /// `InvalidKey`, anything else to `Unavailable`.
-    pub(crate) fn from_lock_error(error: &LockError, conflict_status: StatusCode) -> Self {
+    /// Maps a lock error: `Timeout` to `Busy` with `status` (to `Full`, if the request
+    /// was waiting for a `permit` of a limit), `InvalidKey` to `InvalidKey`, a capacity
+    /// that cannot be to `InvalidLimit`, anything else to `Unavailable`.
+    pub(crate) fn from_lock_error(error: &LockError, status: StatusCode, permit: bool) -> Self {
         match error {
-            LockError::Timeout { retry_after, .. } => Self::Busy {
-                status: conflict_status,
+            LockError::Timeout { retry_after, .. } if permit => Self::Full {
+                status,
                 retry_after: *retry_after,
             },
+            LockError::Timeout { retry_after, .. } => Self::Busy {
+                status,
+                retry_after: *retry_after,
+            },
+            LockError::InvalidPermits { .. } | LockError::TooManyPermits { .. } => {
+                Self::InvalidLimit {
+                    detail: error.to_string(),
+                }
+            }
             LockError::InvalidKey(e) => Self::invalid_key(e),
             LockError::Backend(BackendError::NotConfigured(_)) => Self::Unavailable {
                 detail: "The lock store is not configured; the request was not processed."
@@ -264,6 +307,8 @@ impl LockRejection {
             Self::Unavailable { .. } => "backend error",
             Self::Lost => "lost",
             Self::KeyReused => "key reused",
+            Self::Full { .. } => "limit reached",
+            Self::InvalidLimit { .. } => "invalid limit",
         }
     }
 }
