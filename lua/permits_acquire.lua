@@ -6,7 +6,8 @@
 -- Returns the token taken (bare, see acquire.lua); {0, ms} refused: retry on a grant or
 -- after ms; {3, capacity} refused for good: more permits asked than the semaphore has.
 local me, asked = ARGV[1], tonumber(ARGV[3])
-local member = ARGV[3] .. ':' .. me
+-- Its place in line names what it waits for: the permits, and the lease a grant gives.
+local member = ARGV[3] .. ':' .. ARGV[2] .. ':' .. me
 local capacity, used, fifo, held, waiting = prune(me)
 if capacity == 'foreign' then
   -- Refused until that lock's lease ends (-1: it has none, not one of ours).

@@ -8,7 +8,8 @@
 --         a release granted it to this waiter).
 -- KEYS[2] leases: zset, holder id -> deadline (server ms). Each hold expires on its own.
 -- KEYS[3] fencing key: the last token issued for this semaphore
--- KEYS[4] waiting: zset, '<permits>:<holder id>' -> arrival (server µs): the order of grants
+-- KEYS[4] waiting: zset, '<permits>:<lease ms>:<holder id>' -> arrival (server µs): the
+--         order of grants
 -- KEYS[5] waiting until: zset, the same members -> registration deadline (server ms)
 --
 -- The capacity is stored while the semaphore is in use (held or waited for); the first
@@ -86,8 +87,9 @@ local function keep(until_ms)
 end
 
 -- Grants free permits to waiters in arrival order, each its own hold with its own token,
--- for what is left of its registration (a granted waiter that died frees them within
--- it; a live one's watchdog renews them), and tells them on `channel` by name, with the
+-- for the lease it asked for, as if it had taken them now (a granted waiter that died
+-- frees them within that lease, as a holder that died does; a live one's watchdog renews
+-- them), and tells them on `channel` by name, with the
 -- first token (the n-th named holds the first + n - 1), so none asks again:
 -- `permits:<token>:<holder> <holder>..`. Strict order (`fifo`) stops at the first waiter
 -- that does not fit; otherwise smaller requests behind it may go first. Returns the
@@ -103,10 +105,11 @@ local function admit(capacity, used, fifo, channel, me)
   local members = redis.call('ZRANGE', KEYS[4], '0', span - 1)
   local granted, holders, latest = {}, {}, 0
   for _, member in ipairs(members) do
-    local permits, holder = string.match(member, '^(%d+):(.*)$')
+    local permits, lease, holder = string.match(member, '^(%d+):(%d+):(.*)$')
     permits = tonumber(permits)
-    local until_ms = tonumber(redis.call('ZSCORE', KEYS[5], member))
-    if not until_ms then
+    local registered = redis.call('ZSCORE', KEYS[5], member)
+    local until_ms = now + tonumber(lease)
+    if not registered then
       -- A place without a deadline (a registration cut short): no live waiter holds it.
       redis.call('ZREM', KEYS[4], member)
     elseif permits <= free then

@@ -281,10 +281,10 @@ struct RwAttempts<'a> {
     target: Target<'a>,
     mode: RwMode,
     register: Duration,
-    /// When the last attempt that left a registration was sent (so giving up must
-    /// withdraw it, and an admission lasts a registration from then, by the server clock
-    /// no earlier).
-    registered: Option<Instant>,
+    /// When the last attempt that left a registration was sent, and how long it asked
+    /// the registration to last (so giving up must withdraw it, and an admission lasts
+    /// until that registration ends: from then, by the server clock no earlier).
+    registered: Option<(Instant, Duration)>,
 }
 
 impl RwAttempts<'_> {
@@ -303,7 +303,9 @@ impl Attempts for RwAttempts<'_> {
         let kind = HoldKind::ReadWrite(self.mode);
         if self.mode == RwMode::Read {
             // Admitted by a release: the hold is ours already, and the notice says its token.
-            let expires = self.registered.map(|at| at + self.register);
+            // The registration the store admitted it by: what the last one asked for
+            // (a wait budget near its end shortens it), from when it was sent.
+            let expires = self.registered.map(|(at, register)| at + register);
             let channel = &self.target.key.names().readers;
             if let Some(guard) = self.target.granted(kind, channel, expires) {
                 return Ok(Tried::Won(guard, Acquired::Taken));
@@ -323,7 +325,7 @@ impl Attempts for RwAttempts<'_> {
         };
         let tried = self.target.try_once(how).await?;
         if matches!(tried, Tried::Busy(_)) && !register.is_zero() {
-            self.registered = Some(sent);
+            self.registered = Some((sent, register));
         }
         Ok(tried)
     }

@@ -391,13 +391,16 @@ struct PermitAttempts<'a> {
     target: Target<'a>,
     asked: PermitsAsked,
     /// When the last attempt that kept a place in line was sent (so giving up must leave
-    /// it, and a grant lasts a registration from then, by the server clock no earlier).
+    /// it; a grant came after it).
     registered: Option<Instant>,
 }
 
 impl PermitAttempts<'_> {
     fn waiter(&self) -> Waiter {
-        Waiter::Permits(self.asked.permits)
+        Waiter::Permits {
+            permits: self.asked.permits,
+            lease: self.target.lease(),
+        }
     }
 }
 
@@ -406,8 +409,10 @@ impl Attempts for PermitAttempts<'_> {
 
     async fn attempt(&mut self, deadline: Option<Instant>) -> Answer<LockGuard> {
         let permits = self.asked.permits;
-        // Granted by a release: the permits are ours already, and the notice says the token.
-        let expires = self.registered.map(|at| at + self.asked.register);
+        // Granted by a release: the permits are ours already, and the notice says the
+        // token. A grant is held for this acquisition's lease from when it was made, which
+        // is after the last attempt that kept the place in line was sent.
+        let expires = self.registered.map(|at| at + self.target.lease());
         let channel = &self.target.key.names().granted;
         if let Some(guard) = self.target.granted(HoldKind::Permits, channel, expires) {
             return Ok(Tried::Won(guard.holding_permits(permits), Acquired::Taken));

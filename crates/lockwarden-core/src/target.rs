@@ -164,6 +164,11 @@ impl<'a> Target<'a> {
         ))
     }
 
+    /// The lease asked for: the fixed one, or the watchdog's.
+    pub(crate) fn lease(&self) -> Duration {
+        self.lease
+    }
+
     /// Asks once in the way `how`.
     pub(crate) async fn try_once(&self, how: How) -> Answer<LockGuard> {
         let answer = self.ask(how).await?;

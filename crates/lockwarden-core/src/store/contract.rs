@@ -134,6 +134,22 @@ pub(crate) struct Acquire<'a> {
     pub(crate) fenced: bool,
 }
 
+impl Acquire<'_> {
+    /// What a refused attempt may leave in the store while it waits.
+    pub(crate) fn waiter(&self) -> Option<Waiter> {
+        match self.how {
+            How::Plain | How::Claim => None,
+            How::Fair { .. } => Some(Waiter::Queued),
+            How::Read { .. } => Some(Waiter::Reader),
+            How::Write { .. } => Some(Waiter::Writer),
+            How::Permits(asked) => Some(Waiter::Permits {
+                permits: asked.permits,
+                lease: self.lease,
+            }),
+        }
+    }
+}
+
 /// One attempt to take several locks as one.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct AcquireAll<'a> {
@@ -176,7 +192,8 @@ pub(crate) enum How {
     Write { register: Duration },
     /// `permits` of a semaphore of `capacity` (stored if it is idle, else the stored one
     /// counts), in strict arrival order if `fifo` (stored with it); a refused waiter waits
-    /// in line for `register` (zero: a single try), to be granted permits by a release.
+    /// in line for `register` (zero: a single try), to be granted permits by a release,
+    /// held for its lease from then.
     Permits(PermitsAsked),
 }
 
@@ -198,17 +215,6 @@ impl How {
             How::Read { .. } => HoldKind::ReadWrite(RwMode::Read),
             How::Write { .. } => HoldKind::ReadWrite(RwMode::Write),
             How::Permits(_) => HoldKind::Permits,
-        }
-    }
-
-    /// What a refused attempt of this way may leave in the store while it waits.
-    pub(crate) fn waiter(self) -> Option<Waiter> {
-        match self {
-            How::Plain | How::Claim => None,
-            How::Fair { .. } => Some(Waiter::Queued),
-            How::Read { .. } => Some(Waiter::Reader),
-            How::Write { .. } => Some(Waiter::Writer),
-            How::Permits(asked) => Some(Waiter::Permits(asked.permits)),
         }
     }
 }
@@ -308,9 +314,9 @@ pub(crate) enum Waiter {
     /// Its registration as a waiting reader of a read-write lock (and an admission it
     /// has not taken up).
     Reader,
-    /// Its place in a semaphore's line, waiting for this many permits (and a grant it has
-    /// not taken up).
-    Permits(u32),
+    /// Its place in a semaphore's line, waiting for `permits` to hold for `lease` (and a
+    /// grant it has not taken up).
+    Permits { permits: u32, lease: Duration },
 }
 
 /// A semaphore in use, as the store has it.

@@ -393,7 +393,7 @@ impl LockStore for MemoryStore {
                 drop(state);
                 self.tell(key, notices);
             }
-            Waiter::Permits(_) => {
+            Waiter::Permits { .. } => {
                 let State {
                     permits,
                     last_token,

@@ -42,6 +42,9 @@ struct Held {
 struct Waiting {
     holder: Holder,
     permits: u32,
+    /// How long a grant holds the permits.
+    lease: Duration,
+    /// When its place in line runs out.
     until: Instant,
 }
 
@@ -73,9 +76,10 @@ impl Entry {
         }
     }
 
-    /// Grants free permits to waiters in arrival order (see `admit` in
-    /// `permits_prelude.lua`): strict order stops at the first that does not fit.
-    fn admit(&mut self, last_token: &mut u64) -> Grants {
+    /// Grants free permits to waiters in arrival order, each for its lease from `now`
+    /// (see `admit` in `permits_prelude.lua`): strict order stops at the first that does
+    /// not fit.
+    fn admit(&mut self, now: Instant, last_token: &mut u64) -> Grants {
         let Some((capacity, fifo)) = self.stored else {
             return Grants::new();
         };
@@ -102,7 +106,7 @@ impl Entry {
                 let held = Held {
                     permits: waiting.permits,
                     token,
-                    expires: waiting.until,
+                    expires: now + waiting.lease,
                 };
                 self.holds.insert(waiting.holder.clone(), held);
                 (waiting.holder, token)
@@ -111,9 +115,9 @@ impl Entry {
     }
 
     /// Ends `holder`'s hold and grants what it frees.
-    fn give_back(&mut self, holder: &Holder, last_token: &mut u64) -> Option<Grants> {
+    fn give_back(&mut self, holder: &Holder, now: Instant, last_token: &mut u64) -> Option<Grants> {
         self.holds.remove(holder)?;
-        Some(self.admit(last_token))
+        Some(self.admit(now, last_token))
     }
 
     /// How long a refused waiter may sleep: until enough holds could have run out to let
@@ -194,7 +198,7 @@ impl Semaphores {
             return (Attempt::OverCapacity { capacity }, Grants::new());
         }
         entry.stored = Some((capacity, fifo));
-        let grants = entry.admit(last_token);
+        let grants = entry.admit(now, last_token);
         if let Some(&(_, token)) = grants.iter().find(|(h, _)| h == holder) {
             return (Attempt::Taken { token }, grants);
         }
@@ -225,6 +229,7 @@ impl Semaphores {
                     let waiting = Waiting {
                         holder: holder.clone(),
                         permits: asked.permits,
+                        lease,
                         until,
                     };
                     entry.line.insert(place, waiting);
@@ -248,7 +253,7 @@ impl Semaphores {
         let Some(entry) = self.live(key, now) else {
             return (Released::NotHeld, Grants::new());
         };
-        let released = match entry.give_back(holder, last_token) {
+        let released = match entry.give_back(holder, now, last_token) {
             Some(grants) => (Released::Freed, grants),
             None => (Released::NotHeld, Grants::new()),
         };
@@ -288,7 +293,7 @@ impl Semaphores {
             return Grants::new();
         };
         entry.leave_line(holder);
-        let grants = entry.give_back(holder, last_token).unwrap_or_default();
+        let grants = entry.give_back(holder, now, last_token).unwrap_or_default();
         self.tidy(key);
         grants
     }
@@ -325,7 +330,7 @@ impl Semaphores {
             return (false, Grants::new());
         };
         entry.stored = Some((capacity, fifo));
-        (true, entry.admit(last_token))
+        (true, entry.admit(now, last_token))
     }
 
     /// Drops every hold of `key` (waiters keep their places in line, and the capacity

@@ -184,13 +184,13 @@ impl LockStore for RedisStore {
         let answer = match &self.replicated {
             None => {
                 let reply = self.commands.send::<Answer>(call);
-                let undo = orphan::give_back(self.commands.clone(), hold, ask.how.waiter());
+                let undo = orphan::give_back(self.commands.clone(), hold, ask.waiter());
                 self.commands.within(Finish::new(reply).or_undo(undo)).await
             }
             Some(replicated) => {
                 let limit = self.commands.timeout + replicated.timeout();
                 let reply = replicated.acquire(call, self.commands.clone(), hold.clone());
-                let undo = orphan::give_back(self.commands.clone(), hold, ask.how.waiter());
+                let undo = orphan::give_back(self.commands.clone(), hold, ask.waiter());
                 bounded(limit, Finish::new(reply).or_undo(undo)).await
             }
         }

@@ -681,10 +681,13 @@ pub(super) fn withdraw(waiter: Waiter, key: &Key, holder: &Holder, variant: Vari
             .arg(if waiter == Waiter::Reader { "r" } else { "w" })
             .arg(key.channel())
             .arg(&*key.names().readers),
-        Waiter::Permits(permits) => Call::script(&PERMITS_WITHDRAW, variant, &permits_keys(key))
-            .arg(holder.id())
-            .arg(permits)
-            .arg(&*key.names().granted),
+        Waiter::Permits { permits, lease } => {
+            Call::script(&PERMITS_WITHDRAW, variant, &permits_keys(key))
+                .arg(holder.id())
+                .arg(permits)
+                .arg(&*key.names().granted)
+                .arg(millis(lease))
+        }
     }
 }
 
