@@ -21,6 +21,7 @@ conformance!(
     write_release_wakes_all_waiting_readers_at_once,
     a_write_release_admits_the_waiting_readers_itself,
     an_admission_given_up_frees_the_lock,
+    an_admission_late_in_a_wait_is_renewed_before_it_ends,
     a_force_unlock_ends_admissions_for_good,
     a_given_reader_waiting_in_two_tasks_counts_each_once,
     dead_reader_expires_on_its_own_lease_while_others_renew,
@@ -545,6 +546,40 @@ async fn a_given_reader_waiting_in_two_tasks_counts_each_once(env: Env) {
     assert!(owner.rw_lock("twice").is_locked().await.unwrap());
     last.release().await.unwrap();
     assert!(!owner.rw_lock("twice").is_locked().await.unwrap());
+}
+/// Promise: a reader admitted near the end of its wait budget (its registration, and so
+/// its admission, cut short by the budget) is renewed before the admission ends: a writer
+/// stays out while the reader holds.
+async fn an_admission_late_in_a_wait_is_renewed_before_it_ends(env: Env) {
+    let client = env.client().await;
+    let writer = client.rw_lock("late").write().acquire().await.unwrap();
+    let reader = spawn_timed({
+        let client = client.clone();
+        async move {
+            let read = client.rw_lock("late").read();
+            read.try_acquire(Duration::from_millis(900)).await
+        }
+    });
+    // Released when the reader's last registration has little left of its budget.
+    tokio::time::sleep(Duration::from_millis(750)).await;
+    writer.release().await.unwrap();
+    let (read, _) = reader.await.unwrap();
+    let read = read.expect("admitted before its budget ran out");
+    // Well past the admission's end: the reader's watchdog must have renewed it.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(!read.is_lost(), "the admission ran out under its reader");
+    assert!(
+        matches!(
+            client
+                .rw_lock("late")
+                .write()
+                .try_acquire(Duration::ZERO)
+                .await,
+            Err(LockError::Timeout { .. })
+        ),
+        "a writer got in while the admitted reader held"
+    );
+    read.release().await.unwrap();
 }
 
 /// Promise: a reader admitted while it was not running that gives up (its acquire is
