@@ -2,8 +2,10 @@
 //! dropped by tiny timeouts, after a random number of polls, by losing a `select!`; tasks
 //! holding or acquiring guards aborted), on free keys, on keys the operations fight over,
 //! and on keys another client holds (so many futures are dropped while subscribed and
-//! waiting). Afterwards nothing may be left behind: no lock in Redis, no subscription, no
-//! bookkeeping entry in the client, no extra task, no grown heap.
+//! waiting); then the same 10,000 on semaphores of 2 permits (waiters in line cut off,
+//! grants given to waiters that went away). Afterwards nothing may be left behind: no
+//! lock or permit in Redis, nobody in line, no subscription, no bookkeeping entry in the
+//! client, no extra task, no grown heap.
 //!
 //! The seed of the random plan is printed; set `LOCKWARDEN_SEED=<n>` to replay a plan
 //! (timing still varies from run to run).
@@ -19,7 +21,7 @@ use std::sync::atomic::{AtomicIsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use lockwarden_core::{LockClient, LockGuard};
+use lockwarden_core::{LockClient, LockError, LockGuard};
 use lockwarden_testkit::RedisServer;
 
 /// Counts the bytes currently allocated by the whole process.
@@ -90,6 +92,59 @@ impl Rng {
     }
 }
 
+/// What the operations take: plain locks, or permits of semaphores of [`PERMITS`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Family {
+    Locks,
+    Permits,
+}
+
+/// The capacity of the semaphores.
+const PERMITS: u32 = 2;
+
+impl Family {
+    /// Takes `name`'s lock or one of its permits, waiting as long as it takes.
+    async fn acquire(self, client: &LockClient, name: String) -> Result<LockGuard, LockError> {
+        match self {
+            Family::Locks => client.acquire(name).await,
+            Family::Permits => client.semaphore(name, PERMITS).acquire().await,
+        }
+    }
+
+    /// As [`Family::acquire`], waiting at most `wait`.
+    async fn try_acquire(
+        self,
+        client: &LockClient,
+        name: String,
+        wait: Duration,
+    ) -> Result<LockGuard, LockError> {
+        match self {
+            Family::Locks => client.try_acquire(name, wait).await,
+            Family::Permits => client.semaphore(name, PERMITS).try_acquire(wait).await,
+        }
+    }
+
+    /// What keeps a hot key from everyone else: its lock, or all its permits.
+    async fn take_all(self, client: &LockClient, name: String) -> Option<LockGuard> {
+        let wait = Duration::from_millis(200);
+        match self {
+            Family::Locks => client.try_acquire(name, wait).await.ok(),
+            Family::Permits => {
+                let sem = client.semaphore(name, PERMITS);
+                sem.try_acquire_many(PERMITS, wait).await.ok()
+            }
+        }
+    }
+
+    /// The channel its waiters of `name` sleep on, in the default layout.
+    fn channel(self, name: &str) -> String {
+        match self {
+            Family::Locks => format!("lockwarden:{{{name}}}:released"),
+            Family::Permits => format!("lockwarden:{{{name}}}:granted"),
+        }
+    }
+}
+
 /// Keys the operations fight over among themselves.
 const KEYS: u64 = 16;
 /// Keys mostly held by another client: acquires on them wait (subscribed) and are cut.
@@ -123,7 +178,8 @@ enum Step {
     /// Acquires and holds for `hold_us`, then drops the guard; the task is aborted
     /// somewhere in there (mid-acquire, or holding, so the abort drops the guard).
     Hold { key: u64, hold_us: u64 },
-    /// Acquires, then re-enters as the same holder under a cut.
+    /// Acquires, then re-enters as the same holder under a cut (for permits: takes a
+    /// second one under a cut, as a counting semaphore has no re-entry).
     Reenter { key: u64, cut_us: u64 },
 }
 
@@ -200,12 +256,12 @@ fn us(n: u64) -> Duration {
     Duration::from_micros(n)
 }
 
-async fn run(client: LockClient, step: Step) {
+async fn run(client: LockClient, family: Family, step: Step) {
     let name = |k: u64| format!("stress:{k}");
     match step {
         Step::Timeout { key, cut_us, hold } => {
-            if let Ok(Ok(guard)) = tokio::time::timeout(us(cut_us), client.acquire(name(key))).await
-            {
+            let acquire = family.acquire(&client, name(key));
+            if let Ok(Ok(guard)) = tokio::time::timeout(us(cut_us), acquire).await {
                 if hold {
                     tokio::task::yield_now().await;
                 }
@@ -213,7 +269,7 @@ async fn run(client: LockClient, step: Step) {
             }
         }
         Step::Polls { key, polls } => {
-            let acquire = client.acquire(name(key));
+            let acquire = family.acquire(&client, name(key));
             let got = PollN {
                 inner: Box::pin(acquire),
                 left: polls,
@@ -228,7 +284,7 @@ async fn run(client: LockClient, step: Step) {
             release,
         } => {
             tokio::select! {
-                got = client.try_acquire(name(key), us(wait_us)) => {
+                got = family.try_acquire(&client, name(key), us(wait_us)) => {
                     if let (Ok(guard), true) = (got, release) {
                         let _ = guard.release().await;
                     }
@@ -237,16 +293,26 @@ async fn run(client: LockClient, step: Step) {
             }
         }
         Step::HotWait { hot, cut_us } => {
-            let _ =
-                tokio::time::timeout(us(cut_us), client.acquire(format!("stress:hot:{hot}"))).await;
+            let acquire = family.acquire(&client, format!("stress:hot:{hot}"));
+            let _ = tokio::time::timeout(us(cut_us), acquire).await;
         }
         Step::Hold { key, hold_us } => {
-            if let Ok(guard) = client
-                .try_acquire(name(key), Duration::from_millis(20))
+            if let Ok(guard) = family
+                .try_acquire(&client, name(key), Duration::from_millis(20))
                 .await
             {
                 tokio::time::sleep(us(hold_us)).await;
                 drop(guard);
+            }
+        }
+        Step::Reenter { key, cut_us } if family == Family::Permits => {
+            let first = family
+                .try_acquire(&client, name(key), Duration::from_millis(20))
+                .await;
+            if let Ok(first) = first {
+                let second = tokio::time::timeout(us(cut_us), family.acquire(&client, name(key)));
+                drop(second.await);
+                drop(first);
             }
         }
         Step::Reenter { key, cut_us } => {
@@ -268,7 +334,12 @@ async fn run(client: LockClient, step: Step) {
 }
 
 /// Runs `plans` in waves of [`WAVE`] concurrent tasks, aborting the planned ones.
-async fn stress(client: &LockClient, other: &LockClient, rng: &mut Rng, plans: &[Plan]) {
+async fn stress(
+    (client, other): (&LockClient, &LockClient),
+    family: Family,
+    rng: &mut Rng,
+    plans: &[Plan],
+) {
     let mut hot: Vec<Option<LockGuard>> = (0..HOT).map(|_| None).collect();
     for wave in plans.chunks(WAVE) {
         // The other client holds most hot keys, changing between waves: a release during
@@ -277,17 +348,14 @@ async fn stress(client: &LockClient, other: &LockClient, rng: &mut Rng, plans: &
             if rng.below(4) == 0 {
                 *slot = None;
             } else if slot.is_none() {
-                *slot = other
-                    .try_acquire(format!("stress:hot:{h}"), Duration::from_millis(200))
-                    .await
-                    .ok();
+                *slot = family.take_all(other, format!("stress:hot:{h}")).await;
             }
         }
         let started = tokio::time::Instant::now();
         let mut tasks = Vec::with_capacity(wave.len());
         let mut aborts = Vec::new();
         for p in wave {
-            let task = tokio::spawn(run(client.clone(), p.step));
+            let task = tokio::spawn(run(client.clone(), family, p.step));
             if let Some(after) = p.abort_after_us {
                 aborts.push((started + us(after), task.abort_handle()));
             }
@@ -338,7 +406,12 @@ impl Leftovers {
     }
 }
 
-fn leftovers(server: &RedisServer, client: &LockClient, tasks_baseline: usize) -> Leftovers {
+fn leftovers(
+    server: &RedisServer,
+    client: &LockClient,
+    family: Family,
+    tasks_baseline: usize,
+) -> Leftovers {
     let (fences, lock_keys): (Vec<String>, Vec<String>) = server
         .keys_matching("lockwarden:*")
         .into_iter()
@@ -347,8 +420,8 @@ fn leftovers(server: &RedisServer, client: &LockClient, tasks_baseline: usize) -
     let fence_keys_without_ttl = fences.into_iter().filter(|k| server.pttl(k) < 0).collect();
     let channels = server.channels();
     let subscribers = (0..HOT)
-        .map(|h| format!("lockwarden:{{stress:hot:{h}}}:released"))
-        .chain((0..KEYS).map(|k| format!("lockwarden:{{stress:{k}}}:released")))
+        .map(|h| family.channel(&format!("stress:hot:{h}")))
+        .chain((0..KEYS).map(|k| family.channel(&format!("stress:{k}"))))
         .map(|channel| server.subscribers(&channel))
         .sum();
     let stats = client.stats();
@@ -371,13 +444,14 @@ fn leftovers(server: &RedisServer, client: &LockClient, tasks_baseline: usize) -
 async fn settle(
     server: &RedisServer,
     client: &LockClient,
+    family: Family,
     tasks_baseline: usize,
     heap_baseline: isize,
     limit: Duration,
 ) -> (Leftovers, isize, Duration) {
     let started = Instant::now();
     loop {
-        let left = leftovers(server, client, tasks_baseline);
+        let left = leftovers(server, client, family, tasks_baseline);
         let grown = live_bytes() - heap_baseline;
         if (left.none() && grown <= HEAP_TOLERANCE) || started.elapsed() >= limit {
             return (left, grown, started.elapsed());
@@ -386,10 +460,11 @@ async fn settle(
     }
 }
 
-/// Promise: whatever point an acquire, a guard or a task holding one is dropped at, once
-/// the background work has settled (bounded: 10 s)
-/// - no lock is left in Redis (every `lockwarden:*` key is a fencing key with a TTL; the
-///   default 30 s lease keeps a leaked lock visible for the whole check),
+/// Promise: whatever point an acquire, a guard or a task holding one is dropped at, for
+/// locks and for semaphore permits, once the background work has settled (bounded: 10 s)
+/// - no lock or permit is left in Redis, and nobody in a semaphore's line (every
+///   `lockwarden:*` key is a fencing key with a TTL; the default 30 s lease keeps a
+///   leaked lock or permit visible for the whole check),
 /// - no release channel is subscribed (`PUBSUB CHANNELS` empty, `NUMSUB` 0),
 /// - the client tracks no lock and no waited channel (`stats()` zero),
 /// - the runtime runs no more tasks than after warm-up (the client's fixed background
@@ -415,10 +490,14 @@ async fn dropped_acquires_guards_and_tasks_leave_nothing_behind() {
     let client = LockClient::connect(&server.url()).await.unwrap();
     let other = LockClient::connect(&server.url()).await.unwrap();
 
-    // Warm up with the same mix: starts the watchdog and pub/sub connections and grows
-    // every buffer and map to its working size before the baselines are taken.
-    let warm: Vec<Plan> = (0..WARM_UP).map(|_| plan(&mut rng)).collect();
-    stress(&client, &other, &mut rng, &warm).await;
+    // Warm up with the same mix, for both families: starts the watchdog and pub/sub
+    // connections and grows every buffer and map to its working size before the
+    // baselines are taken.
+    let clients = (&client, &other);
+    for family in [Family::Locks, Family::Permits] {
+        let warm: Vec<Plan> = (0..WARM_UP).map(|_| plan(&mut rng)).collect();
+        stress(clients, family, &mut rng, &warm).await;
+    }
     // The plan is made before the baselines are taken: it is ~48 bytes per operation.
     let plans: Vec<Plan> = (0..ITERATIONS).map(|_| plan(&mut rng)).collect();
     let aborted = plans.iter().filter(|p| p.abort_after_us.is_some()).count();
@@ -432,7 +511,9 @@ async fn dropped_acquires_guards_and_tasks_leave_nothing_behind() {
             .metrics()
             .num_alive_tasks();
         let now = (tasks, live_bytes());
-        let quiet = leftovers(&server, &client, tasks).none();
+        let quiet = [Family::Locks, Family::Permits]
+            .into_iter()
+            .all(|family| leftovers(&server, &client, family, tasks).none());
         if quiet && now.0 == last.0 && (now.1 - last.1).abs() < 4096 {
             break;
         }
@@ -447,52 +528,58 @@ async fn dropped_acquires_guards_and_tasks_leave_nothing_behind() {
         warm_settle.elapsed()
     );
 
-    let stress_started = Instant::now();
-    stress(&client, &other, &mut rng, &plans).await;
-    let stress_took = stress_started.elapsed();
+    for family in [Family::Locks, Family::Permits] {
+        let stress_started = Instant::now();
+        stress(clients, family, &mut rng, &plans).await;
+        let stress_took = stress_started.elapsed();
 
-    let (left, grown, settled_in) = settle(
-        &server,
-        &client,
-        tasks_baseline,
-        heap_baseline,
-        Duration::from_secs(10),
-    )
-    .await;
-    println!(
-        "{ITERATIONS} operations ({aborted} in aborted tasks) in {stress_took:?}; settled in \
-         {settled_in:?}; heap grew {grown} bytes (tolerance {HEAP_TOLERANCE}); \
-         total {:?}; left: {left:?}",
-        started.elapsed()
-    );
-    assert!(
-        left.lock_keys.is_empty(),
-        "locks left in Redis: {:?}",
-        left.lock_keys
-    );
-    assert!(
-        left.fence_keys_without_ttl.is_empty(),
-        "fencing keys that never expire: {:?}",
-        left.fence_keys_without_ttl
-    );
-    assert!(
-        left.channels.is_empty(),
-        "channels still subscribed: {:?}",
-        left.channels
-    );
-    assert_eq!(
-        left.subscribers, 0,
-        "subscribers left on the release channels"
-    );
-    assert_eq!(left.watched_locks, 0, "client.stats().watched_locks");
-    assert_eq!(left.waited_channels, 0, "client.stats().waited_channels");
-    assert!(
-        left.extra_tasks <= 0,
-        "{} more tasks alive than after warm-up",
-        left.extra_tasks
-    );
-    assert!(
-        grown <= HEAP_TOLERANCE,
-        "live heap grew by {grown} bytes over the warmed-up baseline"
-    );
+        let (left, grown, settled_in) = settle(
+            &server,
+            &client,
+            family,
+            tasks_baseline,
+            heap_baseline,
+            Duration::from_secs(10),
+        )
+        .await;
+        println!(
+            "{family:?}: {ITERATIONS} operations ({aborted} in aborted tasks) in {stress_took:?}; \
+             settled in {settled_in:?}; heap grew {grown} bytes (tolerance {HEAP_TOLERANCE}); \
+             total {:?}; left: {left:?}",
+            started.elapsed()
+        );
+        assert!(
+            left.lock_keys.is_empty(),
+            "{family:?}: locks or permits left in Redis: {:?}",
+            left.lock_keys
+        );
+        assert!(
+            left.fence_keys_without_ttl.is_empty(),
+            "{family:?}: fencing keys that never expire: {:?}",
+            left.fence_keys_without_ttl
+        );
+        assert!(
+            left.channels.is_empty(),
+            "{family:?}: channels still subscribed: {:?}",
+            left.channels
+        );
+        assert_eq!(left.subscribers, 0, "{family:?}: subscribers left");
+        assert_eq!(
+            left.watched_locks, 0,
+            "{family:?}: client.stats().watched_locks"
+        );
+        assert_eq!(
+            left.waited_channels, 0,
+            "{family:?}: client.stats().waited_channels"
+        );
+        assert!(
+            left.extra_tasks <= 0,
+            "{family:?}: {} more tasks alive than after warm-up",
+            left.extra_tasks
+        );
+        assert!(
+            grown <= HEAP_TOLERANCE,
+            "{family:?}: live heap grew by {grown} bytes over the warmed-up baseline"
+        );
+    }
 }
