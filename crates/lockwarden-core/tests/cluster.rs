@@ -194,6 +194,56 @@ async fn fair_read_write_and_claims_work_on_each_master() {
     }
 }
 
+/// A semaphore on each master, both notice kinds: its keys on the master that owns its
+/// slot, at most its capacity held, a waiter in line granted its permit by a release
+/// (by name, over a sharded or classic notice), nothing left after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_on_each_master_grants_by_notice() {
+    let cluster = RedisCluster::start(3).unwrap();
+    for notices in [ReleaseNotices::Sharded, ReleaseNotices::Classic] {
+        let configure = |b: LockClientBuilder| b.notices(notices);
+        let (a, b) = (
+            client_with(&cluster, configure).await,
+            client_with(&cluster, configure).await,
+        );
+        for node in 0..3 {
+            let name = name_on(&cluster, &a, node, "exports");
+            let sem = a.semaphore(&name, 2);
+            let two = sem.acquire_many(2).await.unwrap();
+            let key = two.key().redis_key().to_owned();
+            assert!(cluster.exists_on(node, &key), "{key} not on master {node}");
+            for part in ["leases"] {
+                let companion = format!("{key}:{part}");
+                assert!(cluster.exists_on(node, &companion), "{companion} elsewhere");
+            }
+            assert!(matches!(
+                b.semaphore(&name, 2).try_acquire(Duration::ZERO).await,
+                Err(LockError::Timeout { .. })
+            ));
+            let waiter = {
+                let sem = b.semaphore(&name, 2);
+                timed(async move { sem.try_acquire(Duration::from_secs(10)).await })
+            };
+            eventually(Duration::from_secs(5), "the waiter in line", || async {
+                sem.state().await.unwrap().map(|s| s.waiting) == Some(1)
+            })
+            .await;
+            tokio::time::sleep(Duration::from_millis(200)).await; // subscribed
+            let released_at = Instant::now();
+            two.release().await.unwrap();
+            let (got, _) = waiter.await.unwrap();
+            let got = got.expect("granted by the release");
+            assert!(
+                released_at.elapsed() < SERVED,
+                "{notices:?}, master {node}: served {:?} after the release",
+                released_at.elapsed()
+            );
+            got.release().await.unwrap();
+            assert_eq!(sem.state().await.unwrap(), None);
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_multi_lock_spans_masters_and_holds_nothing_while_it_waits() {
     let cluster = RedisCluster::start(3).unwrap();

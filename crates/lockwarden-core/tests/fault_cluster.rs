@@ -361,6 +361,44 @@ async fn sent_twice<T: Send + 'static>(
     done
 }
 
+/// A semaphore's acquire and release, each sent twice by the cluster client (its
+/// connection broke before the reply): the permit is held once (one holder, `used` 1), and
+/// the release frees it once and answers done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permit_calls_sent_again_count_once() {
+    let cluster = cluster();
+    let client = warm_client(&cluster, PATIENT).await;
+    let name = name_on(&cluster, &client, NODE, Kind::Plain, "resent-permits");
+    let key = client.key(&name).unwrap().redis_key().to_owned();
+    // Another holder first, so that `used` shows a count taken twice.
+    let other = client.semaphore(&name, 3).acquire().await.unwrap();
+    let acquiring = {
+        let sem = client.semaphore(&name, 3);
+        async move { sem.try_acquire(Duration::from_secs(5)).await }
+    };
+    let held = sent_twice(&cluster, "permit acquire", Some(&key), acquiring)
+        .await
+        .expect("the permit");
+    let node = &cluster.nodes()[NODE];
+    let used: String = node.query(&["HGET", &key, "used"]).expect("HGET");
+    assert_eq!(used, "2", "the permit was counted twice");
+    let field: String = node
+        .query(&["HGET", &key, held.holder().id()])
+        .expect("HGET");
+    assert!(field.starts_with("1:"), "{field}");
+    let released = sent_twice(&cluster, "permit release", None, held.release()).await;
+    assert!(released.is_ok(), "a release sent twice: {released:?}");
+    let used: String = node.query(&["HGET", &key, "used"]).expect("HGET");
+    assert_eq!(used, "1", "the release was counted twice");
+    other.release().await.unwrap();
+    let left: Vec<String> = node
+        .keys_matching(&format!("{key}*"))
+        .into_iter()
+        .filter(|k| !k.ends_with(":fence"))
+        .collect();
+    assert!(left.is_empty(), "left: {left:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_of_a_given_holder_sent_again_count_once() {
     let cluster = cluster();

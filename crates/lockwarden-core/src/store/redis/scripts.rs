@@ -551,11 +551,12 @@ pub(super) fn release(hold: &Hold, token: Option<u64>, variant: Variant) -> Call
             .arg(mode.field_suffix())
             .arg(key.channel())
             .arg(&*key.names().readers),
-        // Never re-entered, so never counted twice: no token, no call id.
+        // Never re-entered, so never counted twice: no call id.
         HoldKind::Permits => {
             return Call::script(&PERMITS_RELEASE, variant, &permits_keys(key))
                 .arg(holder.id())
                 .arg(&*key.names().granted)
+                .arg(token_arg(token))
         }
     }
     .arg(token_arg(token))
