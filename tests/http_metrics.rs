@@ -11,7 +11,7 @@ use std::time::Duration;
 use axum::routing::post;
 use axum::Router;
 use common::web::{req, send};
-use lockwarden::{LockClient, LockLayer};
+use lockwarden::{LimitLayer, LockClient, LockLayer};
 use lockwarden_testkit::RedisServer;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 
@@ -56,9 +56,30 @@ fn the_layer_counts_every_answer_by_route_outcome_and_status() {
         let client = LockClient::in_memory();
         let locked = LockLayer::by_header("Idempotency-Key").client(client.clone());
         let remembered = locked.clone().remember(Duration::from_secs(60));
+        let limited = LimitLayer::by_header("Idempotency-Key")
+            .client(client.clone())
+            .permits(1);
+        let misconfigured = LimitLayer::by_header("Idempotency-Key").client(client.clone());
         let app = Router::new()
             .route("/orders/{id}", post(slow).layer(locked))
-            .route("/pay", post(slow).layer(remembered));
+            .route("/pay", post(slow).layer(remembered))
+            .route("/exports", post(slow).layer(limited))
+            .route("/broken", post(slow).layer(misconfigured));
+
+        // Admitted, and another while the limit is full answered 429.
+        let first = tokio::spawn({
+            let app = app.clone();
+            async move { send(&app, req("/exports", Some("t1"))).await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        send(&app, req("/exports", Some("t1")))
+            .await
+            .assert_problem(429, "limit-reached");
+        assert_eq!(first.await.unwrap().status, 200);
+        // A limit without a capacity: 500.
+        send(&app, req("/broken", Some("t1")))
+            .await
+            .assert_problem(500, "invalid-limit");
 
         // Locked, and a duplicate in flight answered 409.
         let first = tokio::spawn({
@@ -127,8 +148,23 @@ fn the_layer_counts_every_answer_by_route_outcome_and_status() {
         "{totals:?}"
     );
     assert_eq!(
+        count("outcome=admitted,route=/exports,status=handler"),
+        1,
+        "{totals:?}"
+    );
+    assert_eq!(
+        count("outcome=limit_reached,route=/exports,status=429"),
+        1,
+        "{totals:?}"
+    );
+    assert_eq!(
+        count("outcome=invalid_limit,route=/broken,status=500"),
+        1,
+        "{totals:?}"
+    );
+    assert_eq!(
         totals.values().sum::<u64>(),
-        6,
+        9,
         "nothing else counted: {totals:?}"
     );
     assert!(

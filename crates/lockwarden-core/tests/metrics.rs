@@ -278,12 +278,64 @@ async fn scenario(env: &Env, recorded: &mut Recorded) {
         1,
         "{what}"
     );
+    permits(&client, what, recorded).await;
     if env.is_redis() {
         until("no subscription left", || {
             recorded.gauge("lockwarden_subscriptions{}") == 0.0
         })
         .await;
     }
+}
+
+/// Semaphore permits: held and waiting gauges, acquisitions of kind `permits` (taken,
+/// refused at once, timed out), and the gauges back to zero after.
+async fn permits(client: &LockClient, what: &str, recorded: &mut Recorded) {
+    recorded.clear();
+    let sem = client.semaphore("p", 3);
+    let two = sem.acquire_many(2).await.unwrap();
+    let one = sem.acquire().await.unwrap();
+    assert_eq!(recorded.gauge("lockwarden_permits_held{}"), 3.0, "{what}");
+    assert!(matches!(
+        sem.try_acquire(Duration::ZERO).await,
+        Err(LockError::Timeout { .. })
+    ));
+    let waiter = tokio::spawn({
+        let sem = sem.clone();
+        async move { sem.try_acquire(Duration::from_secs(5)).await }
+    });
+    until("one waiting in line", || {
+        recorded.gauge("lockwarden_permits_waiting{}") == 1.0
+    })
+    .await;
+    one.release().await.unwrap();
+    let granted = waiter.await.unwrap().unwrap();
+    assert_eq!(
+        recorded.gauge("lockwarden_permits_waiting{}"),
+        0.0,
+        "{what}"
+    );
+    assert!(matches!(
+        sem.try_acquire(Duration::from_millis(30)).await,
+        Err(LockError::Timeout { .. })
+    ));
+    granted.release().await.unwrap();
+    two.release().await.unwrap();
+    assert_eq!(recorded.gauge("lockwarden_permits_held{}"), 0.0, "{what}");
+    assert_eq!(
+        recorded.counter(&acquisitions("permits", "taken")),
+        3,
+        "{what}"
+    );
+    assert_eq!(
+        recorded.counter(&acquisitions("permits", "busy")),
+        1,
+        "{what}"
+    );
+    assert_eq!(
+        recorded.counter(&acquisitions("permits", "timeout")),
+        1,
+        "{what}"
+    );
 }
 
 /// A store that is gone: the acquire's backend errors are counted by operation and

@@ -146,6 +146,7 @@ async fn a_lock_the_new_primary_never_got_is_reported_lost() {
         .cmd(&["CLIENT", "KILL", "TYPE", "replica"])
         .unwrap();
     let guard = a.acquire("vanishing").await.unwrap();
+    let permit = a.semaphore("vanishing-permits", 1).acquire().await.unwrap();
     let key = guard.key().redis_key().to_owned();
     let on_replica: i64 = replica.query(&["EXISTS", &key]).unwrap();
     assert_eq!(on_replica, 0, "the replica got the lock after all");
@@ -164,10 +165,23 @@ async fn a_lock_the_new_primary_never_got_is_reported_lost() {
     tokio::time::timeout(FAILOVER, guard.lost())
         .await
         .expect("the holder was never told its lock vanished");
+    tokio::time::timeout(FAILOVER, permit.lost())
+        .await
+        .expect("the holder was never told its permit vanished");
     tracing::info!(after = ?killed.elapsed(), "lost reported");
     // ...and it is: another client takes it on the new primary.
     let next = acquire_after_failover(&b, "vanishing").await;
     next.release().await.unwrap();
+    let next_permit = b
+        .semaphore("vanishing-permits", 1)
+        .try_acquire(FAILOVER)
+        .await
+        .expect("the vanished permit is free on the new primary");
+    next_permit.release().await.unwrap();
+    assert!(matches!(
+        permit.release().await,
+        Err(LockError::Lost { .. })
+    ));
     // A lost guard's release says so rather than pretending.
     assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
 }

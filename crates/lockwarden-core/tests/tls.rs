@@ -178,6 +178,38 @@ async fn a_waiter_is_woken_by_a_release_notice_over_tls() {
     release_wakes(guard, waiting, "one server").await;
 }
 
+/// A semaphore over TLS: a waiter in line is granted its permit by a release, over the
+/// TLS pub/sub connection, at once (its own retry would come a lease later).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_grants_over_tls() {
+    let certs = certs();
+    let server = RedisServer::start_tls(&certs, &[]).unwrap();
+    let holder = client(&server, &certs).await;
+    let waiter = client(&server, &certs).await;
+    let sem = holder.semaphore("tls:permits", 1);
+    let held = sem.acquire().await.unwrap();
+    let waiting = tokio::spawn({
+        let sem = waiter.semaphore("tls:permits", 1);
+        async move { sem.try_acquire(Duration::from_secs(10)).await }
+    });
+    eventually(SETTLE, "the waiter in line and subscribed", || async {
+        let in_line = sem.state().await.unwrap().map(|s| s.waiting) == Some(1);
+        in_line && !server.channels().is_empty()
+    })
+    .await;
+    // The waiter listens on a connection that came in over TLS.
+    assert!(all_over_tls(&server).iter().any(ClientInfo::is_pubsub));
+    let released_at = Instant::now();
+    held.release().await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(3), waiting)
+        .await
+        .expect("granted at once, not after a lease")
+        .unwrap()
+        .expect("the permit");
+    assert!(released_at.elapsed() < Duration::from_secs(3));
+    got.release().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_watchdog_renews_over_tls_past_three_leases() {
     let certs = certs();
