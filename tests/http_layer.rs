@@ -369,22 +369,35 @@ async fn a_body_complete_at_once_is_released_before_the_response(env: Env) {
 
 async fn released_when_body_is_dropped_while_releasing(env: Env) {
     let client = env.client().await;
-    let (service, open) = gated_service(&client);
-    let response = service
-        .oneshot(req("/", Some("cut")))
-        .await
-        .expect("infallible");
-    let mut body = response.into_body();
-    open.send(()).expect("the body waits");
-    // One poll: the last frame is read and its release sent; on Redis the answer is not
-    // back yet, so the frame is held back. The client goes away at that moment.
-    let polled = body.frame().now_or_never();
-    if env.is_redis() {
-        assert!(polled.is_none(), "the frame waits for the release");
-        assert!(body.holds_lock());
+    // On Redis the release's answer is almost always not back within the one poll below;
+    // on a loaded machine it rarely is (the reply beats the poll's own check), and that
+    // round does not test the drop: try again, a bounded number of times.
+    let mut cut_mid_release = false;
+    for round in 0..20 {
+        let key = format!("cut-{round}");
+        let (service, open) = gated_service(&client);
+        let response = service
+            .oneshot(req("/", Some(&key)))
+            .await
+            .expect("infallible");
+        let mut body = response.into_body();
+        open.send(()).expect("the body waits");
+        // One poll: the last frame is read and its release sent; on Redis the answer is
+        // not back yet, so the frame is held back. The client goes away at that moment.
+        let polled = body.frame().now_or_never();
+        cut_mid_release = polled.is_none() && body.holds_lock();
+        drop(body);
+        assert!(freed(&client, &format!("http:{key}"), Duration::from_millis(500)).await);
+        if cut_mid_release || !env.is_redis() {
+            break;
+        }
     }
-    drop(body);
-    assert!(freed(&client, "http:cut", Duration::from_millis(500)).await);
+    if env.is_redis() {
+        assert!(
+            cut_mid_release,
+            "no round dropped the body while it was releasing"
+        );
+    }
 }
 
 async fn released_when_body_is_dropped_mid_stream(env: Env) {
