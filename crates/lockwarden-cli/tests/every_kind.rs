@@ -766,3 +766,77 @@ fn waiters_whose_places_lapsed_are_not_counted_while_still_stored() {
     ));
     drop(held);
 }
+
+/// A semaphore's hold whose lease ran out holds nothing (the semaphore's next script takes
+/// its permits back): not listed, not counted in use, and nothing to unlock, while the hash
+/// still stores it.
+#[test]
+fn a_semaphore_hold_whose_lease_ran_out_is_free_while_still_stored() {
+    let server = RedisServer::start().expect("start redis-server");
+    let url = server.url();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // Fixed leases: nothing renews them, and nothing runs a script after them.
+    let (lasting, short, alone) = rt.block_on(async {
+        let client = LockClient::connect(&url).await.unwrap();
+        let sem = client.semaphore("pool", 3);
+        let brief = Duration::from_millis(300);
+        (
+            sem.clone()
+                .lease(Duration::from_secs(120))
+                .acquire()
+                .await
+                .unwrap(),
+            sem.lease(brief).acquire_many(2).await.unwrap(),
+            client
+                .semaphore("idle", 3)
+                .lease(brief)
+                .acquire()
+                .await
+                .unwrap(),
+        )
+    });
+    let show = |name: &str| lockwarden(&["--url", url.as_str(), "show", name, "--json"]).json();
+    let view = show("pool");
+    assert_eq!(view["semaphore"]["in_use"], 3, "{view:#}");
+    assert_eq!(view["holders"].as_array().unwrap().len(), 2);
+    rt.block_on(eventually(
+        Duration::from_secs(30),
+        "the short holds no longer counted",
+        || async {
+            show("pool")["semaphore"]["in_use"] == 1 && show("idle")["semaphore"]["in_use"] == 0
+        },
+    ));
+    let used = |key: &str| -> String { server.query(&["HGET", key, "used"]).unwrap() };
+    assert_eq!(used("lockwarden:{pool}"), "3", "still stored");
+    assert_eq!(used("lockwarden:{idle}"), "1", "still stored");
+    let view = show("pool");
+    assert_eq!(view["holders"].as_array().unwrap().len(), 1, "{view:#}");
+    assert_eq!(view["holders"][0]["id"], lasting.holder().id());
+    assert_eq!(view["holders"][0]["fencing_token"], lasting.fencing_token());
+    let text = lockwarden(&["--url", url.as_str(), "show", "pool"])
+        .ok()
+        .to_owned();
+    assert!(text.contains("kind        semaphore (1/3)\n"), "{text}");
+    assert!(
+        !text.contains(short.holder().id()),
+        "the lapsed hold is not listed: {text}"
+    );
+
+    // Only a lapsed hold: nothing held, nothing to unlock, nothing deleted.
+    let idle = show("idle");
+    assert_eq!(idle["kind"], "semaphore", "{idle:#}");
+    assert!(idle["holders"].as_array().unwrap().is_empty(), "{idle:#}");
+    assert_eq!(idle["lease_ms"], Value::Null);
+    let run = lockwarden(&["--url", url.as_str(), "unlock", "idle", "--yes"]);
+    assert_eq!(run.code, Some(3), "{run:#?}");
+    assert!(
+        run.stderr.contains("no permit of the semaphore is"),
+        "{run:#?}"
+    );
+    assert!(server.exists("lockwarden:{idle}"));
+    let list = lockwarden(&["--url", url.as_str(), "list"]).ok().to_owned();
+    let row = list.lines().find(|l| l.starts_with("idle ")).unwrap();
+    assert!(row.contains(" semaphore (0/3) "), "{list}");
+    assert!(row.ends_with("(free)"), "{list}");
+    drop((lasting, short, alone));
+}
