@@ -93,12 +93,13 @@ pub enum Command {
         #[arg(long)]
         all: bool,
     },
-    /// One lock in full: holders and leases, queue order and deadlines, outcome.
+    /// One lock in full: holders and leases, queue order and deadlines, a semaphore's
+    /// capacity and line, outcome.
     Show {
         /// The lock name, as the application gives it.
         name: String,
     },
-    /// Force-release a lock of any kind, waking its waiters.
+    /// Force-release a lock of any kind (every permit of a semaphore), waking its waiters.
     Unlock {
         /// The lock name.
         name: String,
@@ -326,6 +327,11 @@ async fn unlock(
                  itself as their deadlines pass)",
                 before.queue_length
             ),
+            Kind::Semaphore => format!(
+                "{name:?} is not held: no permit of the semaphore is ({} waiter(s) in line \
+                 take theirs as they try again)",
+                before.semaphore.as_ref().map_or(0, |s| s.waiting)
+            ),
             _ => format!("{name:?} is not held"),
         };
         return Err(CliError::NotFound(why));
@@ -358,11 +364,17 @@ async fn unlock(
         }
     }
     let client = connect_client(common, space, endpoint).await?;
-    let unlocked = client
-        .lock(name)
-        .force_unlock()
-        .await
-        .map_err(|e| CliError::Redis(format!("force-unlock of {name:?} failed: {e}")))?;
+    let unlocked = match &before.semaphore {
+        // Through the semaphore's own handle, so the CLI does whatever the core does for
+        // semaphores (now: free every permit and wake the line, which keeps its places).
+        // The capacity matters only to an acquisition.
+        Some(s) => {
+            let capacity = s.capacity.and_then(|c| u32::try_from(c).ok()).unwrap_or(1);
+            client.semaphore(name, capacity).force_unlock().await
+        }
+        None => client.lock(name).force_unlock().await,
+    }
+    .map_err(|e| CliError::Redis(format!("force-unlock of {name:?} failed: {e}")))?;
     if common.json {
         print_json(&UnlockJson {
             name,

@@ -3,18 +3,27 @@
 //! `SHARDNUMSUB` on a cluster).
 //!
 //! Kind detection (Redis keeps no "kind" field; the shape of the keys says it):
+//! - a hash with a `permits` field is a **semaphore** (its capacity; `used`, `fifo` and one
+//!   field per holder beside it);
 //! - a hash with a `mode` field is a **read-write** lock;
 //! - a hash without one is **fair** if the lock has a queue (`…:queue`), else **plain**
 //!   (a fair lock nobody waits for looks exactly like a plain one);
 //! - no hash, but a queue: **fair** (free, its next waiter about to take it); no hash but
-//!   registered writers or readers: **read-write** (free, a waiter about to take it);
+//!   registered writers or readers: **read-write** (free, a waiter about to take it); no
+//!   hash but a line of waiters: **semaphore** (force-unlocked, its waiters about to take
+//!   their permits, in their places);
 //! - no hash, a stored outcome (`…:done`): **claim-outcome** (a completed claim);
 //! - only a fencing key (a lock released less than a lease ago): **free**;
 //! - nothing: no such lock.
 //!
 //! In the Redisson layout a hash found by name alone must also look like a lock: every
-//! field `<id>:<number>` with a positive count, or a `mode` of `read`/`write`, and an
-//! expiry; at most [`MAX_FIELDS`] fields.
+//! field `<id>:<number>` with a positive count, or a `mode` of `read`/`write`, or a
+//! semaphore's (a positive `permits`, a `used` count, `fifo` = `1`, and holders
+//! `<id>:<number>` = `<permits>:<token>`), and an expiry; at most [`MAX_FIELDS`] fields.
+//!
+//! What a lock's scripts would drop at their next call is not counted: waiters whose
+//! places lapsed, and a semaphore's holds whose leases ran out (their permits are free:
+//! the core's `permits_prelude.lua` takes them back before it looks).
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -28,8 +37,8 @@ use crate::names::{turn_channel, LockKeys, Part, Space};
 use crate::scan::Found;
 use crate::target::{bounded, Target};
 
-/// Queue entries, waiting writers and waiting readers listed per lock (their number is
-/// always exact).
+/// Queue entries, waiting writers and readers, and a semaphore's waiters listed per lock
+/// (their number is always exact).
 pub const SHOWN: usize = 100;
 /// A Redisson-layout hash with more fields than this is not taken for a lock.
 pub const MAX_FIELDS: i64 = 10_000;
@@ -55,6 +64,8 @@ pub enum Kind {
     ClaimOutcome,
     /// Released: only the fencing key is left.
     Free,
+    /// A semaphore: permits of a capacity, each hold a lease of its own.
+    Semaphore,
 }
 
 impl Kind {
@@ -66,6 +77,7 @@ impl Kind {
             Kind::ReadWrite => "read-write",
             Kind::ClaimOutcome => "claim-outcome",
             Kind::Free => "free",
+            Kind::Semaphore => "semaphore",
         }
     }
 }
@@ -75,12 +87,16 @@ impl Kind {
 pub struct HolderView {
     /// The holder id (`<client uuid>:<n>`; Redisson: `<uuid>:<thread id>`).
     pub id: String,
-    /// `"exclusive"` (plain, fair), `"read"` or `"write"`.
+    /// `"exclusive"` (plain, fair), `"read"`, `"write"` or `"permits"` (a semaphore).
     pub side: &'static str,
-    /// Re-entry count.
+    /// Re-entry count; a semaphore's: the permits this hold has.
     pub count: u64,
-    /// The lease this hold has left (read-write: its own; else the lock's), ms.
+    /// The lease this hold has left (read-write, semaphore: its own; else the lock's), ms.
     pub lease_ms: Option<i64>,
+    /// A semaphore's hold: its own fencing token (absent for other kinds, whose token is
+    /// the lock's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fencing_token: Option<u64>,
 }
 
 /// A fair lock's waiter in the queue.
@@ -106,6 +122,38 @@ pub struct WaiterView {
     pub deadline_ms: Option<i64>,
 }
 
+/// A semaphore's waiter in line.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct PermitWaiterView {
+    /// 1 = first in line (arrival order, by the server clock).
+    pub position: u64,
+    /// The waiting holder (one per acquisition).
+    pub holder: String,
+    /// Permits it asks for (all at once).
+    pub permits: u64,
+    /// Until its place lapses unless it tries again, ms (server clock).
+    pub deadline_ms: i64,
+    /// How long it has been in line, ms.
+    pub waited_ms: u64,
+}
+
+/// What only a semaphore has.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct SemaphoreView {
+    /// The capacity stored with it, `null` when none is (force-unlocked: the next
+    /// acquisition stores its own).
+    pub capacity: Option<u64>,
+    /// Permits held (by live holds).
+    pub in_use: u64,
+    /// `"arrival"` (a large request does not hold back smaller ones that fit) or
+    /// `"strict"` (nobody before an earlier waiter; `Semaphore::fair`).
+    pub order: &'static str,
+    /// Waiters in line (places not lapsed).
+    pub waiting: u64,
+    /// The first [`SHOWN`] of them, first in line first.
+    pub line: Vec<PermitWaiterView>,
+}
+
 /// A completed claim's stored outcome.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct OutcomeView {
@@ -120,7 +168,8 @@ pub struct OutcomeView {
 pub struct ChannelView {
     /// The channel.
     pub channel: String,
-    /// `"release"`, `"readers"` or `"turn"` (a fair waiter's own).
+    /// `"release"`, `"readers"`, `"turn"` (a fair waiter's own) or `"granted"` (a
+    /// semaphore's waiters').
     pub role: &'static str,
     /// `PUBSUB NUMSUB`, summed over the nodes.
     pub subscribers: u64,
@@ -137,14 +186,15 @@ pub struct LockView {
     pub kind: Kind,
     /// A read-write lock's mode (`"read"`, `"write"`), else `null`.
     pub mode: Option<String>,
-    /// The holds, writer first.
+    /// The holds, writer first (a semaphore's: oldest first).
     pub holders: Vec<HolderView>,
-    /// The lock's remaining lease (its hash's `PTTL`), ms; `null` when free.
+    /// The lock's remaining lease (its hash's `PTTL`; a semaphore's: its longest hold's
+    /// lease, when it is free at the latest unless renewed), ms; `null` when free.
     pub lease_ms: Option<i64>,
     /// The last fencing token issued (read-write: the current phase's).
     pub fencing_token: Option<u64>,
-    /// How long the current hold (phase) has lasted, from its token (µs of the server
-    /// clock at acquisition), ms.
+    /// How long the current hold (phase; a semaphore's oldest hold) has lasted, from its
+    /// token (µs of the server clock at acquisition), ms.
     pub held_for_ms: Option<u64>,
     /// A fair lock's queue length (waiters whose deadline has not passed: the lock
     /// drops the others at its next call).
@@ -169,6 +219,9 @@ pub struct LockView {
     pub channels: Vec<ChannelView>,
     /// A completed claim's stored outcome.
     pub outcome: Option<OutcomeView>,
+    /// A semaphore's capacity, permits in use and line (absent for other kinds).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub semaphore: Option<SemaphoreView>,
 }
 
 impl LockView {
@@ -177,10 +230,11 @@ impl LockView {
         !self.holders.is_empty()
     }
 
-    /// Queued waiters, waiting writers and readers, plus subscribed connections: what
-    /// ranks a lock as busy.
+    /// Queued waiters, waiting writers and readers, a semaphore's waiters, plus
+    /// subscribed connections: what ranks a lock as busy.
     pub fn waiting(&self) -> u64 {
-        self.queue_length + self.writers_waiting + self.readers_waiting + self.subscribers
+        let in_line = self.semaphore.as_ref().map_or(0, |s| s.waiting);
+        self.queue_length + self.writers_waiting + self.readers_waiting + in_line + self.subscribers
     }
 }
 
@@ -285,7 +339,14 @@ async fn read_one(
         .cmd("STRLEN")
         .arg(&keys.done)
         .cmd("PTTL")
-        .arg(&keys.done);
+        .arg(&keys.done)
+        .cmd("ZCARD")
+        .arg(&keys.waiting)
+        .cmd("ZRANGE")
+        .arg(&keys.waiting)
+        .arg(0)
+        .arg(SHOWN - 1)
+        .arg("WITHSCORES");
     let v = target.keyed(&mut pipe).await?;
     let now_us = server_time_us(&v[0])?;
     let now_ms = (now_us / 1000) as i64;
@@ -327,8 +388,13 @@ async fn read_one(
         }),
     };
     let remaining = |deadline: Option<&f64>| deadline.map(|d| *d as i64 - now_ms);
+    let (in_line, line) = match uint(&v[14]) {
+        0 => (0, Vec::new()),
+        stored => line_of(target, &keys, now_us, stored, scored(&v[15])).await?,
+    };
 
     let held = !hash.is_empty();
+    let semaphore = hash.iter().any(|(f, _)| f == "permits");
     let mode = hash
         .iter()
         .find(|(f, _)| f == "mode")
@@ -339,15 +405,40 @@ async fn read_one(
         None
     };
     let kind = match (held, &mode) {
+        (true, _) if semaphore => Kind::Semaphore,
         (true, Some(_)) => Kind::ReadWrite,
         (true, None) if queue_length > 0 => Kind::Fair,
         (true, None) => Kind::Plain,
         (false, _) if queue_length > 0 => Kind::Fair,
         (false, _) if writers_waiting + readers_registered > 0 => Kind::ReadWrite,
+        (false, _) if in_line > 0 => Kind::Semaphore,
         (false, _) if outcome.is_some() => Kind::ClaimOutcome,
         (false, _) if fence.is_some() => Kind::Free,
         (false, _) => return Ok(None),
     };
+    if kind == Kind::Semaphore {
+        let permits = permits_view(&hash, &leases, now_us, (in_line, line));
+        return Ok(Some(LockView {
+            name: name.to_owned(),
+            key: keys.lock.clone(),
+            kind,
+            mode: None,
+            holders: permits.holders,
+            lease_ms: permits.lease_ms,
+            fencing_token: fence,
+            held_for_ms: permits.held_for_ms,
+            queue_length: 0,
+            queue: Vec::new(),
+            writers_waiting: 0,
+            waiting_writers: Vec::new(),
+            readers_waiting: 0,
+            waiting_readers: Vec::new(),
+            subscribers: 0,
+            channels: semaphore_channels(&keys),
+            outcome,
+            semaphore: Some(permits.semaphore),
+        }));
+    }
     let mut holders = Vec::new();
     let mut token = fence;
     for (field, value) in &hash {
@@ -375,6 +466,7 @@ async fn read_one(
                     side,
                     count,
                     lease_ms: remaining(leases.get(field)).or(lease_ms),
+                    fencing_token: None,
                 });
             }
             None => holders.push(HolderView {
@@ -382,6 +474,7 @@ async fn read_one(
                 side: "exclusive",
                 count,
                 lease_ms,
+                fencing_token: None,
             }),
         }
     }
@@ -445,6 +538,7 @@ async fn read_one(
         subscribers: 0,
         channels,
         outcome,
+        semaphore: None,
     };
     // The turn channels are those of the queued holders' clients (one per client).
     let turns: BTreeSet<String> = view
@@ -459,6 +553,155 @@ async fn read_one(
     });
     view.channels.extend(turns);
     Ok(Some(view))
+}
+
+/// A semaphore's holds and numbers, as its scripts see them (`prune` in
+/// `permits_prelude.lua`): a hold whose lease ran out holds nothing, its permits are free.
+struct PermitsRead {
+    holders: Vec<HolderView>,
+    lease_ms: Option<i64>,
+    held_for_ms: Option<u64>,
+    semaphore: SemaphoreView,
+}
+
+/// Reads a semaphore's hash (`hash`, empty when none is stored) with its holds' leases;
+/// `in_line` is its line, read by [`line_of`].
+fn permits_view(
+    hash: &[(String, String)],
+    leases: &HashMap<String, f64>,
+    now_us: u64,
+    in_line: (u64, Vec<PermitWaiterView>),
+) -> PermitsRead {
+    let now_ms = (now_us / 1000) as i64;
+    let field = |name: &str| {
+        hash.iter()
+            .find(|(f, _)| f == name)
+            .map(|(_, v)| v.as_str())
+    };
+    let mut holders = Vec::new();
+    let mut lapsed = 0u64;
+    for (id, value) in hash {
+        if matches!(id.as_str(), "permits" | "used" | "fifo") {
+            continue;
+        }
+        // `<permits>:<fencing token>`.
+        let (permits, token) = value.split_once(':').unwrap_or((value, ""));
+        let permits: u64 = permits.parse().unwrap_or(0);
+        let deadline = leases.get(id).map(|d| *d as i64);
+        if deadline.is_some_and(|d| d <= now_ms) {
+            lapsed += permits;
+            continue;
+        }
+        holders.push(HolderView {
+            id: id.clone(),
+            side: "permits",
+            count: permits,
+            lease_ms: deadline.map(|d| d - now_ms),
+            fencing_token: token.parse().ok(),
+        });
+    }
+    holders.sort_by(|a, b| (a.fencing_token, &a.id).cmp(&(b.fencing_token, &b.id)));
+    let live: u64 = holders.iter().map(|h| h.count).sum();
+    let in_use = field("used")
+        .and_then(|u| u.parse::<u64>().ok())
+        .map_or(live, |used| used.saturating_sub(lapsed));
+    let (waiting, line) = in_line;
+    PermitsRead {
+        lease_ms: holders.iter().filter_map(|h| h.lease_ms).max(),
+        held_for_ms: holders
+            .iter()
+            .filter_map(|h| h.fencing_token)
+            .min()
+            .and_then(|t| now_us.checked_sub(t))
+            .map(|us| us / 1000),
+        holders,
+        semaphore: SemaphoreView {
+            capacity: field("permits").and_then(|c| c.parse().ok()),
+            in_use,
+            order: if field("fifo") == Some("1") {
+                "strict"
+            } else {
+                "arrival"
+            },
+            waiting,
+            line,
+        },
+    }
+}
+
+/// A semaphore's line as its scripts see it: the places whose registration (in
+/// `…:waiting-until`) has not lapsed, how many, and the first [`SHOWN`] of them in arrival
+/// order. `stored` and `page` are the line's size and first [`SHOWN`] members, as read;
+/// further pages are read only while lapsed places hide live ones.
+async fn line_of(
+    target: &Target,
+    keys: &LockKeys,
+    now_us: u64,
+    stored: u64,
+    mut page: Vec<(String, f64)>,
+) -> Result<(u64, Vec<PermitWaiterView>), CliError> {
+    let now_ms = (now_us / 1000) as i64;
+    let mut live: Option<u64> = None;
+    let mut shown: Vec<PermitWaiterView> = Vec::new();
+    let mut read = 0usize;
+    loop {
+        let mut pipe = redis::pipe();
+        if live.is_none() {
+            pipe.cmd("ZCOUNT")
+                .arg(&keys.waiting_until)
+                .arg(format!("({now_ms}"))
+                .arg("+inf");
+        }
+        for (member, _) in &page {
+            pipe.cmd("ZSCORE").arg(&keys.waiting_until).arg(member);
+        }
+        let v = target.keyed(&mut pipe).await?;
+        let scores = match live {
+            None => {
+                live = Some(v.first().map_or(0, uint));
+                v.get(1..).unwrap_or_default()
+            }
+            Some(_) => &v[..],
+        };
+        for ((member, arrival), score) in page.iter().zip(scores) {
+            if shown.len() == SHOWN {
+                break;
+            }
+            let Some(deadline) = int_or_float(score).filter(|d| *d > now_ms as f64) else {
+                continue;
+            };
+            // `<permits>:<holder id>`.
+            let (permits, holder) = member.split_once(':').unwrap_or(("", member));
+            shown.push(PermitWaiterView {
+                position: shown.len() as u64 + 1,
+                holder: holder.to_owned(),
+                permits: permits.parse().unwrap_or(0),
+                deadline_ms: deadline as i64 - now_ms,
+                waited_ms: now_us.saturating_sub(*arrival as u64) / 1000,
+            });
+        }
+        read += page.len();
+        let done = shown.len() == SHOWN
+            || shown.len() as u64 >= live.unwrap_or(0)
+            || page.is_empty()
+            || read as u64 >= stored.min(MAX_FIELDS as u64);
+        if done {
+            break;
+        }
+        let mut pipe = redis::pipe();
+        pipe.cmd("ZRANGE")
+            .arg(&keys.waiting)
+            .arg(read)
+            .arg(read + SHOWN - 1)
+            .arg("WITHSCORES");
+        page = target
+            .keyed(&mut pipe)
+            .await?
+            .first()
+            .map(scored)
+            .unwrap_or_default();
+    }
+    Ok((live.unwrap_or(0), shown))
 }
 
 /// How many of the read holds `fields` are registered in `key` past `now_ms`: read
@@ -529,6 +772,23 @@ fn channels_of(keys: &LockKeys) -> Vec<ChannelView> {
     ]
 }
 
+/// A semaphore's channels: its waiters listen for grants (and a force-unlock's notice) on
+/// `…:granted`; a waiter of another kind for the same name, on the release channel.
+fn semaphore_channels(keys: &LockKeys) -> Vec<ChannelView> {
+    vec![
+        ChannelView {
+            channel: keys.granted_channel.clone(),
+            role: "granted",
+            subscribers: 0,
+        },
+        ChannelView {
+            channel: keys.channel.clone(),
+            role: "release",
+            subscribers: 0,
+        },
+    ]
+}
+
 /// Fills in every channel's subscribers: `PUBSUB NUMSUB` on each node, summed (a
 /// subscriber may sit on any node of a cluster; classic pub/sub reaches them all), and on
 /// a cluster `PUBSUB SHARDNUMSUB` too: its clients listen with `SSUBSCRIBE` when every
@@ -575,9 +835,12 @@ async fn count_subscribers(target: &Target, views: &mut [LockView]) -> Result<()
         for channel in &mut view.channels {
             channel.subscribers = counts.get(&channel.channel).copied().unwrap_or(0);
         }
-        for queued in &mut view.queue {
-            let turn = turn_channel(&view.channels[0].channel, &queued.holder);
-            queued.subscribers = counts.get(&turn).copied().unwrap_or(0);
+        let release = view.channels.iter().find(|c| c.role == "release");
+        if let Some(release) = release.map(|c| c.channel.clone()) {
+            for queued in &mut view.queue {
+                let turn = turn_channel(&release, &queued.holder);
+                queued.subscribers = counts.get(&turn).copied().unwrap_or(0);
+            }
         }
         view.subscribers = view.channels.iter().map(|c| c.subscribers).sum();
     }
@@ -592,10 +855,34 @@ fn lock_shaped(hash: &[(String, String)]) -> bool {
     if let Some((_, mode)) = hash.iter().find(|(f, _)| f == "mode") {
         return mode == "read" || mode == "write";
     }
-    hash.iter().all(|(field, value)| {
-        field.rsplit_once(':').is_some_and(|(id, n)| {
-            !id.is_empty() && !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())
-        }) && value.parse::<u64>().is_ok_and(|n| n > 0)
+    if hash.iter().any(|(f, _)| f == "permits") {
+        return semaphore_shaped(hash);
+    }
+    hash.iter()
+        .all(|(field, value)| holder_id(field) && value.parse::<u64>().is_ok_and(|n| n > 0))
+}
+
+/// Whether a hash with a `permits` field looks like a semaphore: a positive capacity, a
+/// `used` count, `fifo` = `1`, and holders `<id>:<n>` = `<permits>:<token>`.
+fn semaphore_shaped(hash: &[(String, String)]) -> bool {
+    let number = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    hash.iter().all(|(field, value)| match field.as_str() {
+        "permits" => value.parse::<u64>().is_ok_and(|n| n > 0),
+        "used" => number(value),
+        "fifo" => value == "1",
+        _ => {
+            holder_id(field)
+                && value
+                    .split_once(':')
+                    .is_some_and(|(permits, token)| number(permits) && number(token))
+        }
+    })
+}
+
+/// Whether `field` is a holder id, `<id>:<number>`.
+fn holder_id(field: &str) -> bool {
+    field.rsplit_once(':').is_some_and(|(id, n)| {
+        !id.is_empty() && !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())
     })
 }
 
@@ -706,6 +993,55 @@ mod tests {
         assert!(!lock_shaped(&h(&[("a:1", "0")])));
         assert!(!lock_shaped(&h(&[("a:x", "1")])));
         assert!(!lock_shaped(&h(&[("mode", "other")])));
+        let holder = ("6f1c-uuid:3", "2:1795435573926900");
+        assert!(lock_shaped(&h(&[("permits", "3"), ("used", "2"), holder])));
+        assert!(lock_shaped(&h(&[
+            ("permits", "3"),
+            ("used", "0"),
+            ("fifo", "1")
+        ])));
+        assert!(!lock_shaped(&h(&[("permits", "0"), ("used", "0")])));
+        assert!(!lock_shaped(&h(&[("permits", "3"), ("fifo", "yes")])));
+        assert!(!lock_shaped(&h(&[("permits", "3"), ("6f1c-uuid:3", "2")])));
+        assert!(!lock_shaped(&h(&[("permits", "3"), ("name", "1:2")])));
+    }
+
+    #[test]
+    fn a_semaphore_reads_as_its_scripts_see_it() {
+        let now_us = 1_000_000_000_000;
+        let now_ms = 1_000_000_000.0;
+        let hash = h(&[
+            ("permits", "4"),
+            ("used", "4"),
+            ("c:2", "1:999999000000"),
+            ("c:1", "2:999998000000"),
+            ("dead:1", "1:999990000000"),
+        ]);
+        let leases = HashMap::from([
+            ("c:1".to_owned(), now_ms + 5_000.0),
+            ("c:2".to_owned(), now_ms + 9_000.0),
+            // Its lease ran out: the next script takes its permit back.
+            ("dead:1".to_owned(), now_ms),
+        ]);
+        let read = permits_view(&hash, &leases, now_us, (0, Vec::new()));
+        let ids: Vec<&str> = read.holders.iter().map(|h| h.id.as_str()).collect();
+        assert_eq!(
+            ids,
+            ["c:1", "c:2"],
+            "oldest token first, the dead hold left out"
+        );
+        assert_eq!(read.holders[0].count, 2);
+        assert_eq!(read.holders[0].fencing_token, Some(999_998_000_000));
+        assert_eq!(read.holders[0].lease_ms, Some(5_000));
+        assert_eq!(read.lease_ms, Some(9_000), "the longest lease");
+        assert_eq!(read.held_for_ms, Some(2_000), "the oldest hold's age");
+        assert_eq!(read.semaphore.capacity, Some(4));
+        assert_eq!(read.semaphore.in_use, 3);
+        assert_eq!(read.semaphore.order, "arrival");
+        let gone = permits_view(&[], &HashMap::new(), now_us, (1, Vec::new()));
+        assert_eq!(gone.semaphore.capacity, None);
+        assert_eq!(gone.semaphore.in_use, 0);
+        assert!(gone.holders.is_empty() && gone.lease_ms.is_none());
     }
 
     #[test]

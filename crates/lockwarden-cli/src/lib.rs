@@ -3,8 +3,9 @@
 //!
 //! It reads with `SCAN` (never `KEYS`), bounded in keys and time, and one pipeline per
 //! lock; force-unlock goes through the core's own script
-//! ([`Lock::force_unlock`](lockwarden_core::Lock::force_unlock)), so it cannot drift from
-//! the locks' layout. The binary is a thin `main` over [`cli::run`]; the modules are
+//! ([`Lock::force_unlock`](lockwarden_core::Lock::force_unlock), and
+//! [`Semaphore::force_unlock`](lockwarden_core::Semaphore::force_unlock) for a semaphore),
+//! so it cannot drift from the locks' layout. The binary is a thin `main` over [`cli::run`]; the modules are
 //! public for the tests:
 //!
 //! | module | what |

@@ -8,6 +8,7 @@
 //! | companion `what` | `<lock key>:<what>` | `redisson_lock__<what>:{<lock key>}` |
 //! | release channel | `<lock key>:released` | `redisson_lock__channel:{<lock key>}` |
 //! | a fair waiter's turn | `<release channel>:<holder id>` | the same |
+//! | a semaphore's grants | `<lock key>:granted` | `redisson_lock__granted:{<lock key>}` |
 //!
 //! Escaping (tagged layout only): `%` → `%25`, `{` → `%7B`, `}` → `%7D`, in the namespace
 //! and in the name. Decoding is strict: a key the core could not have made is not a lock.
@@ -27,17 +28,23 @@ pub enum Part {
     Queue,
     /// A fair lock's waiters' deadlines (a zset: holder id → server ms).
     Deadlines,
-    /// A read-write lock's hold leases (a zset: hold field → server ms).
+    /// A read-write lock's hold leases (a zset: hold field → server ms), or a semaphore's
+    /// (holder id → server ms).
     Leases,
     /// A read-write lock's waiting writers (a zset: holder id → server ms).
     Writers,
     /// A read-write lock's waiting readers (a zset: holder id → server ms).
     Readers,
+    /// A semaphore's line (a zset: `<permits>:<holder id>` → arrival, server µs).
+    Waiting,
+    /// When each place in a semaphore's line lapses (a zset: the same members → server
+    /// ms).
+    WaitingUntil,
 }
 
 impl Part {
     /// Every companion (every part but the hash), with the word the layouts use for it.
-    pub const COMPANIONS: [(Part, &'static str); 7] = [
+    pub const COMPANIONS: [(Part, &'static str); 9] = [
         (Part::Fence, "fence"),
         (Part::Done, "done"),
         (Part::Queue, "queue"),
@@ -45,6 +52,8 @@ impl Part {
         (Part::Leases, "leases"),
         (Part::Writers, "writers"),
         (Part::Readers, "readers"),
+        (Part::Waiting, "waiting"),
+        (Part::WaitingUntil, "waiting-until"),
     ];
 
     fn from_word(word: &str) -> Option<Part> {
@@ -79,16 +88,22 @@ pub struct LockKeys {
     pub queue: String,
     /// A fair lock's waiters' deadlines.
     pub deadlines: String,
-    /// A read-write lock's hold leases.
+    /// A read-write lock's hold leases, or a semaphore's.
     pub leases: String,
     /// A read-write lock's waiting writers.
     pub writers: String,
     /// A read-write lock's waiting readers.
     pub waiting_readers: String,
+    /// A semaphore's line, by arrival.
+    pub waiting: String,
+    /// A semaphore's line, by registration deadline.
+    pub waiting_until: String,
     /// The release channel (plain waiters, waiting writers, Redisson's waiters).
     pub channel: String,
     /// The channel of a read-write lock's waiting readers.
     pub readers_channel: String,
+    /// The channel on which a semaphore's waiters hear of grants (and of a force-unlock).
+    pub granted_channel: String,
 }
 
 impl LockKeys {
@@ -108,6 +123,8 @@ impl LockKeys {
             Part::Leases => &self.leases,
             Part::Writers => &self.writers,
             Part::Readers => &self.waiting_readers,
+            Part::Waiting => &self.waiting,
+            Part::WaitingUntil => &self.waiting_until,
         }
     }
 }
@@ -171,7 +188,10 @@ impl Space {
             leases: companion("leases"),
             writers: companion("writers"),
             waiting_readers: companion("readers"),
+            waiting: companion("waiting"),
+            waiting_until: companion("waiting-until"),
             readers_channel: companion("readable"),
+            granted_channel: companion("granted"),
             channel: key.channel().to_owned(),
             lock,
         })
@@ -509,7 +529,12 @@ mod tests {
             s.decode("lockwarden:{%7Bx%7D}:queue"),
             Some(("{x}".into(), Part::Queue))
         );
+        assert_eq!(
+            s.decode("lockwarden:{a}:waiting-until"),
+            Some(("a".into(), Part::WaitingUntil))
+        );
         assert_eq!(s.decode("lockwarden:{a}:released"), None);
+        assert_eq!(s.decode("lockwarden:{a}:granted"), None);
         // A fenced value (`LockClient::fenced`) is the resource's, not a lock.
         assert_eq!(s.decode("lockwarden:{a}:fenced"), None);
         assert_eq!(s.decode("lockwarden:{a}:other"), None);
@@ -526,7 +551,12 @@ mod tests {
             s.decode("redisson_lock__fence:{res:1}"),
             Some(("res:1".into(), Part::Fence))
         );
+        assert_eq!(
+            s.decode("redisson_lock__waiting:{res:1}"),
+            Some(("res:1".into(), Part::Waiting))
+        );
         assert_eq!(s.decode("redisson_lock__channel:{res:1}"), None);
+        assert_eq!(s.decode("redisson_lock__granted:{res:1}"), None);
         assert_eq!(s.decode("redisson_lock__fenced:{res:1}"), None);
         assert_eq!(s.decode("lockwarden:{res}"), None);
         let ns = Space::new(Some("app:"), KeyLayout::Redisson);

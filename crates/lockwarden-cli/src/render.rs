@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use crate::inspect::{Kind, LockView};
+use crate::inspect::{Kind, LockView, SemaphoreView};
 
 /// `850ms`, `12.3s`, `5m03s`, `2h05m`, `3d04h`; negative: `overdue`.
 pub fn duration_ms(ms: i64) -> String {
@@ -58,8 +58,8 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
-/// The holders of a lock in one cell: `id ×count`, read-write holds prefixed `r`/`w`; a
-/// claim's outcome instead when nobody holds it.
+/// The holders of a lock in one cell: `id ×count` (a semaphore's: `id ×permits`),
+/// read-write holds prefixed `r`/`w`; a claim's outcome instead when nobody holds it.
 pub fn holders_cell(view: &LockView) -> String {
     if view.holders.is_empty() {
         return match (&view.outcome, view.kind) {
@@ -83,18 +83,25 @@ pub fn holders_cell(view: &LockView) -> String {
         .join(", ")
 }
 
-/// The kind, with the mode of a read-write lock.
+/// The kind, with the mode of a read-write lock, or a semaphore's permits in use of its
+/// capacity (`semaphore (2/3)`).
 pub fn kind_cell(view: &LockView) -> String {
-    match (&view.mode, view.kind) {
-        (Some(mode), Kind::ReadWrite) => format!("read-write ({mode})"),
+    match (&view.mode, view.kind, &view.semaphore) {
+        (Some(mode), Kind::ReadWrite, _) => format!("read-write ({mode})"),
+        (_, Kind::Semaphore, Some(s)) => match s.capacity {
+            Some(capacity) => format!("semaphore ({}/{capacity})", s.in_use),
+            None => "semaphore (no capacity stored)".to_owned(),
+        },
         _ => view.kind.as_str().to_owned(),
     }
 }
 
-/// Queued holders: a fair lock's queue, or a read-write lock's waiting writers and readers.
+/// Queued holders: a fair lock's queue, a read-write lock's waiting writers and readers,
+/// or a semaphore's line.
 pub fn queued_cell(view: &LockView) -> String {
-    match view.kind {
-        Kind::ReadWrite => (view.writers_waiting + view.readers_waiting).to_string(),
+    match (view.kind, &view.semaphore) {
+        (Kind::ReadWrite, _) => (view.writers_waiting + view.readers_waiting).to_string(),
+        (Kind::Semaphore, Some(s)) => s.waiting.to_string(),
         _ => view.queue_length.to_string(),
     }
 }
@@ -134,24 +141,31 @@ pub fn show(v: &LockView) -> String {
     kv("lock", v.name.clone());
     kv("key", v.key.clone());
     kv("kind", kind_cell(v));
+    if let Some(s) = &v.semaphore {
+        kv("capacity", capacity_line(s));
+    }
+    let (lease_of, hold) = match v.kind {
+        Kind::Semaphore => (" (the longest hold's)", "the last issued; the oldest hold"),
+        _ => ("", "this hold"),
+    };
     kv(
         "lease",
         v.lease_ms.map_or_else(
             || "- (not held)".into(),
-            |ms| format!("{} left", duration_ms(ms)),
+            |ms| format!("{} left{lease_of}", duration_ms(ms)),
         ),
     );
     kv(
         "token",
         match (v.fencing_token, v.held_for_ms) {
-            (Some(t), Some(age)) => format!("{t} (this hold began {} ago)", opt_u64_ms(Some(age))),
+            (Some(t), Some(age)) => format!("{t} ({hold} began {} ago)", opt_u64_ms(Some(age))),
             (Some(t), None) => t.to_string(),
             (None, _) => "-".into(),
         },
     );
     kv("holders", v.holders.len().to_string());
     for h in &v.holders {
-        let _ = writeln!(
+        let _ = write!(
             out,
             "  {:<6} {}  ×{}  lease {}",
             h.side,
@@ -159,24 +173,15 @@ pub fn show(v: &LockView) -> String {
             h.count,
             opt_ms(h.lease_ms)
         );
+        // A semaphore's holds have a token each.
+        if let Some(token) = h.fencing_token {
+            let _ = write!(out, "  token {token}");
+        }
+        out.push('\n');
     }
-    let _ = writeln!(out, "{:<12}{}", "queue", v.queue_length);
-    for q in &v.queue {
-        let _ = writeln!(
-            out,
-            "  {:>3}. {}  deadline in {}  subscribed {}",
-            q.position,
-            q.holder,
-            opt_ms(q.deadline_ms),
-            q.subscribers
-        );
-    }
-    if (v.queue.len() as u64) < v.queue_length {
-        let _ = writeln!(
-            out,
-            "  ... and {} more",
-            v.queue_length - v.queue.len() as u64
-        );
+    match &v.semaphore {
+        Some(s) => show_line(&mut out, s),
+        None => show_queue(&mut out, v),
     }
     if v.kind == Kind::ReadWrite {
         for (side, count, waiters) in [
@@ -195,8 +200,9 @@ pub fn show(v: &LockView) -> String {
         }
     }
     let _ = writeln!(out, "{:<12}{}", "subscribers", v.subscribers);
-    for c in &v.channels {
-        if c.subscribers > 0 || c.role == "release" {
+    // The channel the kind's waiters listen on (the first) always, the others when heard.
+    for (i, c) in v.channels.iter().enumerate() {
+        if c.subscribers > 0 || i == 0 {
             let _ = writeln!(out, "  {:<8} {}  {}", c.role, c.channel, c.subscribers);
         }
     }
@@ -215,6 +221,60 @@ pub fn show(v: &LockView) -> String {
         )
     );
     out
+}
+
+/// `3 permits, 2 in use, 1 free; arrival order`.
+fn capacity_line(s: &SemaphoreView) -> String {
+    match s.capacity {
+        Some(c) => format!(
+            "{c} permits, {} in use, {} free; {} order",
+            s.in_use,
+            c.saturating_sub(s.in_use),
+            s.order
+        ),
+        None => "none stored (the next acquisition stores its own)".into(),
+    }
+}
+
+/// A fair lock's queue (`queue 0` for the kinds without one).
+fn show_queue(out: &mut String, v: &LockView) {
+    let _ = writeln!(out, "{:<12}{}", "queue", v.queue_length);
+    for q in &v.queue {
+        let _ = writeln!(
+            out,
+            "  {:>3}. {}  deadline in {}  subscribed {}",
+            q.position,
+            q.holder,
+            opt_ms(q.deadline_ms),
+            q.subscribers
+        );
+    }
+    if (v.queue.len() as u64) < v.queue_length {
+        let _ = writeln!(
+            out,
+            "  ... and {} more",
+            v.queue_length - v.queue.len() as u64
+        );
+    }
+}
+
+/// A semaphore's line, first in line first.
+fn show_line(out: &mut String, s: &SemaphoreView) {
+    let _ = writeln!(out, "{:<12}{} in line", "waiting", s.waiting);
+    for w in &s.line {
+        let _ = writeln!(
+            out,
+            "  {:>3}. {}  asks {}  registered for {}  waited {}",
+            w.position,
+            w.holder,
+            w.permits,
+            duration_ms(w.deadline_ms),
+            opt_u64_ms(Some(w.waited_ms))
+        );
+    }
+    if (s.line.len() as u64) < s.waiting {
+        let _ = writeln!(out, "  ... and {} more", s.waiting - s.line.len() as u64);
+    }
 }
 
 #[cfg(test)]

@@ -6,8 +6,9 @@
 //!   (`notify-keyspace-events` has `E` and `$` or `A`): every fresh acquisition of any
 //!   kind writes the lock's fencing key with `SET` (a re-entry does not; readers that
 //!   join a read phase share its token and do not either), so counting `set` events on
-//!   fencing keys counts acquisitions exactly. The inspector never changes the server's
-//!   configuration;
+//!   fencing keys counts acquisitions exactly, but for a semaphore's release that grants
+//!   three waiters or more at once: it writes the key twice, whatever their number. The
+//!   inspector never changes the server's configuration;
 //! - otherwise **fencing tokens**: a lock whose token changed between two refreshes was
 //!   acquired at least once in between, so the rate is a lower bound (shown with `≥`).
 

@@ -51,8 +51,8 @@ fn list_json_shows_every_kind_with_holders_queues_and_subscribers() {
         .collect();
     assert_eq!(
         names,
-        BTreeSet::from([PLAIN, FAIR, READERS, WRITER, CLAIM, AWKWARD]),
-        "the Redisson-layout lock is not in the tagged namespace"
+        BTreeSet::from([PLAIN, FAIR, READERS, WRITER, CLAIM, AWKWARD, SEMAPHORE]),
+        "the Redisson-layout locks are not in the tagged namespace"
     );
 
     let plain = by_name(&list, PLAIN);
@@ -68,6 +68,12 @@ fn list_json_shows_every_kind_with_holders_queues_and_subscribers() {
     assert!(plain["held_for_ms"].as_u64().unwrap() < 120_000);
     assert_eq!(plain["subscribers"], 1, "one waiting client");
     assert_eq!(plain["queue_length"], 0);
+    // What only a semaphore has is absent from the other kinds' JSON.
+    assert!(plain.get("semaphore").is_none(), "{plain}");
+    assert!(
+        plain["holders"][0].get("fencing_token").is_none(),
+        "{plain}"
+    );
 
     let fair = by_name(&list, FAIR);
     assert_eq!(fair["kind"], "fair");
@@ -146,6 +152,71 @@ fn list_json_shows_every_kind_with_holders_queues_and_subscribers() {
     let awkward = by_name(&list, AWKWARD);
     assert_eq!(awkward["kind"], "plain");
     assert_eq!(awkward["key"], "lockwarden:{we%7Bir%7Dd%257B name ünï/✓}");
+
+    check_semaphore(&f, by_name(&list, SEMAPHORE));
+}
+
+/// The semaphore the child holds, as `list --json` and `show --json` give it.
+fn check_semaphore(f: &Fixture, sem: &Value) {
+    assert_eq!(sem["kind"], "semaphore", "{sem:#}");
+    assert_eq!(sem["key"], "lockwarden:{exports}");
+    assert_eq!(sem["mode"], Value::Null);
+    let s = &sem["semaphore"];
+    assert_eq!(s["capacity"], SEMAPHORE_CAPACITY, "{sem:#}");
+    assert_eq!(s["in_use"], 3, "{sem:#}");
+    assert_eq!(s["order"], "arrival");
+    // Every hold, oldest first: its permits, its own token and its own lease.
+    let holders = sem["holders"].as_array().unwrap();
+    assert_eq!(holders.len(), f.permit_holders.len(), "{sem:#}");
+    for (h, (id, permits, token)) in holders.iter().zip(&f.permit_holders) {
+        assert_eq!(h["id"], id.as_str(), "{sem:#}");
+        assert_eq!(h["side"], "permits");
+        assert_eq!(h["count"], *permits, "{h}");
+        assert_eq!(h["fencing_token"], *token, "{h}");
+        let lease = h["lease_ms"].as_i64().unwrap();
+        assert!(
+            lease > 0 && lease <= SEMAPHORE_LEASE.as_millis() as i64,
+            "{h}"
+        );
+    }
+    let newest = f.permit_holders.iter().map(|(_, _, t)| *t).max().unwrap();
+    assert_eq!(sem["fencing_token"], newest, "the last token issued");
+    let longest = holders
+        .iter()
+        .map(|h| h["lease_ms"].as_i64().unwrap())
+        .max();
+    assert_eq!(sem["lease_ms"].as_i64(), longest, "{sem:#}");
+    assert!(sem["held_for_ms"].as_u64().unwrap() < 120_000);
+    // The waiter, in line for 1 permit, its place kept for a watchdog lease at most.
+    assert_eq!(s["waiting"], 1, "{sem:#}");
+    let line = s["line"].as_array().unwrap();
+    assert_eq!(line.len(), 1, "{sem:#}");
+    assert_eq!(line[0]["position"], 1);
+    let waiter = line[0]["holder"].as_str().unwrap();
+    let (client, n) = waiter.rsplit_once(':').unwrap();
+    assert_eq!(client, f.permit_waiter_client, "{sem:#}");
+    assert!(
+        n.parse::<u64>().is_ok(),
+        "a holder id, not its member: {waiter}"
+    );
+    assert_eq!(line[0]["permits"], 1);
+    let registered = line[0]["deadline_ms"].as_i64().unwrap();
+    assert!(
+        registered > 0 && registered <= SEMAPHORE_LEASE.as_millis() as i64,
+        "{sem:#}"
+    );
+    assert!(line[0]["waited_ms"].as_u64().unwrap() < 120_000);
+    // It listens for grants; nobody counts as queued or waiting otherwise.
+    assert_eq!(sem["subscribers"], 1, "{sem:#}");
+    assert_eq!(
+        sem["channels"][0]["channel"],
+        "lockwarden:{exports}:granted"
+    );
+    assert_eq!(sem["channels"][0]["role"], "granted");
+    assert_eq!(sem["channels"][0]["subscribers"], 1);
+    assert_eq!(sem["queue_length"], 0);
+    assert_eq!(sem["readers_waiting"], 0);
+    assert_eq!(sem["outcome"], Value::Null);
 }
 
 #[test]
@@ -163,6 +234,12 @@ fn redisson_layout_lists_lockwarden_and_jvm_shaped_locks_only() {
     let _: () = f.server.query(&["PEXPIRE", "user:1", "60000"]).unwrap();
     let _: () = f.server.query(&["HSET", "no-ttl", "a:1", "1"]).unwrap();
     let _: () = f.server.query(&["SET", "a-string", "x"]).unwrap();
+    // Almost a semaphore: a holder's value is a count, not `<permits>:<token>`.
+    let _: () = f
+        .server
+        .query(&["HSET", "pool:9", "permits", "2", "used", "1", holder, "1"])
+        .unwrap();
+    let _: () = f.server.query(&["PEXPIRE", "pool:9", "60000"]).unwrap();
 
     let list = f.run(&["--layout", "redisson", "list", "--json"]).json();
     assert_eq!(list["layout"], "redisson");
@@ -173,7 +250,7 @@ fn redisson_layout_lists_lockwarden_and_jvm_shaped_locks_only() {
         .iter()
         .map(|l| l["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names, BTreeSet::from([REDISSON, jvm]));
+    assert_eq!(names, BTreeSet::from([REDISSON, jvm, REDISSON_SEMAPHORE]));
     let ours = by_name(&list, REDISSON);
     assert_eq!(ours["kind"], "plain");
     assert_eq!(ours["key"], REDISSON);
@@ -189,6 +266,19 @@ fn redisson_layout_lists_lockwarden_and_jvm_shaped_locks_only() {
     assert_eq!(theirs["holders"][0]["id"], holder);
     assert_eq!(theirs["holders"][0]["count"], 3);
     assert_eq!(theirs["fencing_token"], Value::Null);
+    let sem = by_name(&list, REDISSON_SEMAPHORE);
+    assert_eq!(sem["kind"], "semaphore", "{sem:#}");
+    assert_eq!(sem["key"], REDISSON_SEMAPHORE);
+    assert_eq!(sem["semaphore"]["capacity"], 2);
+    assert_eq!(sem["semaphore"]["in_use"], 2);
+    assert_eq!(sem["holders"][0]["count"], 2);
+    assert_eq!(sem["semaphore"]["waiting"], 1, "{sem:#}");
+    assert_eq!(sem["semaphore"]["line"][0]["permits"], 1);
+    assert_eq!(
+        sem["channels"][0]["channel"],
+        "redisson_lock__granted:{redisson:pool}"
+    );
+    assert_eq!(sem["subscribers"], 1);
 
     let shown = f
         .run(&["--layout", "redisson", "show", REDISSON])
@@ -234,11 +324,27 @@ fn list_table_and_patterns() {
         "{out}"
     );
     assert!(row(AWKWARD).contains(" plain "), "{out}");
+    // A semaphore: permits in use of its capacity, its line, each hold ×its permits.
+    let sem = row(SEMAPHORE);
+    assert!(sem.contains(" semaphore (3/3) "), "{out}");
+    let holds: Vec<String> = f
+        .permit_holders
+        .iter()
+        .map(|(id, permits, _)| format!("{id} ×{permits}"))
+        .collect();
+    assert!(sem.ends_with(&holds.join(", ")), "{out}");
+    let cells: Vec<&str> = sem.split_whitespace().collect();
+    // NAME KIND(2 words) LEASE TOKEN HELD QUEUED SUBS ...
+    assert_eq!(
+        (cells[6], cells[7]),
+        ("1", "1"),
+        "queued, subscribed: {out}"
+    );
     assert!(
         lines
             .last()
             .unwrap()
-            .starts_with("6 locks (5 held); scan complete:"),
+            .starts_with("7 locks (6 held); scan complete:"),
         "{out}"
     );
 
@@ -319,6 +425,44 @@ fn show_gives_queue_order_reader_leases_and_outcome() {
 }
 
 #[test]
+fn show_gives_a_semaphores_capacity_holds_and_line() {
+    let f = Fixture::start("child");
+    let json = f.run(&["show", SEMAPHORE, "--json"]).json();
+    check_semaphore(&f, &json);
+    let waiter = json["semaphore"]["line"][0]["holder"].as_str().unwrap();
+
+    let text = f.run(&["show", SEMAPHORE]).ok().to_owned();
+    let has = |line: &str| assert!(text.contains(line), "{line:?} missing:\n{text}");
+    has("kind        semaphore (3/3)\n");
+    has("capacity    3 permits, 3 in use, 0 free; arrival order\n");
+    has("holders     2\n");
+    let mut at = 0;
+    for (id, permits, token) in &f.permit_holders {
+        let start = text
+            .find(&format!("  permits {id}  ×{permits}  lease "))
+            .unwrap_or_else(|| panic!("{text}"));
+        let line = text[start..].lines().next().unwrap();
+        assert!(line.ends_with(&format!("  token {token}")), "{line}");
+        assert!(start > at, "oldest hold first: {text}");
+        at = start;
+    }
+    has(&format!(
+        "waiting     1 in line\n    1. {waiter}  asks 1  registered for "
+    ));
+    has("  granted  lockwarden:{exports}:granted  1\n");
+    assert!(
+        !text.contains("queue"),
+        "a semaphore has a line, no queue: {text}"
+    );
+    has("lease       ");
+    has(" left (the longest hold's)\n");
+    has(&format!(
+        "token       {} (the last issued; the oldest hold began ",
+        f.permit_holders[1].2
+    ));
+}
+
+#[test]
 fn unlock_frees_every_kind_and_wakes_its_waiters() {
     let mut f = Fixture::start("child");
 
@@ -347,6 +491,52 @@ fn unlock_frees_every_kind_and_wakes_its_waiters() {
     f.run(&["--layout", "redisson", "unlock", REDISSON, "--yes"])
         .ok();
     f.wait_got(REDISSON);
+
+    // A semaphore: every permit freed, and its waiter, woken, takes one at once (its
+    // holders' leases and its own retry are a minute and more away).
+    let before = f.run(&["show", SEMAPHORE, "--json"]).json();
+    let waiter = before["semaphore"]["line"][0]["holder"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let unlocked = std::time::Instant::now();
+    let out = f.run(&["unlock", SEMAPHORE, "--yes"]).ok().to_owned();
+    assert!(
+        out.starts_with(&format!(
+            "unlocked \"exports\" (semaphore (3/3), held by {} ×2, {} ×1; 1 subscribed",
+            f.permit_holders[0].0, f.permit_holders[1].0
+        )),
+        "{out}"
+    );
+    let got = f.next_got(Duration::from_secs(30));
+    let woken = unlocked.elapsed();
+    assert_eq!(got, format!("{SEMAPHORE} {waiter}"), "the waiter in line");
+    assert!(woken < Duration::from_secs(5), "woken {woken:?} after");
+    let after = f.run(&["show", SEMAPHORE, "--json"]).json();
+    assert_eq!(
+        ids(&after["holders"]),
+        BTreeSet::from([waiter]),
+        "{after:#}"
+    );
+    assert_eq!(after["holders"][0]["count"], 1);
+    assert_eq!(after["semaphore"]["in_use"], 1, "{after:#}");
+    assert_eq!(after["semaphore"]["capacity"], SEMAPHORE_CAPACITY);
+    assert_eq!(after["semaphore"]["waiting"], 0);
+
+    let json = f
+        .run(&[
+            "--layout",
+            "redisson",
+            "unlock",
+            REDISSON_SEMAPHORE,
+            "--yes",
+            "--json",
+        ])
+        .json();
+    assert_eq!(json["unlocked"], true);
+    assert_eq!(json["before"]["kind"], "semaphore");
+    assert_eq!(json["before"]["semaphore"]["in_use"], 2);
+    f.wait_got(REDISSON_SEMAPHORE);
 
     // A completed claim is not a lock: nothing to unlock, and the outcome stays.
     let claim = f.run(&["unlock", CLAIM, "--yes"]);
@@ -510,16 +700,25 @@ fn waiters_whose_places_lapsed_are_not_counted_while_still_stored() {
         let lease = Duration::from_secs(120);
         let read = client.rw_lock(LEDGER).read().lease(lease);
         let turn = client.fair_lock(FAIR).lease(lease);
-        (read.acquire().await.unwrap(), turn.acquire().await.unwrap())
+        let permit = client.semaphore(PERMITS, 1).lease(lease);
+        (
+            read.acquire().await.unwrap(),
+            turn.acquire().await.unwrap(),
+            permit.acquire().await.unwrap(),
+        )
     });
     let show = |name: &str| lockwarden(&["--url", url.as_str(), "show", name, "--json"]).json();
-    let waiting = |n: u64| show(LEDGER)["writers_waiting"] == n && show(FAIR)["queue_length"] == n;
+    let waiting = |n: u64| {
+        show(LEDGER)["writers_waiting"] == n
+            && show(FAIR)["queue_length"] == n
+            && show(PERMITS)["semaphore"]["waiting"] == n
+    };
     let env = format!("lapsing {url}");
     let mut child = TestProcess::spawn("child", &[(CHILD_ENV, &env)]).expect("spawn the child");
     child.wait_for_line("WAITING", Duration::from_secs(30));
     rt.block_on(eventually(
         Duration::from_secs(30),
-        "two writers and two fair waiters waiting",
+        "two writers, two fair waiters and two semaphore waiters waiting",
         || async { waiting(2) },
     ));
 
@@ -534,6 +733,8 @@ fn waiters_whose_places_lapsed_are_not_counted_while_still_stored() {
     let stored = |command: &str, key: &str| server.query::<i64>(&[command, key]).unwrap();
     assert_eq!(stored("ZCARD", "lockwarden:{ledger}:writers"), 2);
     assert_eq!(stored("LLEN", "lockwarden:{tickets}:queue"), 2);
+    assert_eq!(stored("ZCARD", "lockwarden:{permits}:waiting"), 2);
+    assert_eq!(stored("ZCARD", "lockwarden:{permits}:waiting-until"), 2);
     let (ledger, tickets) = (show(LEDGER), show(FAIR));
     let writers = ledger["waiting_writers"].as_array().unwrap();
     assert_eq!(writers.len(), 1, "{ledger}");
@@ -541,6 +742,16 @@ fn waiters_whose_places_lapsed_are_not_counted_while_still_stored() {
     let queue = tickets["queue"].as_array().unwrap();
     assert_eq!(queue.len(), 1, "{tickets}");
     assert_eq!(queue[0]["position"], 1, "the live place is next: {tickets}");
+    // The lapsed place was first in line: the live one behind it is next.
+    let permits = show(PERMITS);
+    let line = permits["semaphore"]["line"].as_array().unwrap();
+    assert_eq!(line.len(), 1, "{permits}");
+    assert_eq!(line[0]["position"], 1, "{permits}");
+    assert!(line[0]["deadline_ms"].as_i64().unwrap() > 0, "{permits}");
+    let text = lockwarden(&["--url", url.as_str(), "show", PERMITS])
+        .ok()
+        .to_owned();
+    assert!(text.contains("waiting     1 in line\n    1. "), "{text}");
     let text = lockwarden(&["--url", url.as_str(), "show", LEDGER])
         .ok()
         .to_owned();
@@ -550,8 +761,82 @@ fn waiters_whose_places_lapsed_are_not_counted_while_still_stored() {
     child.resume();
     rt.block_on(eventually(
         Duration::from_secs(30),
-        "all four waiting again",
+        "all six waiting again",
         || async { waiting(2) },
     ));
     drop(held);
+}
+
+/// A semaphore's hold whose lease ran out holds nothing (the semaphore's next script takes
+/// its permits back): not listed, not counted in use, and nothing to unlock, while the hash
+/// still stores it.
+#[test]
+fn a_semaphore_hold_whose_lease_ran_out_is_free_while_still_stored() {
+    let server = RedisServer::start().expect("start redis-server");
+    let url = server.url();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // Fixed leases: nothing renews them, and nothing runs a script after them.
+    let (lasting, short, alone) = rt.block_on(async {
+        let client = LockClient::connect(&url).await.unwrap();
+        let sem = client.semaphore("pool", 3);
+        let brief = Duration::from_millis(300);
+        (
+            sem.clone()
+                .lease(Duration::from_secs(120))
+                .acquire()
+                .await
+                .unwrap(),
+            sem.lease(brief).acquire_many(2).await.unwrap(),
+            client
+                .semaphore("idle", 3)
+                .lease(brief)
+                .acquire()
+                .await
+                .unwrap(),
+        )
+    });
+    let show = |name: &str| lockwarden(&["--url", url.as_str(), "show", name, "--json"]).json();
+    let view = show("pool");
+    assert_eq!(view["semaphore"]["in_use"], 3, "{view:#}");
+    assert_eq!(view["holders"].as_array().unwrap().len(), 2);
+    rt.block_on(eventually(
+        Duration::from_secs(30),
+        "the short holds no longer counted",
+        || async {
+            show("pool")["semaphore"]["in_use"] == 1 && show("idle")["semaphore"]["in_use"] == 0
+        },
+    ));
+    let used = |key: &str| -> String { server.query(&["HGET", key, "used"]).unwrap() };
+    assert_eq!(used("lockwarden:{pool}"), "3", "still stored");
+    assert_eq!(used("lockwarden:{idle}"), "1", "still stored");
+    let view = show("pool");
+    assert_eq!(view["holders"].as_array().unwrap().len(), 1, "{view:#}");
+    assert_eq!(view["holders"][0]["id"], lasting.holder().id());
+    assert_eq!(view["holders"][0]["fencing_token"], lasting.fencing_token());
+    let text = lockwarden(&["--url", url.as_str(), "show", "pool"])
+        .ok()
+        .to_owned();
+    assert!(text.contains("kind        semaphore (1/3)\n"), "{text}");
+    assert!(
+        !text.contains(short.holder().id()),
+        "the lapsed hold is not listed: {text}"
+    );
+
+    // Only a lapsed hold: nothing held, nothing to unlock, nothing deleted.
+    let idle = show("idle");
+    assert_eq!(idle["kind"], "semaphore", "{idle:#}");
+    assert!(idle["holders"].as_array().unwrap().is_empty(), "{idle:#}");
+    assert_eq!(idle["lease_ms"], Value::Null);
+    let run = lockwarden(&["--url", url.as_str(), "unlock", "idle", "--yes"]);
+    assert_eq!(run.code, Some(3), "{run:#?}");
+    assert!(
+        run.stderr.contains("no permit of the semaphore is"),
+        "{run:#?}"
+    );
+    assert!(server.exists("lockwarden:{idle}"));
+    let list = lockwarden(&["--url", url.as_str(), "list"]).ok().to_owned();
+    let row = list.lines().find(|l| l.starts_with("idle ")).unwrap();
+    assert!(row.contains(" semaphore (0/3) "), "{list}");
+    assert!(row.ends_with("(free)"), "{list}");
+    drop((lasting, short, alone));
 }

@@ -66,6 +66,7 @@ proptest! {
         // Channels are not keys.
         prop_assert_eq!(space.decode(&keys.channel), None);
         prop_assert_eq!(space.decode(&keys.readers_channel), None);
+        prop_assert_eq!(space.decode(&keys.granted_channel), None);
     }
 
     #[test]

@@ -70,10 +70,12 @@ fn the_table_ranks_the_busiest_locks_first() {
     assert!(headers[0].contains("refresh 1 every 200ms"), "{out}");
     assert!(headers[1].contains("refresh 2 every 200ms"), "{out}");
     assert!(
-        out.contains("6 locks, 5 held; acq/s ≥ fencing-token changes (notify-keyspace-events is \"\" on 127.0.0.1:"),
+        out.contains("7 locks, 6 held; acq/s ≥ fencing-token changes (notify-keyspace-events is \"\" on 127.0.0.1:"),
         "{out}"
     );
-    // The last frame: a header row, then the fair lock (2 queued, 2 subscribed) first.
+    // The last frame: a header row, then the fair lock (2 queued, 2 subscribed) first,
+    // the read-write lock (2 readers waiting, 1 subscribed), then the semaphore (1 in
+    // line, 1 subscribed).
     let last = out.rsplit("lockwarden watch  ").next().unwrap();
     let rows: Vec<&str> = last
         .lines()
@@ -87,6 +89,14 @@ fn the_table_ranks_the_busiest_locks_first() {
     assert_eq!(rows.len(), 4, "--top 3: {out}");
     assert!(rows[1].starts_with("tickets "), "{out}");
     assert!(rows[1].contains(" fair "), "{out}");
+    assert!(rows[2].starts_with("report "), "{out}");
+    let sem: Vec<&str> = rows[3].split_whitespace().collect();
+    // NAME KIND (2 words) HOLDERS QUEUED SUBS ...
+    assert_eq!(
+        sem[..6],
+        ["exports", "semaphore", "(3/3)", "2", "1", "1"],
+        "{out}"
+    );
 }
 
 #[test]

@@ -39,6 +39,19 @@ pub const OUTCOME: &[u8] = br#"{"status":200,"id":7}"#;
 pub const AWKWARD: &str = "we{ir}d%7B name ünï/✓";
 /// A lock in the Redisson layout (empty namespace), one waiter.
 pub const REDISSON: &str = "redisson:res";
+/// A semaphore of [`SEMAPHORE_CAPACITY`] permits, all held: 2 by one acquisition and 1 by
+/// another; one acquisition of 1 permit waits in line (another client).
+pub const SEMAPHORE: &str = "exports";
+/// Its capacity.
+pub const SEMAPHORE_CAPACITY: u32 = 3;
+/// The watchdog lease of the semaphore's holders and waiter: long, so that its waiter,
+/// which tries again every half of it, gets its permit after an unlock only if the unlock
+/// wakes it.
+pub const SEMAPHORE_LEASE: Duration = Duration::from_secs(120);
+/// A semaphore in the Redisson layout, its 2 permits held at once, one waiter.
+pub const REDISSON_SEMAPHORE: &str = "redisson:pool";
+/// A semaphore held (with a fixed lease) by the tests of scenario `lapsing`, waited for.
+pub const PERMITS: &str = "permits";
 /// A plain lock taken and released over and over (scenario `churn`).
 pub const HOT: &str = "hot";
 /// A read-write lock two readers wait for (scenario `read-after-write`).
@@ -123,6 +136,10 @@ pub struct Fixture {
     pub readers: Vec<String>,
     /// The holder of [`PLAIN`].
     pub plain_holder: String,
+    /// The holds of [`SEMAPHORE`], in acquisition order: holder id, permits, token.
+    pub permit_holders: Vec<(String, u64, u64)>,
+    /// The client id of the semaphore's waiter (its holder ids are `<client id>:<n>`).
+    pub permit_waiter_client: String,
 }
 
 impl Fixture {
@@ -149,6 +166,20 @@ impl Fixture {
             .split(' ')
             .map(str::to_owned)
             .collect();
+        let permit_holders = child
+            .wait_for_line("PERMITS ", within)
+            .split(' ')
+            .map(|hold| {
+                let (id, numbers) = hold.split_once('=').expect("<id>=<permits>:<token>");
+                let (permits, token) = numbers.split_once(':').expect("<permits>:<token>");
+                (
+                    id.to_owned(),
+                    permits.parse().expect("permits"),
+                    token.parse().expect("token"),
+                )
+            })
+            .collect();
+        let permit_waiter_client = child.wait_for_line("PERMIT_WAITER ", within);
         child.wait_for_line("READY", within);
         let fixture = Fixture {
             server,
@@ -156,6 +187,8 @@ impl Fixture {
             fair_queue,
             readers,
             plain_holder,
+            permit_holders,
+            permit_waiter_client,
         };
         fixture.wait_for_waiters();
         fixture
@@ -196,6 +229,15 @@ impl Fixture {
                 s.subscribers("redisson_lock__channel:{redisson:res}") == 1
             })
             .await;
+            eventually(within, "the semaphores' waiters wait in line", || async {
+                s.subscribers("lockwarden:{exports}:granted") == 1
+                    && s.query::<i64>(&["ZCARD", "lockwarden:{exports}:waiting"])
+                        .is_ok_and(|n| n == 1)
+                    && s.subscribers("redisson_lock__granted:{redisson:pool}") == 1
+                    && s.query::<i64>(&["ZCARD", "redisson_lock__waiting:{redisson:pool}"])
+                        .is_ok_and(|n| n == 1)
+            })
+            .await;
         });
     }
 
@@ -203,6 +245,11 @@ impl Fixture {
     pub fn wait_got(&mut self, what: &str) {
         let got = self.child.wait_for_line("GOT ", Duration::from_secs(30));
         assert_eq!(got, what);
+    }
+
+    /// Waits (at most `within`) for the child to print `GOT <what>`, and returns `<what>`.
+    pub fn next_got(&mut self, within: Duration) -> String {
+        self.child.wait_for_line("GOT ", within)
     }
 }
 
@@ -227,6 +274,15 @@ async fn client(url: &str) -> LockClient {
 async fn redisson(url: &str) -> LockClient {
     LockClient::builder()
         .layout(KeyLayout::Redisson)
+        .connect(url)
+        .await
+        .expect("connect")
+}
+
+/// A client whose watchdog lease is [`SEMAPHORE_LEASE`].
+async fn long_lease(url: &str) -> LockClient {
+    LockClient::builder()
+        .watchdog_timeout(SEMAPHORE_LEASE)
         .connect(url)
         .await
         .expect("connect")
@@ -307,13 +363,56 @@ async fn every_kind(url: &str) {
     // An awkward name.
     held.push(holder.lock(AWKWARD).acquire().await.unwrap());
 
-    // The Redisson layout, one waiter.
+    // A semaphore: 2 permits held by one acquisition, 1 by another, one waiting in line.
+    let permits = long_lease(url).await;
+    let sem = permits.semaphore(SEMAPHORE, SEMAPHORE_CAPACITY);
+    let mut holds = Vec::new();
+    for (permits, g) in [
+        (2, sem.acquire_many(2).await.unwrap()),
+        (1, sem.acquire().await.unwrap()),
+    ] {
+        holds.push(format!(
+            "{}={permits}:{}",
+            g.holder().id(),
+            g.fencing_token()
+        ));
+        held.push(g);
+    }
+    println!("PERMITS {}", holds.join(" "));
+    let sem_waiter = long_lease(url).await;
+    let waiter_id = sem_waiter.holder().id().to_owned();
+    let (waiter_client, _) = waiter_id.rsplit_once(':').expect("<client id>:<n>");
+    println!("PERMIT_WAITER {waiter_client}");
+    tokio::spawn(async move {
+        let sem = sem_waiter.semaphore(SEMAPHORE, SEMAPHORE_CAPACITY);
+        let g = sem.acquire().await.unwrap();
+        println!("GOT {SEMAPHORE} {}", g.holder().id());
+        std::mem::forget(g);
+    });
+
+    // The Redisson layout, one waiter for a lock and one for a semaphore.
     let r = redisson(url).await;
     held.push(r.lock(REDISSON).acquire().await.unwrap());
     let r_waiter = redisson(url).await;
     tokio::spawn(async move {
         let g = r_waiter.lock(REDISSON).acquire().await.unwrap();
         println!("GOT {REDISSON}");
+        std::mem::forget(g);
+    });
+    held.push(
+        r.semaphore(REDISSON_SEMAPHORE, 2)
+            .acquire_many(2)
+            .await
+            .unwrap(),
+    );
+    let r_sem_waiter = redisson(url).await;
+    tokio::spawn(async move {
+        let g = r_sem_waiter
+            .semaphore(REDISSON_SEMAPHORE, 2)
+            .acquire()
+            .await
+            .unwrap();
+        println!("GOT {REDISSON_SEMAPHORE}");
         std::mem::forget(g);
     });
 
@@ -344,8 +443,9 @@ async fn read_after_write(url: &str) {
     drop(held);
 }
 
-/// Waits as a writer on [`LEDGER`] and in the queue of [`FAIR`] twice: first with places
-/// kept for [`LAPSE`] unless they try again (a writer's registration lasts its client's
+/// Waits as a writer on [`LEDGER`], in the queue of [`FAIR`] and in the line of the
+/// semaphore [`PERMITS`] (of 1 permit) twice: first with places kept for [`LAPSE`] unless
+/// they try again (a writer's and a semaphore waiter's registration lasts its client's
 /// watchdog lease), then with places kept for 60 s; prints `WAITING` once all have
 /// tried. Lives until killed (at most 120 s).
 async fn lapsing(url: &str) {
@@ -358,9 +458,14 @@ async fn lapsing(url: &str) {
             .expect("connect");
         let writer = c.rw_lock(LEDGER).write();
         let fair = c.fair_lock(FAIR).queue_timeout(keep);
+        let sem = c.semaphore(PERMITS, 1);
         waiting.push(tokio::spawn(async move {
             let budget = Duration::from_secs(120);
-            tokio::join!(writer.try_acquire(budget), fair.try_acquire(budget))
+            tokio::join!(
+                writer.try_acquire(budget),
+                fair.try_acquire(budget),
+                sem.try_acquire(budget)
+            )
         }));
         // The short-lived places first in the queue.
         tokio::time::sleep(Duration::from_millis(300)).await;
