@@ -670,8 +670,12 @@ async fn line_of(
             let Some(deadline) = int_or_float(score).filter(|d| *d > now_ms as f64) else {
                 continue;
             };
-            // `<permits>:<holder id>`.
-            let (permits, holder) = member.split_once(':').unwrap_or(("", member));
+            // `<permits>:<lease ms>:<holder id>` (the lease a grant gives it).
+            let mut parts = member.splitn(3, ':');
+            let (permits, holder) = match (parts.next(), parts.next(), parts.next()) {
+                (Some(permits), Some(_lease), Some(holder)) => (permits, holder),
+                _ => ("", member.as_str()),
+            };
             shown.push(PermitWaiterView {
                 position: shown.len() as u64 + 1,
                 holder: holder.to_owned(),

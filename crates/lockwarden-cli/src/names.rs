@@ -35,7 +35,7 @@ pub enum Part {
     Writers,
     /// A read-write lock's waiting readers (a zset: holder id → server ms).
     Readers,
-    /// A semaphore's line (a zset: `<permits>:<holder id>` → arrival, server µs).
+    /// A semaphore's line (a zset: `<permits>:<lease ms>:<holder id>` → arrival, server µs).
     Waiting,
     /// When each place in a semaphore's line lapses (a zset: the same members → server
     /// ms).
