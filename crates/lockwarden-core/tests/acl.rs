@@ -284,7 +284,7 @@ async fn every_lock_kind_works_with_the_redisson_rules() {
     // A name outside the user's pattern is refused before anything is written.
     let refused = a.try_acquire("order:1", Duration::ZERO).await;
     let text = expect_refused(refused.map(drop), "EVALSHA (of acquire.lua)");
-    assert!(text.contains("keys"), "{text}");
+    assert!(refuses_a_key(&text), "{text}");
     assert!(!server.exists("order:1"));
 }
 
@@ -346,6 +346,13 @@ async fn every_kind_refused(client: &LockClient, command: &str) -> Vec<String> {
     texts
 }
 
+/// Whether a refusal's text says a key was outside the user's patterns, in Redis 7.0's
+/// words (`... access one of the keys used as arguments`) or in those of Redis 7.2 and
+/// later and Valkey (`No permissions to access a key`).
+fn refuses_a_key(text: &str) -> bool {
+    text.contains("access one of the keys") || text.contains("access a key")
+}
+
 /// Asserts that `outcome` is an ACL refusal naming `command`; returns its text.
 #[track_caller]
 fn expect_refused<T: std::fmt::Debug>(outcome: Result<T, LockError>, command: &str) -> String {
@@ -404,7 +411,7 @@ async fn keys_outside_the_pattern_are_refused_before_the_script_runs() {
     // The check at connect cannot use a key of the namespace: it is skipped, not failed.
     let client = connect(&url, |b| b).await;
     for text in every_kind_refused(&client, "EVALSHA").await {
-        assert!(text.contains("keys"), "{text}");
+        assert!(refuses_a_key(&text), "{text}");
     }
     // Inspection is refused the same way.
     let refused = client.lock("invoice:1").remaining_ttl().await;
@@ -519,7 +526,10 @@ async fn a_wrong_password_fails_at_connect() {
 
 /// The `ACL LOG` entries of `user` (as the default user): each refusal's `object` (the
 /// command, lower case, `script|load` for a subcommand) and `reason` (`command`, `key`,
-/// `channel`).
+/// `channel`). Leaves out `client|setinfo`: redis-rs sends `CLIENT SETINFO` on every new
+/// connection and ignores its reply, which Redis 7.2 and later, and Valkey, log as a
+/// refusal for a user without `+client|setinfo` (Redis 7.0 has no such subcommand, and
+/// no rule may name it there).
 fn refusals_logged(server: &RedisServer, user: &str) -> Vec<(String, String)> {
     let entries: Vec<std::collections::HashMap<String, redis::Value>> =
         server.query(&["ACL", "LOG", "1024"]).unwrap();
@@ -534,6 +544,7 @@ fn refusals_logged(server: &RedisServer, user: &str) -> Vec<(String, String)> {
         .iter()
         .filter(|entry| text(entry, "username") == user)
         .map(|entry| (text(entry, "object"), text(entry, "reason")))
+        .filter(|(object, _)| object != "client|setinfo")
         .collect()
 }
 

@@ -4,7 +4,9 @@
 //! which must name the refused command. Redis names it for a command sent as it is; for a
 //! command a script ran, Redis 7.0 says only `The user executing the script can't run
 //! this command or subcommand script: <sha>, on @user_script:<line>.`, so the command is
-//! read from that line of the script.
+//! read from that line of the script. Redis 7.2 and later, and Valkey, say `ACL failure in
+//! script: User <name> has no permissions to run the '<command>' command script: <sha>,
+//! on @user_script:<line>.`, which names it.
 
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
@@ -61,9 +63,12 @@ fn refusal(error: &RedisError) -> Option<(String, String)> {
         None => detail.to_owned(),
     };
     let in_script = in_script(detail);
+    // Inside a script the refusal comes as an `ERR`: `The user executing the script
+    // can't ...` (Redis 7.0), `ACL failure in script: ...` (Redis 7.2 and later, Valkey).
     let no_perm = error.kind() == ErrorKind::Server(ServerErrorKind::NoPerm)
         || detail.contains("no permissions to")
-        || detail.contains("The user executing the script can't");
+        || detail.contains("The user executing the script can't")
+        || detail.contains("ACL failure in script: ");
     if !no_perm {
         return None;
     }
@@ -85,10 +90,18 @@ fn refusal(error: &RedisError) -> Option<(String, String)> {
     Some((command, text))
 }
 
+/// Whether the text of an ACL refusal says the user may not access a key: `... access one
+/// of the keys used as arguments` (Redis 7.0), `No permissions to access a key` (Redis 7.2
+/// and later, Valkey).
+pub(super) fn refuses_a_key(text: &str) -> bool {
+    text.contains("access one of the keys") || text.contains("access a key")
+}
+
 /// The script and line of an error raised inside one of our scripts (`... script:
-/// <sha>, on @user_script:<line>.`).
+/// <sha>, on @user_script:<line>.`). The last `script: ` counts: Redis 7.2 and later, and
+/// Valkey, begin the text with `ACL failure in script: `.
 fn in_script(detail: &str) -> Option<(&'static scripts::Lua, usize)> {
-    let (_, after) = detail.split_once("script: ")?;
+    let (_, after) = detail.rsplit_once("script: ")?;
     let (sha, rest) = after.split_once(',')?;
     let (_, line) = rest.split_once("@user_script:")?;
     let line: String = line.chars().take_while(char::is_ascii_digit).collect();
@@ -125,8 +138,13 @@ fn called_on(code: &str) -> Option<String> {
 mod tests {
     use super::*;
 
+    /// The error of the server's reply `-<code> <detail>`, parsed as redis-rs parses it.
     fn server_error(code: &str, detail: &str) -> RedisError {
-        redis::make_extension_error(code.to_owned(), Some(detail.to_owned()))
+        let reply = format!("-{code} {detail}\r\n");
+        match redis::parse_redis_value(reply.as_bytes()) {
+            Ok(redis::Value::ServerError(error)) => error.into(),
+            other => panic!("{reply:?} parsed as {other:?}"),
+        }
     }
 
     #[test]
@@ -143,9 +161,9 @@ mod tests {
         assert_eq!(called_on("local n = 1"), None);
     }
 
-    #[test]
-    fn a_refusal_inside_a_script_names_the_command_on_its_line() {
-        let acquire = scripts::named("acquire.lua");
+    /// `acquire.lua`'s digest, and the line of its `PEXPIRE` in the script Redis runs
+    /// (after the prelude) and in `acquire.lua` itself.
+    fn acquire_pexpire() -> (String, usize, usize) {
         let prelude = [
             include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/once.lua")),
             include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/token.lua")),
@@ -157,10 +175,15 @@ mod tests {
             .position(|l| l.contains("redis.call('PEXPIRE'"))
             .expect("acquire.lua sets an expiry")
             + 1;
-        let line = prelude.lines().count() + pexpire;
+        let hash = scripts::named("acquire.lua").get_hash().to_owned();
+        (hash, prelude.lines().count() + pexpire, pexpire)
+    }
+
+    #[test]
+    fn a_refusal_inside_a_script_names_the_command_on_its_line() {
+        let (hash, line, pexpire) = acquire_pexpire();
         let detail = format!(
-            "The user executing the script can't run this command or subcommand script: {}, on @user_script:{line}.",
-            acquire.get_hash()
+            "The user executing the script can't run this command or subcommand script: {hash}, on @user_script:{line}.",
         );
         let (command, text) = refusal(&server_error("ERR", &detail)).expect("a refusal");
         assert_eq!(command, format!("PEXPIRE (line {pexpire} of acquire.lua)"));
@@ -168,6 +191,50 @@ mod tests {
             text.starts_with("ERR The user executing the script"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_refusal_inside_a_script_that_names_its_command_gets_its_line_too() {
+        // Redis 7.2 and later, and Valkey 8 (its text, word for word), name the command.
+        let (hash, line, pexpire) = acquire_pexpire();
+        let detail = format!(
+            "ACL failure in script: User no-pexpire has no permissions to run the 'pexpire' \
+             command script: {hash}, on @user_script:{line}.",
+        );
+        let (command, text) = refusal(&server_error("ERR", &detail)).expect("a refusal");
+        assert_eq!(command, format!("PEXPIRE (line {pexpire} of acquire.lua)"));
+        assert!(
+            text.starts_with("ERR ACL failure in script: User"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_key_refusal_is_told_in_each_servers_words() {
+        for text in [
+            "NOPERM this user has no permissions to access one of the keys used as arguments",
+            "NOPERM No permissions to access a key",
+        ] {
+            assert!(refuses_a_key(text), "{text}");
+        }
+        for text in [
+            "NOPERM this user has no permissions to access one of the channels used as arguments",
+            "NOPERM No permissions to access a channel",
+            "NOPERM User keymaster has no permissions to run the 'evalsha' command",
+            "NOPERM User key has no permissions to run the 'get' command",
+        ] {
+            assert!(!refuses_a_key(text), "{text}");
+        }
+        // A key refused to a command inside a script (Redis 7.2 and later, Valkey) is an
+        // ACL refusal too, of a command on a line of that script.
+        let (hash, line, pexpire) = acquire_pexpire();
+        let detail = format!(
+            "ACL failure in script: No permissions to access a key script: {hash}, on \
+             @user_script:{line}.",
+        );
+        let (command, text) = refusal(&server_error("ERR", &detail)).expect("a refusal");
+        assert_eq!(command, format!("PEXPIRE (line {pexpire} of acquire.lua)"));
+        assert!(refuses_a_key(&text), "{text}");
     }
 
     #[test]
@@ -214,14 +281,16 @@ mod tests {
             "NOPERM this user has no permissions to run the 'evalsha' command"
         );
 
-        let keys = explain(server_error(
-            "NOPERM",
+        for detail in [
             "this user has no permissions to access one of the keys used as arguments",
-        ));
-        let named = naming(keys, What::Script("acquire.lua"));
-        let text = named.to_string();
-        assert!(text.contains("refused EVALSHA (of acquire.lua)"), "{text}");
-        assert!(text.contains("keys used as arguments"), "{text}");
+            "No permissions to access a key",
+        ] {
+            let keys = explain(server_error("NOPERM", detail));
+            let named = naming(keys, What::Script("acquire.lua"));
+            let text = named.to_string();
+            assert!(text.contains("refused EVALSHA (of acquire.lua)"), "{text}");
+            assert!(text.contains(detail), "{text}");
+        }
     }
 
     #[test]

@@ -7,7 +7,9 @@
 //! Every client of one lock must send and listen the same way, so a cluster client
 //! decides from facts every client sees alike: each master's version, as `HELLO` tells
 //! it to any user (it needs no ACL permission). Sharded when every master runs Redis ≥ 7,
-//! classic otherwise, unless the builder pinned one.
+//! classic otherwise, unless the builder pinned one. Valkey answers `HELLO` with its own
+//! version (`server` `valkey`, `version` `8.1.8`; only `INFO` keeps the Redis 7.2.4 it
+//! forked from), and every Valkey release has sharded pub/sub, so the same rule holds.
 
 use redis::Value;
 
@@ -113,11 +115,16 @@ mod tests {
         Value::BulkString(text.as_bytes().to_vec())
     }
 
-    /// A RESP2 `HELLO` reply from a server of `version`.
+    /// A RESP2 `HELLO` reply from a Redis server of `version`.
     fn hello(version: &str) -> Value {
+        hello_from("redis", version)
+    }
+
+    /// A RESP2 `HELLO` reply from `server` (`redis` or `valkey`) of `version`.
+    fn hello_from(server: &str, version: &str) -> Value {
         Value::Array(vec![
             bulk("server"),
-            bulk("redis"),
+            bulk(server),
             bulk("version"),
             bulk(version),
             bulk("proto"),
@@ -144,9 +151,13 @@ mod tests {
         let mixed = masters(vec![hello("7.0.15"), hello("6.2.14")]);
         let old = masters(vec![hello("7.0.15"), refused]);
         let unreadable = masters(vec![hello("seven"), Value::Array(vec![bulk("version")])]);
+        // Valkey names itself and its own version (8.1.8 here, not the 7.2.4 of `INFO`'s
+        // `redis_version`); a cluster may mix it with Redis during a migration.
+        let valkey = masters(vec![hello_from("valkey", "8.1.8"), hello("7.0.15")]);
 
         for (replies, either) in [
             (&new, Notices::Sharded),
+            (&valkey, Notices::Sharded),
             (&resp3, Notices::Sharded),
             (&mixed, Notices::Classic),
             (&old, Notices::Classic),

@@ -10,6 +10,7 @@
 //! checked this way and is let through with a warning.
 
 use super::commands::Commands;
+use super::explain;
 use super::notices::Notices;
 use super::scripts;
 use crate::error::BackendError;
@@ -92,7 +93,7 @@ pub(super) async fn check(
     );
     let refused: Option<Vec<usize>> = match commands.run(call).await {
         Ok(refused) => refused,
-        Err(BackendError::NotPermitted { message, .. }) if message.contains("keys") => {
+        Err(BackendError::NotPermitted { message, .. }) if explain::refuses_a_key(&message) => {
             tracing::warn!(
                 key = probe.fence_key(),
                 "permissions not checked: the user may not access this key of the namespace"
