@@ -89,6 +89,13 @@ impl Commands {
 
     /// Runs `call` without a bound (the caller sets one): a future that owns what it
     /// needs, so it can be finished in the background.
+    ///
+    /// A [resendable](Call::resendable) call whose connection broke is sent once more:
+    /// a `ConnectionManager` fails the first command after its connection was lost (a
+    /// restart, a failover, a reset) and reconnects only then, so without this the
+    /// caller of a call that is safe to repeat would be told of a failure the next
+    /// command no longer meets. The resend waits for the new connection, within the
+    /// caller's bound; after a restart it also meets `NOSCRIPT` and loads the script.
     pub(super) fn send<T: FromRedisValue + Send>(
         &self,
         call: Call,
@@ -97,22 +104,31 @@ impl Commands {
         let script = call.script.map(|lua| self.script_of(lua));
         let call = self.prepare(call);
         async move {
+            let mut resend = call.resend;
             if let Some(then) = call.then {
                 let mut pipe = redis::Pipeline::with_capacity(2);
                 pipe.add_command(call.cmd).add_command(then);
-                // The second reply is read and dropped: `ignore()` would cost the
-                // pipeline a hash set, built and searched on every release.
-                let (reply, _): (T, redis::Value) = pipe.query_async(&mut conn).await?;
-                return Ok(reply);
-            }
-            match call.cmd.query_async(&mut conn).await {
-                Err(e) if is_noscript(&e) => {
-                    if let Some(script) = script {
-                        script.prepare_invoke().load_async(&mut conn).await?;
+                loop {
+                    // The second reply is read and dropped: `ignore()` would cost the
+                    // pipeline a hash set, built and searched on every release.
+                    match pipe.query_async::<(T, redis::Value)>(&mut conn).await {
+                        Err(e) if resend && e.is_connection_dropped() => resend = false,
+                        reply => return reply.map(|(reply, _)| reply),
                     }
-                    call.cmd.query_async(&mut conn).await
                 }
-                other => other,
+            }
+            let mut loaded = false;
+            loop {
+                match call.cmd.query_async(&mut conn).await {
+                    Err(e) if is_noscript(&e) && !loaded => {
+                        if let Some(script) = script {
+                            script.prepare_invoke().load_async(&mut conn).await?;
+                        }
+                        loaded = true;
+                    }
+                    Err(e) if resend && e.is_connection_dropped() => resend = false,
+                    other => return other,
+                }
             }
         }
     }

@@ -145,10 +145,19 @@ fn manager_config(timeout: Duration, response: Option<Duration>) -> ConnectionMa
         .set_max_delay(Duration::from_millis(500))
 }
 
+/// How often redis-rs retries a cluster call that did not run (the node refused it,
+/// could not be reached, or redirected it): as often as fits in the call's bound, which
+/// ends them all. A restarted master refuses writes with CLUSTERDOWN for its first 2 s
+/// (Redis's `CLUSTER_WRITABLE_DELAY`), which three retries did not outlast.
+const CLUSTER_RETRIES: u32 = 64;
+
 fn cluster_builder(nodes: &[String], timeout: Duration, tls: &Tls) -> ClusterClientBuilder {
+    // Waits of 10 ms to 200 ms between retries; without `min_retry_wait` redis-rs's
+    // default minimum (1,280 ms) would win over the maximum.
     let builder = ClusterClientBuilder::new(nodes.iter().map(String::as_str))
         .connection_timeout(timeout)
-        .retries(3)
+        .retries(CLUSTER_RETRIES)
+        .min_retry_wait(10)
         .max_retry_wait(200);
     tls.cluster(builder)
 }

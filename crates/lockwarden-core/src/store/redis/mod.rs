@@ -146,7 +146,10 @@ impl RedisStore {
         token: Option<u64>,
         reentries: Reentries,
     ) -> Result<Released> {
-        let call = scripts::release_alone(hold, reentries, self.commands.variant());
+        // Sent again if its connection broke: the count was 1, and the token tells a
+        // second run's "not held" from a hold that was lost.
+        let call = scripts::release_alone(hold, reentries, self.commands.variant())
+            .resendable(token.is_some());
         let released = scripts::released_alone(self.commands.run(call).await?);
         if released == Released::Freed {
             return Ok(released);
@@ -220,10 +223,11 @@ impl LockStore for RedisStore {
         if alone(hold, reentries) {
             return self.release_alone(hold, token, reentries).await;
         }
-        let left = self
-            .commands
-            .run(scripts::release(hold, token, self.commands.variant()))
-            .await?;
+        // A hold nobody can have re-entered (its count was 1) is released once however
+        // often its release runs; any other release would count down twice.
+        let once = reentries != Reentries::Possible && token.is_some();
+        let call = scripts::release(hold, token, self.commands.variant()).resendable(once);
+        let left = self.commands.run(call).await?;
         Ok(scripts::released(left))
     }
 

@@ -178,6 +178,9 @@ pub(super) struct Call {
     /// For a call that changes a hold's count: whether its holder was made for the
     /// acquisition (see [`Call::sent`]).
     counted: Option<bool>,
+    /// Whether a second run would answer as the first did, so that it may be sent again
+    /// when its connection broke (see [`Call::resendable`]).
+    pub(super) resend: bool,
     pub(super) cmd: Cmd,
     /// A command sent right after it, in the same pipeline, whose reply is not read: the
     /// notice of a release without a script.
@@ -212,6 +215,7 @@ impl Call {
         Self {
             script: Some(lua),
             counted: None,
+            resend: false,
             cmd,
             then: None,
             what: What::Script(lua.name()),
@@ -227,6 +231,7 @@ impl Call {
         Self {
             script: None,
             counted: None,
+            resend: false,
             cmd,
             then: None,
             what: What::Command(name),
@@ -247,13 +252,29 @@ impl Call {
         }
     }
 
+    /// Marks a call that may be sent again after its connection broke, if `safe`: one
+    /// whose second run answers as its first did. An acquire by a holder made for it is
+    /// (the scripts answer "taken", counted once, when that holder holds the lock
+    /// already), and so is the release of a hold nobody can have re-entered, carrying its
+    /// fencing token (a second run finds the hold gone and the token still the lock's
+    /// last: "ended"). A release that may count down a re-entry is not, on one server:
+    /// there no call id tells its second run from another release (`lua/once.lua`).
+    pub(super) fn resendable(self, safe: bool) -> Self {
+        Self {
+            resend: safe,
+            ..self
+        }
+    }
+
     /// This call as sent over a connection that may send a call twice (`resent`: a
     /// cluster's). There a counting call gets its id (`lua/once.lua`), unique in this
     /// process like the holders it is kept for, or `''` for a holder made for its
     /// acquisition (the scripts tell that apart without one); elsewhere none. The script's
-    /// variant was chosen when the call was built.
+    /// variant was chosen when the call was built. A cluster's client sends a call again
+    /// by itself, so `Commands` does not ([`resend`](Self::resend) is cleared).
     pub(super) fn sent(mut self, resent: bool) -> Self {
         static LAST: AtomicU64 = AtomicU64::new(0);
+        self.resend &= !resent;
         if let (Some(fresh), true) = (self.counted.take(), resent) {
             match fresh {
                 true => self.cmd.arg(""),
@@ -396,6 +417,7 @@ pub(super) fn acquire(ask: &Acquire<'_>, variant: Variant) -> Call {
         _ => call,
     }
     .counted(ask.fresh)
+    .resendable(ask.fresh)
 }
 
 /// How long a waiter's registration lasts, in ms: `0` for a single try, which never
@@ -477,6 +499,7 @@ pub(super) fn acquire_all<'k>(
         .arg(millis(lease))
         .arg(flag(fresh))
         .counted(fresh)
+        .resendable(fresh)
 }
 
 /// Releases one hold (`-2`, `-1`, `0` or the count left, see [`released`]), given the
