@@ -271,7 +271,8 @@ impl LockGuard {
         self.finish(Some((outcome.into(), keep))).await
     }
 
-    /// Moves the end of a fixed-lease hold to `lease` from now, if it is still held. A
+    /// Moves the end of a fixed-lease hold to `lease` from now, if it is still held (or
+    /// later: a renewal never shortens a hold another guard of it asked longer for). A
     /// hold the watchdog keeps is left to it.
     ///
     /// Re-entries share one expiry, so this moves theirs too.

@@ -29,6 +29,8 @@ pub(crate) type Result<T, E = BackendError> = std::result::Result<T, E>;
 /// - **Fencing tokens** strictly increase per lock, across holders and across the loss of
 ///   the fencing key (they come from the server clock, never at or below the last one).
 /// - **Leases** are kept by the store: a hold not renewed or released in time expires.
+///   Re-entries share one expiry, which neither a re-entry nor a renewal ever shortens:
+///   a hold lasts as long as the latest any of its guards asked for.
 pub(crate) trait LockStore {
     /// `"redis"` or `"in-memory"`.
     fn name(&self) -> &'static str;
@@ -66,7 +68,8 @@ pub(crate) trait LockStore {
         outcome: Outcome<'_>,
     ) -> impl Future<Output = Result<Released>> + Send;
 
-    /// Renews each hold whose holder still has it (see [`Renewed`]).
+    /// Renews each hold whose holder still has it (see [`Renewed`]) for at least its
+    /// lease from now; one held longer already (a fixed-lease re-entry) keeps its expiry.
     fn renew_all(&self, renewals: &[Renewal]) -> impl Future<Output = Renewed> + Send;
 
     /// A waiter gives up: leaves a fair lock's queue, or withdraws a waiting writer.
