@@ -59,6 +59,10 @@ pub(crate) trait LockStore {
     /// be sent again until then (its count was 1, see `settle.rs`).
     fn release_later(&self, hold: Hold, resend_until: Option<Instant>, reentries: Reentries);
 
+    /// Resolves once every release [`release_later`](Self::release_later) took before this
+    /// call has been answered or given up on (a shutdown waits for it, within its bound).
+    fn flush(&self) -> impl Future<Output = ()> + Send;
+
     /// Completes a claim: releases one hold and, if the holder still held it, stores
     /// `outcome` for claims of the key to find, waking every waiter.
     fn complete(

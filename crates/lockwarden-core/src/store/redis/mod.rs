@@ -36,7 +36,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::Value;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 
@@ -85,7 +85,7 @@ pub(crate) struct RedisStore {
     /// Set when acquisitions wait for replicas (`WAIT`).
     replicated: Option<Replicated>,
     /// Holds of dropped guards, released in batches by a task of their own.
-    dropped: mpsc::UnboundedSender<Dropped>,
+    dropped: mpsc::UnboundedSender<Queued>,
     _listener: Arc<AbortOnDropHandle<()>>,
 }
 
@@ -234,11 +234,19 @@ impl LockStore for RedisStore {
     fn release_later(&self, hold: Hold, resend_until: Option<Instant>, reentries: Reentries) {
         // Refused only once the release task has ended, which it does only after the
         // last clone of the store (this one included) is gone.
-        let _ = self.dropped.send(Dropped {
+        let _ = self.dropped.send(Queued::Release(Dropped {
             hold,
             resend_until,
             reentries,
-        });
+        }));
+    }
+
+    async fn flush(&self) {
+        let (flushed, answered) = oneshot::channel();
+        if self.dropped.send(Queued::Flush(flushed)).is_ok() {
+            // An error: the task ended, with nothing left to send.
+            let _ = answered.await;
+        }
     }
 
     async fn complete(
@@ -324,6 +332,13 @@ fn alone(hold: &Hold, reentries: Reentries) -> bool {
     reentries != Reentries::Possible && hold.kind == HoldKind::PLAIN
 }
 
+/// What the release task of dropped guards is given.
+enum Queued {
+    Release(Dropped),
+    /// Answered once every release queued before it was answered or given up on.
+    Flush(oneshot::Sender<()>),
+}
+
 /// The hold of a dropped guard, queued for release.
 struct Dropped {
     hold: Hold,
@@ -336,21 +351,34 @@ struct Dropped {
 /// that gets no answer is sent again, after a backoff and with what queued up meanwhile,
 /// for the holds whose release may be resent (see `settle.rs`); the others expire with
 /// their leases.
-async fn release_dropped(commands: Commands, mut queue: mpsc::UnboundedReceiver<Dropped>) {
+async fn release_dropped(commands: Commands, mut queue: mpsc::UnboundedReceiver<Queued>) {
     const MIN_BACKOFF: Duration = Duration::from_millis(20);
     const MAX_BACKOFF: Duration = Duration::from_millis(500);
-    let mut batch = Vec::new();
+    let (mut batch, mut queued, mut flushes) = (Vec::new(), Vec::new(), Vec::new());
     let mut backoff = MIN_BACKOFF;
     loop {
         if batch.is_empty() {
-            if queue.recv_many(&mut batch, 1024).await == 0 {
+            // Everything queued before these flushes was answered or given up on.
+            for flushed in flushes.drain(..) {
+                let _: Result<(), ()> = oneshot::Sender::send(flushed, ());
+            }
+            if queue.recv_many(&mut queued, 1024).await == 0 {
                 return;
             }
         } else {
             tokio::time::sleep(backoff).await;
-            while let Ok(dropped) = queue.try_recv() {
-                batch.push(dropped);
+            while let Ok(next) = queue.try_recv() {
+                queued.push(next);
             }
+        }
+        for next in queued.drain(..) {
+            match next {
+                Queued::Release(dropped) => batch.push(dropped),
+                Queued::Flush(flushed) => flushes.push(flushed),
+            }
+        }
+        if batch.is_empty() {
+            continue;
         }
         let piped = commands
             .pipelined(
