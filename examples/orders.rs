@@ -24,6 +24,9 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
 use lockwarden::{LockKey, Locked};
 
+#[path = "support/graceful.rs"]
+mod graceful;
+
 /// An order id from the path.
 struct OrderId(u64);
 
@@ -87,9 +90,17 @@ async fn main() -> ExitCode {
     if !demo {
         println!("listening on http://{addr}\n");
         println!("  curl -N -X POST http://{addr}/orders/42/ship   # in two terminals at once");
-        return match axum::serve(listener, app()).await {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(_) => ExitCode::FAILURE,
+        // On SIGTERM or Ctrl-C: finish the shipments in flight, then release what is left.
+        let served = axum::serve(listener, app())
+            .with_graceful_shutdown(graceful::signal())
+            .await;
+        let released = match lockwarden::default_client().await {
+            Ok(client) => graceful::release_locks(&client).await,
+            Err(_) => true,
+        };
+        return match (served, released) {
+            (Ok(()), true) => ExitCode::SUCCESS,
+            _ => ExitCode::FAILURE,
         };
     }
     let server = tokio::spawn(async move { axum::serve(listener, app()).await });

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cargo run --example webhook -- --demo   # fire concurrent duplicates at itself, print a table
-//! cargo run --example webhook             # serve on 127.0.0.1:3000
+//! cargo run --example webhook             # serve on 127.0.0.1:3000 (--listen ADDR for another)
 //! REDIS_URL=redis://127.0.0.1:6379/ cargo run --example webhook -- --demo   # on Redis
 //! ```
 //!
@@ -18,6 +18,10 @@
 //!
 //! The handler checks whether the event was processed already, then takes 200 ms to process
 //! it: without the lock, overlapping duplicates would all pass that check.
+//!
+//! On SIGTERM (a deploy) or Ctrl-C the server stops taking requests, finishes those in
+//! flight, then shuts the lock client down (`LockClient::shutdown`): no lock is left for
+//! the next replica to wait out.
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::IntoFuture;
@@ -35,6 +39,9 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use lockwarden::LockLayer;
 use serde::Deserialize;
+
+#[path = "support/graceful.rs"]
+mod graceful;
 
 /// How many times each event was processed.
 #[derive(Clone, Default)]
@@ -127,13 +134,14 @@ async fn main() -> ExitCode {
     let demo = std::env::args().any(|a| a == "--demo");
 
     // The layers use the process-wide default client; make it now to report on it.
-    let backend = match lockwarden::default_client().await {
-        Ok(client) => client.backend_name(),
+    let client = match lockwarden::default_client().await {
+        Ok(client) => client,
         Err(e) => {
             eprintln!("cannot reach REDIS_URL: {e}");
             return ExitCode::FAILURE;
         }
     };
+    let backend = client.backend_name();
     match backend {
         "redis" => println!("lock backend: Redis (REDIS_URL)"),
         _ => println!(
@@ -142,11 +150,11 @@ async fn main() -> ExitCode {
     }
 
     let processed = Processed::default();
-    let addr = if demo {
-        "127.0.0.1:0"
-    } else {
-        "127.0.0.1:3000"
-    };
+    let listen = std::env::args()
+        .skip_while(|a| a != "--listen")
+        .nth(1)
+        .unwrap_or_else(|| "127.0.0.1:3000".to_owned());
+    let addr = if demo { "127.0.0.1:0" } else { &listen };
     let listener = match tokio::net::TcpListener::bind(addr).await {
         Ok(listener) => listener,
         Err(e) => {
@@ -157,8 +165,6 @@ async fn main() -> ExitCode {
     let Ok(addr) = listener.local_addr() else {
         return ExitCode::FAILURE;
     };
-    let server = tokio::spawn(axum::serve(listener, app(processed.clone())).into_future());
-
     if !demo {
         println!("listening on http://{addr}\n");
         println!("  curl -i -X POST http://{addr}/webhooks/payments -H 'Idempotency-Key: evt_1'");
@@ -168,13 +174,20 @@ async fn main() -> ExitCode {
         println!("  curl http://{addr}/events/evt_1");
         println!("\nSend a payment twice to see the second answered from the store");
         println!("(Idempotency-Replayed: true); an event twice within 200 ms to see 409.");
-        return match server.await {
-            Ok(Ok(())) => ExitCode::SUCCESS,
+        let served = axum::serve(listener, app(processed))
+            .with_graceful_shutdown(graceful::signal())
+            .await;
+        // Every request has ended: what the client still holds or has queued goes now.
+        let released = graceful::release_locks(&client).await;
+        return match (served, released) {
+            (Ok(()), true) => ExitCode::SUCCESS,
             _ => ExitCode::FAILURE,
         };
     }
+    let server = tokio::spawn(axum::serve(listener, app(processed.clone())).into_future());
     let ok = run_demo(addr, &processed).await;
     server.abort();
+    let ok = graceful::release_locks(&client).await && ok;
     if ok {
         println!("\nevery event was processed exactly once");
         ExitCode::SUCCESS
