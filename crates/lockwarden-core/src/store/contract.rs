@@ -26,8 +26,11 @@ pub(crate) type Result<T, E = BackendError> = std::result::Result<T, E>;
 /// - **Re-entry** by the same holder counts up; each release counts down; at zero the lock
 ///   is free and its waiters are woken (the fair lock's head only; every reader of a
 ///   read-write lock open to readers; every waiter of a completed claim).
-/// - **Fencing tokens** strictly increase per lock, across holders and across the loss of
-///   the fencing key (they come from the server clock, never at or below the last one).
+/// - **Fencing tokens** strictly increase per lock, across holders, while the lock's last
+///   token is kept (Redis: its fencing key, which lives as long as the last hold's lease)
+///   or the store's clock is past it: a token is the clock, or one above the last token.
+///   With the key lost *and* the clock stepped back, Redis's can go backwards (see
+///   `LockGuard::fencing_token`).
 /// - **Leases** are kept by the store: a hold not renewed or released in time expires.
 ///   Re-entries share one expiry, which neither a re-entry nor a renewal ever shortens:
 ///   a hold lasts as long as the latest any of its guards asked for.
