@@ -102,8 +102,13 @@ impl Commands {
     ) -> impl Future<Output = RedisResult<T>> + Send + 'static {
         let mut conn = self.conn.clone();
         let script = call.script.map(|lua| self.script_of(lua));
-        let call = self.prepare(call);
+        let mut call = self.prepare(call);
         async move {
+            // A given holder's counting calls go one at a time on a cluster (`turns.rs`).
+            let _turn = match call.turn.take() {
+                Some(holder) => Some(super::turns::take(holder).await),
+                None => None,
+            };
             let mut resend = call.resend;
             if let Some(then) = call.then {
                 let mut pipe = redis::Pipeline::with_capacity(2);

@@ -16,6 +16,7 @@
 //! | `pubsub.rs` | the client's one pub/sub connection, which wakes waiters |
 //! | `timeout.rs` | the bound on every command |
 //! | `tls.rs` | TLS settings for `rediss://` URLs, applied to every connection |
+//! | `turns.rs` | a given holder's counting calls, one at a time on a cluster |
 
 mod commands;
 mod conn;
@@ -31,6 +32,7 @@ mod scripts;
 mod sentinel;
 mod timeout;
 mod tls;
+mod turns;
 
 use std::sync::Arc;
 use std::time::Duration;

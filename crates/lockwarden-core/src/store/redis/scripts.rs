@@ -181,6 +181,9 @@ pub(super) struct Call {
     /// Whether a second run would answer as the first did, so that it may be sent again
     /// when its connection broke (see [`Call::resendable`]).
     pub(super) resend: bool,
+    /// The holder whose counting calls take turns, on a cluster (see `turns.rs`): set for
+    /// one that was not made for its acquisition, cleared by [`Call::sent`] elsewhere.
+    pub(super) turn: Option<Holder>,
     pub(super) cmd: Cmd,
     /// A command sent right after it, in the same pipeline, whose reply is not read: the
     /// notice of a release without a script.
@@ -216,6 +219,7 @@ impl Call {
             script: Some(lua),
             counted: None,
             resend: false,
+            turn: None,
             cmd,
             then: None,
             what: What::Script(lua.name()),
@@ -232,6 +236,7 @@ impl Call {
             script: None,
             counted: None,
             resend: false,
+            turn: None,
             cmd,
             then: None,
             what: What::Command(name),
@@ -243,11 +248,13 @@ impl Call {
         self
     }
 
-    /// Marks a call that changes a hold's count (on a cluster its script takes the call's
-    /// id last).
-    fn counted(self, fresh: bool) -> Self {
+    /// Marks a call that changes `holder`'s count in a hold (on a cluster its script takes
+    /// the call's id last, and, unless the holder was made for the acquisition, it waits
+    /// for the holder's other counting calls: see `turns.rs`).
+    fn counted(self, fresh: bool, holder: &Holder) -> Self {
         Self {
             counted: Some(fresh),
+            turn: (!fresh).then(|| holder.clone()),
             ..self
         }
     }
@@ -275,6 +282,9 @@ impl Call {
     pub(super) fn sent(mut self, resent: bool) -> Self {
         static LAST: AtomicU64 = AtomicU64::new(0);
         self.resend &= !resent;
+        if !resent {
+            self.turn = None;
+        }
         if let (Some(fresh), true) = (self.counted.take(), resent) {
             match fresh {
                 true => self.cmd.arg(""),
@@ -416,7 +426,7 @@ pub(super) fn acquire(ask: &Acquire<'_>, variant: Variant) -> Call {
         } => call.arg(registration(register)).arg(flag(registered)),
         _ => call,
     }
-    .counted(ask.fresh)
+    .counted(ask.fresh, ask.holder)
     .resendable(ask.fresh)
 }
 
@@ -498,7 +508,7 @@ pub(super) fn acquire_all<'k>(
         .arg(holder.id())
         .arg(millis(lease))
         .arg(flag(fresh))
-        .counted(fresh)
+        .counted(fresh, holder)
         .resendable(fresh)
 }
 
@@ -523,7 +533,7 @@ pub(super) fn release(hold: &Hold, token: Option<u64>, variant: Variant) -> Call
             .arg(key.channel())
             .arg(&*key.names().readers),
     };
-    call.arg(token_arg(token)).counted(false)
+    call.arg(token_arg(token)).counted(false, holder)
 }
 
 /// The release of a plain hold nobody can have re-entered (see
@@ -611,7 +621,7 @@ pub(super) fn complete(
         Exclusive::Plain => call,
         Exclusive::Fair => call.arg(key.channel()),
     }
-    .counted(false)
+    .counted(false, holder)
 }
 
 /// Renews one hold (`1` renewed, `0` gone).
