@@ -61,7 +61,12 @@ impl Replicated {
         call: Call,
     ) -> RedisResult<(T, i64)> {
         let mut conn = self.conn.clone();
-        let call = main.prepare(call);
+        let mut call = main.prepare(call);
+        // As `Commands::send`: a given holder's counting calls take turns on a cluster.
+        let _turn = match call.turn.take() {
+            Some(holder) => Some(super::turns::take(holder).await),
+            None => None,
+        };
         let mut pipe = redis::pipe();
         pipe.add_command(call.cmd)
             .cmd("WAIT")

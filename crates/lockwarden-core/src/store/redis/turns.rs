@@ -9,6 +9,11 @@
 //! at once, so its counting calls take turns here, process-wide (a holder is never made
 //! from its id, so no other process can share it). A turn lasts until the call has its
 //! answer or the cluster client gave up on it, after which it is never sent again.
+//!
+//! Not covered: the release of a dropped guard, pipelined with others by the release
+//! task (a pipeline cannot wait for one holder's turn without holding up the rest). A
+//! dropped re-entry's release in flight beside another call of its given holder, both
+//! sent again, may still count twice; the hold then runs out with its lease.
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
