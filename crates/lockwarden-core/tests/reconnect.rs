@@ -194,3 +194,47 @@ fn owner(cluster: &RedisCluster, client: &LockClient, kind: Kind, name: &str) ->
     let key = &kind.redis_keys(client, name)[0];
     cluster.owner(key).expect("owner")
 }
+
+/// Promise, the other side: a release that may count down a re-entry is not sent again
+/// on one server, where no call id tells its second run from another release. Here the
+/// inner release ran (count 2 to 1) and its connection broke before the reply: sent
+/// again it would end the outer hold too. The caller is told the release failed, and
+/// the outer hold stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reentrys_release_whose_connection_broke_is_not_sent_again_on_one_server() {
+    let server = RedisServer::start().expect("start redis-server");
+    let proxy = FaultProxy::start(server.port()).expect("start the proxy");
+    let client = connect_with(&proxy.url(), configured).await;
+    let me = client.holder();
+    let lock = client.lock("twice").holder(&me).lease(LEASE);
+    // Once through, so release.lua is loaded: the release under test runs at once.
+    let warm = lock.acquire().await.expect("warm-up");
+    warm.release().await.expect("warm-up release");
+    let outer = lock.acquire().await.expect("outer");
+    let inner = lock.acquire().await.expect("inner");
+
+    let lost_before = proxy.lost_replies();
+    proxy.drop_replies();
+    let released = tokio::spawn(inner.release());
+    lockwarden_testkit::eventually(Duration::from_secs(1), "the reply is lost", || async {
+        proxy.lost_replies() > lost_before
+    })
+    .await;
+    // The connection that lost the reply is reset: the release meets a broken connection.
+    proxy.heal();
+    let released = common::finishes(Duration::from_secs(5), "the release", released).await;
+    assert!(
+        matches!(released, Err(LockError::Backend(_))),
+        "the caller is told: {released:?}"
+    );
+    let count: Option<String> = server
+        .query(&["HGET", "lockwarden:{twice}", me.id()])
+        .expect("HGET");
+    assert_eq!(
+        count.as_deref(),
+        Some("1"),
+        "counted down once: the outer hold stays"
+    );
+    outer.release().await.expect("the outer release");
+    assert!(!server.exists("lockwarden:{twice}"));
+}
