@@ -24,6 +24,14 @@ use crate::waiters::Waiting;
 /// Per client there is one command connection, one pub/sub connection that carries every
 /// wait, and one watchdog task that renews every held lock.
 ///
+/// When Redis closes the command connection (a restart, a failover, a reset), the first
+/// command after it fails and the connection is made again. The calls a second run
+/// answers alike (an acquisition by a holder made for it, the release of a hold nobody
+/// can have re-entered: see [`LockGuard::release`]) are sent once more on the new
+/// connection within the command timeout, so their callers get the true answer; on a
+/// cluster every call is (the cluster client sends it again, and the scripts count it
+/// once). Before the process exits, call [`shutdown`](Self::shutdown).
+///
 /// ```
 /// use lockwarden_core::LockClient;
 ///

@@ -254,6 +254,17 @@ impl LockGuard {
     /// Releases one hold (a re-entered lock stays held by the outer holds), and wakes a
     /// waiter when the lock becomes free.
     ///
+    /// A release that meets a connection Redis closed (a restart, a failover, a reset) is
+    /// sent once more on the new connection, within the command timeout, when a second
+    /// run answers as the first would: this guard's holder was made for its acquisition,
+    /// never shared with another guard, and its hold has a fencing token (a second run
+    /// finds the hold gone and the token still the lock's last: released). So right
+    /// after a restart it answers Ok, or [`LockError::NotHeld`] / [`LockError::Lost`] if
+    /// the restart wiped the hold, not a connection error. Any other release (it may
+    /// count down a re-entry) is not sent twice on one server or Sentinel: it answers
+    /// [`LockError::Backend`], and is sent again in the background only if its count was
+    /// surely 1.
+    ///
     /// # Errors
     /// [`LockError::Lost`] if the lock was lost before the release, [`LockError::NotHeld`]
     /// if this holder does not hold it, [`LockError::Backend`] if Redis failed (the lock
