@@ -20,6 +20,9 @@ use hyper_util::rt::TokioIo;
 use lockwarden::{LockClient, LockLayer};
 use metrics_exporter_prometheus::PrometheusBuilder;
 
+#[path = "support/graceful.rs"]
+mod graceful;
+
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 async fn place_order() -> &'static str {
@@ -34,7 +37,7 @@ async fn main() -> Result<ExitCode, BoxError> {
     let app = Router::new()
         .route(
             "/orders/{id}",
-            post(place_order).layer(LockLayer::by_header("Idempotency-Key").client(locks)),
+            post(place_order).layer(LockLayer::by_header("Idempotency-Key").client(locks.clone())),
         )
         .route("/metrics", get(move || async move { prometheus.render() }));
 
@@ -46,12 +49,20 @@ async fn main() -> Result<ExitCode, BoxError> {
     };
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let addr = listener.local_addr()?;
-    let server = tokio::spawn(axum::serve(listener, app).into_future());
     if serve {
         println!("serving on http://{addr} (POST /orders/{{id}}, GET /metrics)");
-        server.await??;
-        return Ok(ExitCode::SUCCESS);
+        // On SIGTERM or Ctrl-C: finish the requests in flight, then release what is left.
+        axum::serve(listener, app)
+            .with_graceful_shutdown(graceful::signal())
+            .await?;
+        let released = graceful::release_locks(&locks).await;
+        return Ok(if released {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        });
     }
+    let server = tokio::spawn(axum::serve(listener, app).into_future());
 
     // Four concurrent deliveries of one order: one places it, three are answered 409.
     let duplicates = (0..4).map(|_| request(addr, "POST", "/orders/17", Some("order-17")));

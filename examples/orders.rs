@@ -27,6 +27,9 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
 use lockwarden::{LockClient, LockKey, Locked};
 
+#[path = "support/graceful.rs"]
+mod graceful;
+
 /// An order id from the path.
 struct OrderId(u64);
 
@@ -107,9 +110,14 @@ async fn main() -> ExitCode {
     if !demo {
         println!("listening on http://{addr}\n");
         println!("  curl -N -X POST http://{addr}/orders/42/ship   # in two terminals at once");
-        return match axum::serve(listener, app(locks)).await {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(_) => ExitCode::FAILURE,
+        // On SIGTERM or Ctrl-C: finish the shipments in flight, then release what is left.
+        let served = axum::serve(listener, app(locks.clone()))
+            .with_graceful_shutdown(graceful::signal())
+            .await;
+        let released = graceful::release_locks(&locks).await;
+        return match (served, released) {
+            (Ok(()), true) => ExitCode::SUCCESS,
+            _ => ExitCode::FAILURE,
         };
     }
     let server = tokio::spawn(async move { axum::serve(listener, app(locks)).await });

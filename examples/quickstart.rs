@@ -67,5 +67,11 @@ async fn main() -> Result<(), LockError> {
         "released; cart:7 locked: {}",
         client.lock("cart:7").is_locked().await?
     );
+
+    // Before the process exits: releases still queued (of dropped guards) are sent, and
+    // anything still held is released, so no lock waits out its lease.
+    if let Err(error) = client.shutdown(Duration::from_secs(5)).await {
+        eprintln!("{error}");
+    }
     Ok(())
 }

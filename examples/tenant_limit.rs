@@ -134,7 +134,7 @@ async fn main() -> ExitCode {
     let running = Running::default();
     let mut instances = Vec::new();
     let mut servers = Vec::new();
-    for client in clients {
+    for client in clients.clone() {
         let listener = match tokio::net::TcpListener::bind("127.0.0.1:0").await {
             Ok(listener) => listener,
             Err(e) => {
@@ -177,6 +177,12 @@ async fn main() -> ExitCode {
     }
     for server in servers {
         server.abort();
+    }
+    // What the clients still hold or have queued to release goes now, not with a lease.
+    for client in &clients {
+        if let Err(error) = client.shutdown(Duration::from_secs(5)).await {
+            eprintln!("{error}");
+        }
     }
 
     println!(

@@ -3,7 +3,7 @@
 //! ```text
 //! cargo run --example webhook -- --demo   # fire concurrent duplicates at itself, print a table
 //! REDIS_URL=redis://127.0.0.1:6379/ cargo run --example webhook -- --demo   # the same on Redis
-//! REDIS_URL=redis://127.0.0.1:6379/ cargo run --example webhook             # serve on 127.0.0.1:3000
+//! REDIS_URL=redis://127.0.0.1:6379/ cargo run --example webhook             # serve on 127.0.0.1:3000 (--listen ADDR for another)
 //! ```
 //!
 //! The demo is one process, so without `REDIS_URL` it runs on the in-process store, and
@@ -22,6 +22,10 @@
 //!
 //! The handler checks whether the event was processed already, then takes 200 ms to process
 //! it: without the lock, overlapping duplicates would all pass that check.
+//!
+//! On SIGTERM (a deploy) or Ctrl-C the server stops taking requests, finishes those in
+//! flight, then shuts the lock client down (`LockClient::shutdown`): no lock is left for
+//! the next replica to wait out.
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::IntoFuture;
@@ -39,6 +43,9 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use lockwarden::{LockClient, LockLayer};
 use serde::Deserialize;
+
+#[path = "support/graceful.rs"]
+mod graceful;
 
 /// How many times each event was processed.
 #[derive(Clone, Default)]
@@ -161,11 +168,11 @@ async fn main() -> ExitCode {
     };
 
     let processed = Processed::default();
-    let addr = if demo {
-        "127.0.0.1:0"
-    } else {
-        "127.0.0.1:3000"
-    };
+    let listen = std::env::args()
+        .skip_while(|a| a != "--listen")
+        .nth(1)
+        .unwrap_or_else(|| "127.0.0.1:3000".to_owned());
+    let addr = if demo { "127.0.0.1:0" } else { &listen };
     let listener = match tokio::net::TcpListener::bind(addr).await {
         Ok(listener) => listener,
         Err(e) => {
@@ -176,8 +183,6 @@ async fn main() -> ExitCode {
     let Ok(addr) = listener.local_addr() else {
         return ExitCode::FAILURE;
     };
-    let server = tokio::spawn(axum::serve(listener, app(processed.clone(), locks)).into_future());
-
     if !demo {
         println!("listening on http://{addr}\n");
         println!("  curl -i -X POST http://{addr}/webhooks/payments -H 'Idempotency-Key: evt_1'");
@@ -187,13 +192,21 @@ async fn main() -> ExitCode {
         println!("  curl http://{addr}/events/evt_1");
         println!("\nSend a payment twice to see the second answered from the store");
         println!("(Idempotency-Replayed: true); an event twice within 200 ms to see 409.");
-        return match server.await {
-            Ok(Ok(())) => ExitCode::SUCCESS,
+        let served = axum::serve(listener, app(processed, locks.clone()))
+            .with_graceful_shutdown(graceful::signal())
+            .await;
+        // Every request has ended: what the client still holds or has queued goes now.
+        let released = graceful::release_locks(&locks).await;
+        return match (served, released) {
+            (Ok(()), true) => ExitCode::SUCCESS,
             _ => ExitCode::FAILURE,
         };
     }
+    let server =
+        tokio::spawn(axum::serve(listener, app(processed.clone(), locks.clone())).into_future());
     let ok = run_demo(addr, &processed).await;
     server.abort();
+    let ok = graceful::release_locks(&locks).await && ok;
     if ok {
         println!("\nevery event was processed exactly once");
         ExitCode::SUCCESS

@@ -96,6 +96,11 @@ impl<K> LockLayer<K> {
     ///   nothing; the key is freed at once (at the latest when the lease runs out).
     /// - The response is stored before its last byte is sent, so a client that has it can
     ///   retry at once and be answered from the store.
+    /// - Stored responses live in Redis, as completed claims do: they outlive a Redis
+    ///   restart only as far as Redis persists them (with `appendonly yes` and
+    ///   `appendfsync always`, every one it answered; without persistence, none: a retry
+    ///   after the restart runs the handler again). See
+    ///   [`Lock::try_claim`](lockwarden_core::Lock::try_claim).
     ///
     /// Scope keys by the principal ([`scope`](Self::scope)): with unscoped keys, a client
     /// that guesses another's key is answered with the other's stored response.

@@ -135,6 +135,14 @@ pub(crate) async fn acquire<A: Attempts>(
         );
     };
     loop {
+        // A client that shut down takes no lock, nor waits for one: its waiters were
+        // woken to end here.
+        if waiters.is_closed() {
+            give_up(left_behind).await;
+            ended(&attempts, Acquired::Refused);
+            let key = attempts.name().to_owned();
+            return Err(LockError::ShutDown { key });
+        }
         let busy = match attempts.attempt(deadline).await {
             Ok(Tried::Won(won, how)) => {
                 if let Some(left_behind) = left_behind {

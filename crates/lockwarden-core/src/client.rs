@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::engine::Engine;
-use crate::error::LockError;
+use crate::error::{LockError, ShutdownError};
 use crate::fair::FairLock;
 use crate::fenced::FencedValue;
 use crate::guard::{LockGuard, LockInfo};
@@ -24,6 +24,14 @@ use crate::waiters::Waiting;
 ///
 /// Per client there is one command connection, one pub/sub connection that carries every
 /// wait, and one watchdog task that renews every held lock.
+///
+/// When Redis closes the command connection (a restart, a failover, a reset), the first
+/// command after it fails and the connection is made again. The calls a second run
+/// answers alike (an acquisition by a holder made for it, the release of a hold nobody
+/// can have re-entered: see [`LockGuard::release`]) are sent once more on the new
+/// connection within the command timeout, so their callers get the true answer; on a
+/// cluster every call is (the cluster client sends it again, and the scripts count it
+/// once). Before the process exits, call [`shutdown`](Self::shutdown).
 ///
 /// ```
 /// use lockwarden_core::LockClient;
@@ -242,6 +250,40 @@ impl LockClient {
             watched_locks: self.engine.watchdog().len(),
             waited_channels: self.engine.waiters().len(),
         }
+    }
+
+    /// Shuts the client down gracefully, before its process exits, taking at most
+    /// `timeout`: sends the releases of dropped guards still queued (they go in the
+    /// background, which a process that exits never finishes), releases every lock its
+    /// live guards still hold, and stops the watchdog; so no lock waits out its lease
+    /// (30 s by default) while the next process's requests are refused.
+    ///
+    /// Afterwards the client takes no lock: every acquisition, one waiting when the
+    /// shutdown began included, fails with [`LockError::ShutDown`]. Guards it released
+    /// report it: watched ones are [lost](LockGuard::is_lost), and releasing any of them
+    /// answers [`LockError::Lost`] or [`LockError::NotHeld`]. Call it once the work that
+    /// holds locks has ended (with axum, after `serve(..).with_graceful_shutdown(..)`
+    /// returned); a lock acquired while it runs is not released by it.
+    ///
+    /// ```
+    /// # use lockwarden_core::{LockClient, LockError};
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = LockClient::in_memory();
+    /// let dropped = client.acquire("report").await?;
+    /// drop(dropped); // its release is queued (on Redis, sent in the background)
+    /// let _forgotten = client.acquire("export").await?; // still held
+    /// client.shutdown(Duration::from_secs(5)).await?;
+    /// assert!(!client.lock("export").is_locked().await?);
+    /// assert!(matches!(client.acquire("report").await, Err(LockError::ShutDown { .. })));
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`ShutdownError`] naming the locks whose release Redis did not confirm within
+    /// `timeout` (they expire with their leases); the client is shut down all the same.
+    pub async fn shutdown(&self, timeout: Duration) -> Result<(), ShutdownError> {
+        crate::shutdown::shutdown(&self.engine, timeout).await
     }
 
     /// Validates `name` and lays it out in this client's key space.

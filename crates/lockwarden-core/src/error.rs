@@ -110,7 +110,55 @@ pub enum LockError {
     /// set up wrongly.
     #[error(transparent)]
     Redlock(#[from] RedlockError),
+    /// The client was [shut down](crate::LockClient::shutdown): it takes no lock any
+    /// more (an acquisition waiting when it shut down ends with this too).
+    #[error("lock `{key}`: the lock client was shut down; it takes no more locks")]
+    ShutDown {
+        /// The lock's name.
+        key: String,
+    },
 }
+
+/// What [`LockClient::shutdown`](crate::LockClient::shutdown) could not release within its
+/// timeout: those locks stay held until their leases run out (the watchdog lease, 30 s by
+/// default, or their fixed lease).
+///
+/// ```
+/// # use lockwarden_core::LockClient;
+/// # use std::time::Duration;
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let client = LockClient::in_memory();
+/// let kept = client.acquire("export").await.unwrap();
+/// std::mem::forget(kept); // a guard that is never released nor dropped
+/// // Released by the shutdown; nothing is left to report.
+/// client.shutdown(Duration::from_secs(5)).await.unwrap();
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ShutdownError {
+    /// The names of the locks this client's live guards held whose release the store did
+    /// not confirm in time (each name once per hold).
+    pub unreleased: Vec<String>,
+    /// Whether releases of dropped guards were still waiting for the store's answer when
+    /// the timeout ran out (their locks are not named: a dropped guard is gone).
+    pub dropped_unconfirmed: bool,
+}
+
+impl std::fmt::Display for ShutdownError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the lock client shut down with locks it could not release in time")?;
+        if !self.unreleased.is_empty() {
+            write!(f, ": `{}`", self.unreleased.join("`, `"))?;
+        }
+        if self.dropped_unconfirmed {
+            f.write_str("; releases of dropped guards were still unanswered")?;
+        }
+        f.write_str(" (they expire with their leases)")
+    }
+}
+
+impl std::error::Error for ShutdownError {}
 
 /// Why a lock name was rejected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -172,11 +172,31 @@ impl LockGuard {
         self.shown.get_or_init(|| self.hold.holder.copy())
     }
 
-    /// The fencing token of this hold: strictly greater than every token issued for this
-    /// key before it (re-entries share their hold's token). Have the protected resource
-    /// reject writes carrying a smaller token than one it has seen. 0 for a plain hold of
-    /// a client built [without fencing
+    /// The fencing token of this hold (re-entries share their hold's token). Have the
+    /// protected resource reject writes carrying a smaller token than one it has seen. 0
+    /// for a plain hold of a client built [without fencing
     /// tokens](crate::LockClientBuilder::without_fencing_tokens).
+    ///
+    /// # When tokens strictly increase
+    ///
+    /// On Redis a token is the server's clock (`TIME`, µs since 1970), or one above the
+    /// lock's last token when the clock is not past it. The last token is kept in the
+    /// lock's fencing key, which lives as long as the lock's last hold would have (the
+    /// lease of its last take, re-entry or renewal; a release leaves it). So a token is
+    /// strictly greater than every token issued for the key before it if, when it was
+    /// issued, **the fencing key still lived** (always so while the lock is held, and for
+    /// a lease after its release) **or the server's clock was past the last token**.
+    ///
+    /// Tokens can go backwards only when both fail: the key is gone (it ran out while the
+    /// lock stood free, or Redis lost it: a restart without persistence, a failover to a
+    /// replica it had not reached, `FLUSHALL`, eviction) *and* the server's clock reads
+    /// earlier than the last token (stepped back, or a new primary's clock behind the
+    /// old one's). Across a restart the key survives with `appendonly yes` and
+    /// `appendfsync always` (every token Redis answered); `everysec` may lose the last
+    /// second's tokens, and RDB snapshots alone keep the token of the last snapshot. The
+    /// in-process store keeps its last token for its whole life: its tokens always
+    /// increase. (`tests/fencing_clock.rs` runs each case against a server whose clock
+    /// is stepped back an hour.)
     pub fn fencing_token(&self) -> u64 {
         self.token
     }
@@ -244,6 +264,17 @@ impl LockGuard {
     /// Releases one hold (a re-entered lock stays held by the outer holds), and wakes a
     /// waiter when the lock becomes free.
     ///
+    /// A release that meets a connection Redis closed (a restart, a failover, a reset) is
+    /// sent once more on the new connection, within the command timeout, when a second
+    /// run answers as the first would: this guard's holder was made for its acquisition,
+    /// never shared with another guard, and its hold has a fencing token (a second run
+    /// finds the hold gone and the token still the lock's last: released). So right
+    /// after a restart it answers Ok, or [`LockError::NotHeld`] / [`LockError::Lost`] if
+    /// the restart wiped the hold, not a connection error. Any other release (it may
+    /// count down a re-entry) is not sent twice on one server or Sentinel: it answers
+    /// [`LockError::Backend`], and is sent again in the background only if its count was
+    /// surely 1.
+    ///
     /// # Errors
     /// [`LockError::Lost`] if the lock was lost before the release, [`LockError::NotHeld`]
     /// if this holder does not hold it, [`LockError::Backend`] if Redis failed (the lock
@@ -281,7 +312,8 @@ impl LockGuard {
         self.finish(Some((outcome.into(), keep))).await
     }
 
-    /// Moves the end of a fixed-lease hold to `lease` from now, if it is still held. A
+    /// Moves the end of a fixed-lease hold to `lease` from now, if it is still held (or
+    /// later: a renewal never shortens a hold another guard of it asked longer for). A
     /// hold the watchdog keeps is left to it.
     ///
     /// Re-entries share one expiry, so this moves theirs too.

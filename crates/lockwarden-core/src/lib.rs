@@ -40,6 +40,7 @@ mod store;
 mod engine;
 mod live;
 mod settle;
+mod shutdown;
 mod watchdog;
 
 mod acquire;
@@ -66,7 +67,7 @@ pub use redis;
 
 pub use builder::LockClientBuilder;
 pub use client::{ClientStats, LockClient};
-pub use error::{BackendError, KeyError, LockError, RedlockError};
+pub use error::{BackendError, KeyError, LockError, RedlockError, ShutdownError};
 pub use fair::{FairLock, DEFAULT_QUEUE_TIMEOUT};
 pub use fenced::FencedValue;
 pub use guard::{LockGuard, LockInfo};

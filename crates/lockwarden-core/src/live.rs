@@ -30,6 +30,12 @@ impl LiveHolds {
         left
     }
 
+    /// Every hold with guards here, and how many (for the client's shutdown).
+    pub(crate) fn snapshot(&self) -> Vec<(Hold, u32)> {
+        let guards = self.guards();
+        guards.iter().map(|(hold, n)| (hold.clone(), *n)).collect()
+    }
+
     fn guards(&self) -> std::sync::MutexGuard<'_, HoldMap<u32>> {
         // Every critical section leaves the map consistent, so a poisoned lock is usable.
         self.0.lock().unwrap_or_else(PoisonError::into_inner)

@@ -147,6 +147,25 @@ impl Lock {
     /// # Ok(()) }
     /// ```
     ///
+    /// # Across a Redis restart
+    ///
+    /// The outcome is a Redis key (kept for [`complete`](LockGuard::complete)'s `keep`),
+    /// so whether a retry after a restart is answered with it, rather than running the
+    /// work again, is up to Redis's persistence:
+    ///
+    /// - `appendonly yes` with `appendfsync always`: every write Redis answered is on
+    ///   disk first, so a claim whose `complete` returned Ok is replayed after a restart
+    ///   (or a crash) of the server (`tests/claim_persistence.rs`).
+    /// - `appendfsync everysec` (Redis's default with AOF): a crash may lose the last
+    ///   second's writes, so a claim completed within it may run again.
+    /// - RDB snapshots alone: claims completed since the last snapshot run again.
+    /// - No persistence: every claim runs again after a restart.
+    ///
+    /// With Sentinel or a cluster, a failover keeps what the promoted replica had received;
+    /// a completion does not wait for replicas
+    /// ([`wait_for_replicas`](crate::LockClientBuilder::wait_for_replicas) holds back
+    /// acquisitions only), so a claim completed just before a failover may run again.
+    ///
     /// # Errors
     /// As [`try_acquire`](Self::try_acquire).
     pub async fn try_claim(&self, wait: Duration) -> Result<Claim, LockError> {

@@ -9,6 +9,7 @@
 //! read-write lock's waiting readers); the in-process store calls them directly.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use futures_util::FutureExt;
@@ -20,6 +21,9 @@ use crate::metrics;
 
 pub(crate) struct Waiters {
     channels: Mutex<HashMap<Arc<str>, Entry>>,
+    /// Set when the client shuts down: the acquire loop then takes no lock (see
+    /// [`Waiters::close`]).
+    closed: AtomicBool,
     /// Told the name of each channel that gained its first or lost its last waiter.
     changes: Option<mpsc::UnboundedSender<Arc<str>>>,
     /// The client's id, random: the first half of every holder id it makes. A notice
@@ -91,6 +95,7 @@ impl Waiters {
     fn new(changes: Option<mpsc::UnboundedSender<Arc<str>>>) -> Self {
         Self {
             channels: Mutex::default(),
+            closed: AtomicBool::new(false),
             changes,
             client: uuid::Uuid::new_v4().to_string().into(),
         }
@@ -292,6 +297,21 @@ impl Waiters {
         for entry in self.channels().values() {
             entry.shared.notify.notify_waiters();
         }
+    }
+
+    /// Closes the registry for good (the client shuts down): every waiter is woken, and
+    /// the acquire loop, which asks [`is_closed`](Self::is_closed) before each attempt,
+    /// ends instead of trying again.
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::Relaxed);
+        for entry in self.channels().values() {
+            entry.shared.everyone.send_replace(());
+        }
+    }
+
+    /// Whether the client shut down.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Relaxed)
     }
 
     /// Number of channels with waiters (for tests and metrics).

@@ -122,6 +122,18 @@ impl Watchdog {
         self.holds.unregister(hold, generation);
     }
 
+    /// Stops for good (the client shuts down): no hold is renewed any more, and every
+    /// watched guard is told its lock is lost (the shutdown releases it).
+    pub(crate) fn stop(&self) {
+        if let Some(task) = self.task.get() {
+            task.abort();
+        }
+        let stopped = std::mem::take(&mut *self.holds.entries());
+        for entry in stopped.into_values() {
+            entry.lost.cancel();
+        }
+    }
+
     /// Number of holds being kept alive.
     pub(crate) fn len(&self) -> usize {
         self.holds.entries().len()

@@ -610,3 +610,61 @@ async fn renewals_a_cluster_node_never_answers_lose_its_locks_and_no_other() {
         assert!(!cluster.exists_on(OTHER, &key));
     }
 }
+
+/// Promise: calls of one given holder on one lock that are in flight together when the
+/// connection breaks count once each. The scripts remember only a hold's last call id, so
+/// two re-entries sent again after both ran would each find the other's id and count
+/// again (3 re-entries of the outer hold, not 2 over it, here: 5); the cluster client
+/// sends a given holder's counting calls one at a time instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_calls_of_a_given_holder_sent_again_count_once() {
+    let cluster = cluster();
+    // Patient: each call still waits for its reply when the connection breaks.
+    let client = warm_client(&cluster, PATIENT).await;
+    let (proxy, node) = (proxy(&cluster), &cluster.nodes()[NODE]);
+    let name = name_on(&cluster, &client, NODE, Kind::Plain, "together");
+    let holder = client.holder();
+    let lock = client.lock(&name).holder(&holder);
+    let outer = lock.acquire().await.expect("outer");
+    let key = outer.key().redis_key().to_owned();
+    let count = || -> Option<String> { node.query(&["HGET", &key, holder.id()]).expect("HGET") };
+
+    // Two re-entries at once, their replies lost, then the connection is reset.
+    let lost_before = proxy.lost_replies();
+    proxy.drop_replies();
+    let reentries = [lock.clone(), lock.clone()]
+        .map(|lock| tokio::spawn(async move { lock.try_acquire(Duration::from_secs(5)).await }));
+    eventually(Duration::from_secs(1), "a reply is lost", || async {
+        proxy.lost_replies() > lost_before
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.heal();
+    let mut inner = Vec::new();
+    for reentry in reentries {
+        let held = finishes(Duration::from_secs(10), "a re-entry", reentry).await;
+        inner.push(held.expect("re-entered"));
+    }
+    assert_eq!(count().as_deref(), Some("3"), "each re-entry counted once");
+
+    // Their releases, at once, the same way: the outer hold is left.
+    let lost_before = proxy.lost_replies();
+    proxy.drop_replies();
+    let releases: Vec<_> = inner
+        .into_iter()
+        .map(|guard| tokio::spawn(guard.release()))
+        .collect();
+    eventually(Duration::from_secs(1), "a reply is lost", || async {
+        proxy.lost_replies() > lost_before
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.heal();
+    for release in releases {
+        let released = finishes(Duration::from_secs(10), "a release", release).await;
+        released.expect("released");
+    }
+    assert_eq!(count().as_deref(), Some("1"), "each release counted once");
+    outer.release().await.expect("release");
+    assert!(!cluster.exists_on(NODE, &key), "nothing left");
+}

@@ -66,7 +66,13 @@ async fn a_paused_holder_is_refused_after_a_newer_holder_wrote(env: Env) {
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let newer = client.lock("stalled").acquire().await.unwrap();
+    // Its lease ran out: taken at once (a lock that never expired would fail here, in
+    // seconds, not hang).
+    let newer = client
+        .lock("stalled")
+        .try_acquire(Duration::from_secs(2))
+        .await;
+    let newer = newer.unwrap_or_else(|e| panic!("the stalled holder's lease ran out, yet {e}"));
     value.write(newer.fencing_token(), b"newer").await.unwrap();
     assert!(matches!(
         value.write(stalled.fencing_token(), b"stale").await,

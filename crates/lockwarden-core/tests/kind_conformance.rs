@@ -28,6 +28,7 @@ conformance!(
     wait_budget_is_honoured,
     force_unlock_wakes_waiters_at_once_and_the_holder_learns_it,
     a_short_reentry_never_cuts_a_longer_hold,
+    a_hold_never_ends_before_one_of_its_guards_leases,
 );
 
 /// The default watchdog lease.
@@ -537,4 +538,63 @@ async fn a_short_reentry_never_cuts_a_longer_hold(env: Env, kind: Kind) {
     assert_eq!(kind.hold_count(&client, "kept", &me).await, 1);
     outer.release().await.unwrap();
     assert!(!kind.is_locked(&client, "kept").await);
+}
+
+/// Promise: a hold never ends before one of its guards' leases (its expiry is the latest
+/// any of its guards asked for). The two sequences: a watchdog hold re-entered
+/// with a longer fixed lease, or a fixed-lease hold re-entered through the watchdog; the
+/// watchdog renews (which set the expiry to its own, shorter lease), then its guard ends.
+/// Before the fix the hold ran out a watchdog lease later, under the fixed-lease guard,
+/// which still reported it held.
+async fn a_hold_never_ends_before_one_of_its_guards_leases(env: Env, kind: Kind) {
+    /// Renewed every 300 ms.
+    const WATCHDOG: Duration = Duration::from_millis(900);
+    /// Well past the two watchdog leases the test waits after the watchdog guard ends.
+    const FIXED: Duration = Duration::from_secs(5);
+    let client = env.client_with(|b| b.watchdog_timeout(WATCHDOG)).await;
+    let other = env.client().await;
+    for watchdog_outer in [true, false] {
+        let name = format!("longest-{watchdog_outer}");
+        let me = client.holder();
+        let watched = Opts::holder(&me);
+        let fixed = Opts {
+            holder: Some(me.clone()),
+            lease: Some(FIXED),
+        };
+        let (first, second) = match watchdog_outer {
+            true => (watched, fixed),
+            false => (fixed, watched),
+        };
+        let outer = kind.acquire(&client, &name, &first).await.unwrap();
+        let inner = kind.acquire(&client, &name, &second).await.unwrap();
+        let taken = Instant::now();
+        // The watchdog renews its hold a few times, then its guard ends.
+        tokio::time::sleep(WATCHDOG).await;
+        let (watched, fixed) = match watchdog_outer {
+            true => (outer, inner),
+            false => (inner, outer),
+        };
+        watched.release().await.unwrap();
+        tokio::time::sleep(2 * WATCHDOG).await;
+        let what = format!("{kind:?}, watchdog outer: {watchdog_outer}");
+        assert!(
+            taken.elapsed() < FIXED - Duration::from_secs(1),
+            "{what}: the test took too long to tell"
+        );
+        let rival = kind
+            .rival()
+            .try_acquire(&other, &name, &Opts::default(), Duration::ZERO)
+            .await;
+        assert!(
+            matches!(rival, Err(LockError::Timeout { .. })),
+            "{what}: another holder got the lock inside the fixed lease: {rival:?}"
+        );
+        assert!(
+            !fixed.is_lost(),
+            "{what}: the fixed lease's guard is intact"
+        );
+        assert_eq!(kind.hold_count(&client, &name, &me).await, 1, "{what}");
+        fixed.release().await.unwrap();
+        assert!(!kind.is_locked(&client, &name).await, "{what}");
+    }
 }

@@ -44,7 +44,9 @@
 //! * [`TestProcess`] and [`run_child`], for tests that re-execute their own
 //!   binary to get a second process (to SIGKILL, or many at once);
 //! * [`FaultProxy`], a TCP proxy between clients and a server that adds
-//!   latency, holds back or loses replies, blackholes and resets connections.
+//!   latency, holds back or loses replies, blackholes and resets connections;
+//! * [`FakeClock`], a wall clock a test steps back under a server started with
+//!   [`RedisServer::start_with_clock`].
 //!
 //! ```no_run
 //! use lockwarden_testkit::RedisServer;
@@ -62,6 +64,7 @@
 
 mod chaos;
 mod child;
+mod clock;
 mod cluster;
 mod eventually;
 mod probe;
@@ -72,6 +75,7 @@ mod tls;
 
 pub use chaos::ChaosRun;
 pub use child::{run_child, TestProcess};
+pub use clock::FakeClock;
 pub use cluster::RedisCluster;
 pub use eventually::{eventually, POLL_INTERVAL};
 pub use probe::ClientInfo;
@@ -144,6 +148,24 @@ mod tests {
             .query(&["CONFIG", "GET", "appendonly"])
             .expect("CONFIG");
         assert_eq!(aof, ["appendonly", "no"]);
+    }
+
+    #[test]
+    fn a_fake_clock_steps_the_servers_time_back_at_once() {
+        let clock = FakeClock::new().expect("a fake clock");
+        let server = RedisServer::start_with_clock(&clock, &[]).expect("start");
+        let now = |server: &RedisServer| -> i64 {
+            let time: Vec<String> = server.query(&["TIME"]).expect("TIME");
+            time[0].parse().expect("seconds")
+        };
+        let real = now(&server);
+        clock
+            .set_back(Duration::from_secs(3600))
+            .expect("step back");
+        let back = now(&server);
+        assert!((real - 3600 - back).abs() <= 2, "{real} then {back}");
+        clock.set_offset(0).expect("back to now");
+        assert!((now(&server) - real).abs() <= 2);
     }
 
     #[test]

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
+use crate::clock::FakeClock;
 use crate::tls::TlsCerts;
 
 /// Message of the error returned when no `redis-server` binary can be found.
@@ -77,6 +78,9 @@ pub struct RedisServer {
     binary: PathBuf,
     /// Caller-supplied extra arguments, re-used by [`RedisServer::restart`].
     extra_args: Vec<OsString>,
+    /// Environment variables set for the process (a [`FakeClock`]'s), re-used by
+    /// [`RedisServer::restart`].
+    env: Vec<(OsString, OsString)>,
     /// Config file passed as the first argument (inside `dir`), if any;
     /// re-used by [`RedisServer::restart`].
     config_file: Option<PathBuf>,
@@ -139,7 +143,21 @@ impl RedisServer {
     /// Same as [`RedisServer::start`]; an argument redis rejects yields an
     /// error quoting the server log.
     pub fn start_with(args: &[&str]) -> io::Result<RedisServer> {
-        Self::start_inner(None, args, None)
+        Self::start_inner(None, args, None, Vec::new())
+    }
+
+    /// Like [`RedisServer::start_with`], on `clock`: the server reads the wall clock
+    /// with its offset (see [`FakeClock`]), so a test can step it back while the
+    /// server runs or between restarts. With persistence arguments (say `&["--appendonly",
+    /// "yes", "--appendfsync", "always"]`, which win over the built-in `--appendonly no`)
+    /// the data set outlives [`restart`](RedisServer::restart), whose new process reads
+    /// it from the same directory.
+    ///
+    /// # Errors
+    ///
+    /// As for [`RedisServer::start_with`].
+    pub fn start_with_clock(clock: &FakeClock, args: &[&str]) -> io::Result<RedisServer> {
+        Self::start_inner(None, args, None, clock.env())
     }
 
     /// Like [`RedisServer::start_with`], plus a TLS listener on a second free
@@ -162,7 +180,7 @@ impl RedisServer {
     ///
     /// As for [`RedisServer::start_with`].
     pub fn start_tls(certs: &Arc<TlsCerts>, args: &[&str]) -> io::Result<RedisServer> {
-        Self::start_inner(None, args, Some(certs))
+        Self::start_inner(None, args, Some(certs), Vec::new())
     }
 
     /// Like [`RedisServer::start_with`], but first writes `contents` to the
@@ -177,7 +195,7 @@ impl RedisServer {
         args: &[&str],
         tls: Option<&Arc<TlsCerts>>,
     ) -> io::Result<RedisServer> {
-        Self::start_inner(Some((file_name, contents)), args, tls)
+        Self::start_inner(Some((file_name, contents)), args, tls, Vec::new())
     }
 
     /// Shared body of the constructors: temp dir, optional config file, then
@@ -186,6 +204,7 @@ impl RedisServer {
         config: Option<(&str, &str)>,
         args: &[&str],
         tls: Option<&Arc<TlsCerts>>,
+        env: Vec<(OsString, OsString)>,
     ) -> io::Result<RedisServer> {
         let binary = find_redis_server()?;
         let dir = tempfile::Builder::new()
@@ -229,6 +248,7 @@ impl RedisServer {
                 port,
                 config_file: config_file.as_deref(),
                 extra_args: &extra_args,
+                env: &env,
             };
             match spawn_ready(&spawn) {
                 Ok(child) => {
@@ -238,6 +258,7 @@ impl RedisServer {
                         dir,
                         binary,
                         extra_args,
+                        env,
                         config_file,
                         tls: tls_listener,
                     });
@@ -417,8 +438,12 @@ impl RedisServer {
         self.signal(libc::SIGCONT);
     }
 
-    /// Kills the server, then starts a new one on the **same** port (all data
-    /// is lost) with the same extra arguments, and waits until it is ready.
+    /// Kills the server (`SIGKILL`: it saves nothing on the way out), then starts a
+    /// new one on the **same** port, in the same directory, with the same extra
+    /// arguments (and clock), and waits until it is ready. All data is lost, unless
+    /// the arguments turned persistence on: the new process then loads what the old
+    /// one had written to disk (with `--appendonly yes --appendfsync always`, every
+    /// write it answered).
     ///
     /// If the port is briefly unavailable, binding is retried a few times
     /// with a short back-off.
@@ -442,6 +467,7 @@ impl RedisServer {
                 port: self.port,
                 config_file: self.config_file.as_deref(),
                 extra_args: &self.extra_args,
+                env: &self.env,
             };
             match spawn_ready(&spawn) {
                 Ok(child) => {
@@ -615,6 +641,8 @@ struct Spawn<'a> {
     config_file: Option<&'a Path>,
     /// Arguments appended after the built-in ones.
     extra_args: &'a [OsString],
+    /// Environment variables set on top of this process's.
+    env: &'a [(OsString, OsString)],
 }
 
 /// Spawns redis-server as described by `spawn` and waits until it answers
@@ -627,6 +655,7 @@ fn spawn_ready(spawn: &Spawn<'_>) -> Result<Child, SpawnError> {
         port,
         config_file,
         extra_args,
+        env,
     } = *spawn;
     let log_path = dir.join(LOG_FILE);
     let log = File::create(&log_path)?;
@@ -648,6 +677,7 @@ fn spawn_ready(spawn: &Spawn<'_>) -> Result<Child, SpawnError> {
         .arg("--appendonly")
         .arg("no")
         .args(extra_args)
+        .envs(env.iter().map(|(name, value)| (name, value)))
         .current_dir(dir)
         .stdin(Stdio::null())
         .stdout(Stdio::from(log))

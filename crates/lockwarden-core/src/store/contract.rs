@@ -28,9 +28,14 @@ pub(crate) type Result<T, E = BackendError> = std::result::Result<T, E>;
 ///   read-write lock open to readers; every waiter of a completed claim). A semaphore's
 ///   permits are never re-entered (each acquisition is a holder of its own); a release
 ///   grants what it frees to as many waiters, in arrival order, as it lets in.
-/// - **Fencing tokens** strictly increase per lock, across holders and across the loss of
-///   the fencing key (they come from the server clock, never at or below the last one).
+/// - **Fencing tokens** strictly increase per lock, across holders, while the lock's last
+///   token is kept (Redis: its fencing key, which lives as long as the last hold's lease)
+///   or the store's clock is past it: a token is the clock, or one above the last token.
+///   With the key lost *and* the clock stepped back, Redis's can go backwards (see
+///   `LockGuard::fencing_token`).
 /// - **Leases** are kept by the store: a hold not renewed or released in time expires.
+///   Re-entries share one expiry, which neither a re-entry nor a renewal ever shortens:
+///   a hold lasts as long as the latest any of its guards asked for.
 pub(crate) trait LockStore {
     /// `"redis"` or `"in-memory"`.
     fn name(&self) -> &'static str;
@@ -59,6 +64,10 @@ pub(crate) trait LockStore {
     /// be sent again until then (its count was 1, see `settle.rs`).
     fn release_later(&self, hold: Hold, resend_until: Option<Instant>, reentries: Reentries);
 
+    /// Resolves once every release [`release_later`](Self::release_later) took before this
+    /// call has been answered or given up on (a shutdown waits for it, within its bound).
+    fn flush(&self) -> impl Future<Output = ()> + Send;
+
     /// Completes a claim: releases one hold and, if the holder still held it, stores
     /// `outcome` for claims of the key to find, waking every waiter.
     fn complete(
@@ -68,7 +77,8 @@ pub(crate) trait LockStore {
         outcome: Outcome<'_>,
     ) -> impl Future<Output = Result<Released>> + Send;
 
-    /// Renews each hold whose holder still has it (see [`Renewed`]).
+    /// Renews each hold whose holder still has it (see [`Renewed`]) for at least its
+    /// lease from now; one held longer already (a fixed-lease re-entry) keeps its expiry.
     fn renew_all(&self, renewals: &[Renewal]) -> impl Future<Output = Renewed> + Send;
 
     /// A waiter gives up: leaves a fair lock's queue, or withdraws a waiting writer.

@@ -89,6 +89,10 @@ impl LockStore for Store {
         dispatch!(self, s => s.release_later(hold, resend_until, reentries))
     }
 
+    async fn flush(&self) {
+        dispatch!(self, s => s.flush().await)
+    }
+
     async fn complete(
         &self,
         hold: &Hold<Exclusive>,

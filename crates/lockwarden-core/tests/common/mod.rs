@@ -81,6 +81,22 @@ pub async fn connect_with(
         .unwrap_or_else(|e| panic!("connect to {url}: {e}"))
 }
 
+/// How long one test made by [`conformance!`] may run in all: a wait that a broken
+/// promise never ends (a lock that never expires, a notice that never comes) then fails
+/// the test, named, instead of hanging the suite. Each test's own waits are bounded
+/// tighter; this is the net under them.
+pub const TEST_BOUND: Duration = Duration::from_secs(90);
+
+/// Runs the test body `fut` for at most [`TEST_BOUND`].
+///
+/// # Panics
+/// Naming `test`, once the bound is over.
+pub async fn bounded<T>(test: &str, fut: impl Future<Output = T>) -> T {
+    tokio::time::timeout(TEST_BOUND, fut)
+        .await
+        .unwrap_or_else(|_| panic!("{test} still ran after {TEST_BOUND:?}: a wait never ended"))
+}
+
 /// Awaits a spawned task for at most `within` and returns its output.
 ///
 /// # Panics
@@ -175,7 +191,7 @@ pub async fn take_and_release<G: GiveBack>(
 /// Runs async test bodies against both stores.
 ///
 /// `conformance!(name, ...)` makes `memory::name` and `redis::name`, each calling
-/// `name(env)` with its store's [`Env`].
+/// `name(env)` with its store's [`Env`], for at most [`TEST_BOUND`].
 ///
 /// `conformance!(kinds: name, ...)` runs each body for every [`Kind`] of lock on both
 /// stores: it makes `<store>::<kind>::name` (stores `memory`, `redis`; kinds `plain`,
@@ -203,11 +219,11 @@ macro_rules! conformance {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
-                    super::super::$name(
+                    let test = super::super::$name(
                         $crate::common::Env::$store(),
                         $crate::common::kinds::Kind::$variant,
-                    )
-                    .await;
+                    );
+                    $crate::common::bounded(stringify!($name), test).await;
                 }
             )*
         }
@@ -217,7 +233,8 @@ macro_rules! conformance {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
-                    super::$name($crate::common::Env::memory()).await;
+                    let test = super::$name($crate::common::Env::memory());
+                    $crate::common::bounded(stringify!($name), test).await;
                 }
             )*
         }
@@ -225,7 +242,8 @@ macro_rules! conformance {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
-                    super::$name($crate::common::Env::redis()).await;
+                    let test = super::$name($crate::common::Env::redis());
+                    $crate::common::bounded(stringify!($name), test).await;
                 }
             )*
         }

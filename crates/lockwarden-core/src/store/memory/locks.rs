@@ -154,8 +154,10 @@ impl Locks {
         now: Instant,
     ) -> bool {
         match self.live(key, now) {
+            // Never shorter, as `lua/renew.lua`: other guards of the hold may have
+            // asked for longer.
             Some(held) if held.holder == *holder => {
-                held.expires = now + lease;
+                held.expires = held.expires.max(now + lease);
                 true
             }
             _ => false,

@@ -340,6 +340,10 @@ impl LockStore for MemoryStore {
         self.release_now(hold.kind, &hold.key, &hold.holder, None);
     }
 
+    async fn flush(&self) {
+        // Released at once: nothing waits.
+    }
+
     async fn complete(
         &self,
         hold: &Hold<Exclusive>,

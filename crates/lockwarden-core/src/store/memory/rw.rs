@@ -269,8 +269,9 @@ impl RwLocks {
     ) -> bool {
         let entry = self.entry(key, now);
         let renewed = match entry.holds.get_mut(&(holder.clone(), mode)) {
+            // Never shorter (see `lua/rw_renew.lua`).
             Some(hold) => {
-                hold.expires = now + lease;
+                hold.expires = hold.expires.max(now + lease);
                 true
             }
             None => false,

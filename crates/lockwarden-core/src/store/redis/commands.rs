@@ -9,12 +9,12 @@ use std::time::Duration;
 use futures_util::future::Either;
 use futures_util::FutureExt;
 use redis::cluster_routing::Slot;
-use redis::{FromRedisValue, RedisResult, Script};
+use redis::{FromRedisValue, RedisResult};
 
 use super::conn::Conn;
 use super::explain::naming;
 use super::notices::Notices;
-use super::scripts::{self, Call, Lua, Variant, What};
+use super::scripts::{self, Call, Variant, What};
 use super::timeout::{bounded, given_up};
 use crate::error::BackendError;
 
@@ -54,11 +54,6 @@ impl Commands {
         call.sent(self.conn.is_cluster())
     }
 
-    /// The variant of `lua` this connection sends, to load it when Redis has lost it.
-    pub(super) fn script_of(&self, lua: &'static Lua) -> &'static Script {
-        lua.with(self.variant())
-    }
-
     /// Runs `call`, waiting at most the command timeout.
     pub(super) fn run<T: FromRedisValue + Send>(
         &self,
@@ -89,30 +84,51 @@ impl Commands {
 
     /// Runs `call` without a bound (the caller sets one): a future that owns what it
     /// needs, so it can be finished in the background.
+    ///
+    /// A [resendable](Call::resendable) call whose connection broke is sent once more:
+    /// a `ConnectionManager` fails the first command after its connection was lost (a
+    /// restart, a failover, a reset) and reconnects only then, so without this the
+    /// caller of a call that is safe to repeat would be told of a failure the next
+    /// command no longer meets. The resend waits for the new connection, within the
+    /// caller's bound; after a restart it also meets `NOSCRIPT` and loads the script.
     pub(super) fn send<T: FromRedisValue + Send>(
         &self,
         call: Call,
     ) -> impl Future<Output = RedisResult<T>> + Send + 'static {
         let mut conn = self.conn.clone();
-        let script = call.script.map(|lua| self.script_of(lua));
-        let call = self.prepare(call);
+        let load = call.script.map(|lua| lua.load(self.variant()));
+        let mut call = self.prepare(call);
         async move {
+            // A given holder's counting calls go one at a time on a cluster (`turns.rs`).
+            let _turn = match call.turn.take() {
+                Some(holder) => Some(super::turns::take(holder).await),
+                None => None,
+            };
+            let mut resend = call.resend;
             if let Some(then) = call.then {
                 let mut pipe = redis::Pipeline::with_capacity(2);
                 pipe.add_command(call.cmd).add_command(then);
-                // The second reply is read and dropped: `ignore()` would cost the
-                // pipeline a hash set, built and searched on every release.
-                let (reply, _): (T, redis::Value) = pipe.query_async(&mut conn).await?;
-                return Ok(reply);
-            }
-            match call.cmd.query_async(&mut conn).await {
-                Err(e) if is_noscript(&e) => {
-                    if let Some(script) = script {
-                        script.prepare_invoke().load_async(&mut conn).await?;
+                loop {
+                    // The second reply is read and dropped: `ignore()` would cost the
+                    // pipeline a hash set, built and searched on every release.
+                    match pipe.query_async::<(T, redis::Value)>(&mut conn).await {
+                        Err(e) if resend && e.is_connection_dropped() => resend = false,
+                        reply => return reply.map(|(reply, _)| reply),
                     }
-                    call.cmd.query_async(&mut conn).await
                 }
-                other => other,
+            }
+            let mut loaded = false;
+            loop {
+                match call.cmd.query_async(&mut conn).await {
+                    Err(e) if is_noscript(&e) && !loaded => {
+                        if let Some(load) = load.clone() {
+                            conn.load_scripts([load], slot_of(&call.cmd)).await?;
+                        }
+                        loaded = true;
+                    }
+                    Err(e) if resend && e.is_connection_dropped() => resend = false,
+                    other => return other,
+                }
             }
         }
     }
@@ -131,8 +147,9 @@ impl Commands {
         slot_key: impl Fn(&'a T) -> &'a str,
         call: impl Fn(&'a T) -> Call,
     ) -> Piped {
-        // Each pipeline with the positions of its items (and its first call, for errors).
-        let mut pipes: Vec<(redis::Pipeline, Vec<usize>, What)> = Vec::new();
+        // Each pipeline with the positions of its items, its first call (for errors) and
+        // its slot on a cluster.
+        let mut pipes: Vec<(redis::Pipeline, Vec<usize>, What, Option<Slot>)> = Vec::new();
         let mut open: HashMap<Option<Slot>, usize> = HashMap::new();
         for (at, item) in items.iter().enumerate() {
             let slot = self
@@ -143,7 +160,7 @@ impl Commands {
             let pipe = match open.get(&slot) {
                 Some(&p) if pipes[p].1.len() < BATCH => p,
                 _ => {
-                    pipes.push((redis::pipe(), Vec::new(), call.what));
+                    pipes.push((redis::pipe(), Vec::new(), call.what, slot));
                     open.insert(slot, pipes.len() - 1);
                     pipes.len() - 1
                 }
@@ -168,10 +185,10 @@ impl Commands {
             let replies = futures_util::future::join_all(
                 group
                     .iter()
-                    .map(|(pipe, _, what)| self.run_pipeline(pipe, *what)),
+                    .map(|(pipe, _, what, slot)| self.run_pipeline(pipe, *what, *slot)),
             )
             .await;
-            for ((_, positions, _), reply) in group.iter().zip(replies) {
+            for ((_, positions, _, _), reply) in group.iter().zip(replies) {
                 let reply = reply.and_then(|reply| match reply.len() == positions.len() {
                     true => Ok(reply),
                     false => Err(BackendError::Protocol(format!(
@@ -202,22 +219,27 @@ impl Commands {
         &self,
         pipe: &redis::Pipeline,
         what: What,
+        slot: Option<Slot>,
     ) -> Result<Vec<i64>, BackendError> {
         let mut conn = self.conn.clone();
         let sent = bounded(self.timeout, pipe.query_async::<Vec<i64>>(&mut conn)).await;
         match sent.map_err(|error| naming(error, what)) {
             Err(BackendError::Redis(e)) if is_noscript(&e) => {
-                // All at once: one after the other they cost a round trip each, which on
-                // a slow link outlasted a watchdog lease (tests/fault_network.rs).
-                let loads = scripts::all(self.variant()).map(|script| {
-                    let mut conn = conn.clone();
-                    async move { script.prepare_invoke().load_async(&mut conn).await }
-                });
-                bounded(self.timeout, futures_util::future::try_join_all(loads)).await?;
+                let loads = scripts::load_all(self.variant());
+                bounded(self.timeout, conn.load_scripts(loads, slot)).await?;
                 bounded(self.timeout, pipe.query_async::<Vec<i64>>(&mut conn)).await
             }
             other => other,
         }
+    }
+}
+
+/// The slot of a script call's first key (`EVALSHA <digest> <key count> <key> ..`), where
+/// its script must be loaded on a cluster; `None` for a call without a key.
+pub(super) fn slot_of(cmd: &redis::Cmd) -> Option<Slot> {
+    match cmd.args_iter().nth(3)? {
+        redis::Arg::Simple(key) => Some(Slot::for_key(key)),
+        _ => None,
     }
 }
 

@@ -7,7 +7,9 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr,
+};
 use redis::sentinel::SentinelNodeConnectionInfo;
 use redis::{Cmd, FromRedisValue, Pipeline, RedisConnectionInfo, RedisFuture, RedisResult, Value};
 
@@ -145,10 +147,19 @@ fn manager_config(timeout: Duration, response: Option<Duration>) -> ConnectionMa
         .set_max_delay(Duration::from_millis(500))
 }
 
+/// How often redis-rs retries a cluster call that did not run (the node refused it,
+/// could not be reached, or redirected it): as often as fits in the call's bound, which
+/// ends them all. A restarted master refuses writes with CLUSTERDOWN for its first 2 s
+/// (Redis's `CLUSTER_WRITABLE_DELAY`), which three retries did not outlast.
+const CLUSTER_RETRIES: u32 = 64;
+
 fn cluster_builder(nodes: &[String], timeout: Duration, tls: &Tls) -> ClusterClientBuilder {
+    // Waits of 10 ms to 200 ms between retries; without `min_retry_wait` redis-rs's
+    // default minimum (1,280 ms) would win over the maximum.
     let builder = ClusterClientBuilder::new(nodes.iter().map(String::as_str))
         .connection_timeout(timeout)
-        .retries(3)
+        .retries(CLUSTER_RETRIES)
+        .min_retry_wait(10)
         .max_retry_wait(200);
     tls.cluster(builder)
 }
@@ -209,6 +220,35 @@ impl Conn {
     /// [`Value::ServerError`]); empty for anything but a cluster. Fails unless every
     /// master of the slot map answered: redis-rs sends to the masters it holds a
     /// connection to, and leaves out one it cannot reach.
+    /// Loads scripts (`SCRIPT LOAD` commands) where a call on `slot` runs: on a cluster,
+    /// on the master that owns it only. redis-rs sends `SCRIPT LOAD` to every master and
+    /// waits for all of them, so a master that does not answer would hold back (and fail)
+    /// the calls of every other master that lost its scripts: a watchdog would lose their
+    /// locks with it. Elsewhere, `slot` is `None` and the one server gets them.
+    pub(super) async fn load_scripts(
+        &self,
+        loads: impl IntoIterator<Item = Cmd>,
+        slot: Option<Slot>,
+    ) -> RedisResult<()> {
+        let loads = loads.into_iter().map(|load| {
+            let mut conn = self.clone();
+            async move {
+                match (&mut conn, slot) {
+                    (Conn::Cluster(cluster), Some(slot)) => {
+                        let owner = Route::with_slot(slot, SlotAddr::Master);
+                        let to =
+                            RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(owner));
+                        cluster.route_command(load, to).await.map(drop)
+                    }
+                    (conn, _) => load.query_async::<Value>(conn).await.map(drop),
+                }
+            }
+        });
+        // All at once: one after the other they cost a round trip each, which on a slow
+        // link outlasted a watchdog lease (tests/fault_network.rs).
+        futures_util::future::try_join_all(loads).await.map(drop)
+    }
+
     pub(super) async fn on_every_master(&self, cmd: Cmd) -> RedisResult<Vec<(String, Value)>> {
         let Conn::Cluster(conn) = self else {
             return Ok(Vec::new());

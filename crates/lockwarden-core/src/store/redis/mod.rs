@@ -16,6 +16,7 @@
 //! | `pubsub.rs` | the client's one pub/sub connection, which wakes waiters |
 //! | `timeout.rs` | the bound on every command |
 //! | `tls.rs` | TLS settings for `rediss://` URLs, applied to every connection |
+//! | `turns.rs` | a given holder's counting calls, one at a time on a cluster |
 
 mod commands;
 mod conn;
@@ -31,12 +32,13 @@ mod scripts;
 mod sentinel;
 mod timeout;
 mod tls;
+mod turns;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use redis::Value;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 
@@ -85,7 +87,7 @@ pub(crate) struct RedisStore {
     /// Set when acquisitions wait for replicas (`WAIT`).
     replicated: Option<Replicated>,
     /// Holds of dropped guards, released in batches by a task of their own.
-    dropped: mpsc::UnboundedSender<Dropped>,
+    dropped: mpsc::UnboundedSender<Queued>,
     _listener: Arc<AbortOnDropHandle<()>>,
 }
 
@@ -146,7 +148,10 @@ impl RedisStore {
         token: Option<u64>,
         reentries: Reentries,
     ) -> Result<Released> {
-        let call = scripts::release_alone(hold, reentries, self.commands.variant());
+        // Sent again if its connection broke: the count was 1, and the token tells a
+        // second run's "not held" from a hold that was lost.
+        let call = scripts::release_alone(hold, reentries, self.commands.variant())
+            .resendable(token.is_some());
         let released = scripts::released_alone(self.commands.run(call).await?);
         if released == Released::Freed {
             return Ok(released);
@@ -220,21 +225,32 @@ impl LockStore for RedisStore {
         if alone(hold, reentries) {
             return self.release_alone(hold, token, reentries).await;
         }
-        let left = self
-            .commands
-            .run(scripts::release(hold, token, self.commands.variant()))
-            .await?;
+        // A hold nobody can have re-entered (its count was 1; permits never are) is
+        // released once however often its release runs; any other release would count
+        // down twice.
+        let sole = reentries != Reentries::Possible || hold.kind == HoldKind::Permits;
+        let once = sole && token.is_some();
+        let call = scripts::release(hold, token, self.commands.variant()).resendable(once);
+        let left = self.commands.run(call).await?;
         Ok(scripts::released(left))
     }
 
     fn release_later(&self, hold: Hold, resend_until: Option<Instant>, reentries: Reentries) {
         // Refused only once the release task has ended, which it does only after the
         // last clone of the store (this one included) is gone.
-        let _ = self.dropped.send(Dropped {
+        let _ = self.dropped.send(Queued::Release(Dropped {
             hold,
             resend_until,
             reentries,
-        });
+        }));
+    }
+
+    async fn flush(&self) {
+        let (flushed, answered) = oneshot::channel();
+        if self.dropped.send(Queued::Flush(flushed)).is_ok() {
+            // An error: the task ended, with nothing left to send.
+            let _ = answered.await;
+        }
     }
 
     async fn complete(
@@ -333,6 +349,13 @@ fn alone(hold: &Hold, reentries: Reentries) -> bool {
     reentries != Reentries::Possible && hold.kind == HoldKind::PLAIN
 }
 
+/// What the release task of dropped guards is given.
+enum Queued {
+    Release(Dropped),
+    /// Answered once every release queued before it was answered or given up on.
+    Flush(oneshot::Sender<()>),
+}
+
 /// The hold of a dropped guard, queued for release.
 struct Dropped {
     hold: Hold,
@@ -345,21 +368,34 @@ struct Dropped {
 /// that gets no answer is sent again, after a backoff and with what queued up meanwhile,
 /// for the holds whose release may be resent (see `settle.rs`); the others expire with
 /// their leases.
-async fn release_dropped(commands: Commands, mut queue: mpsc::UnboundedReceiver<Dropped>) {
+async fn release_dropped(commands: Commands, mut queue: mpsc::UnboundedReceiver<Queued>) {
     const MIN_BACKOFF: Duration = Duration::from_millis(20);
     const MAX_BACKOFF: Duration = Duration::from_millis(500);
-    let mut batch = Vec::new();
+    let (mut batch, mut queued, mut flushes) = (Vec::new(), Vec::new(), Vec::new());
     let mut backoff = MIN_BACKOFF;
     loop {
         if batch.is_empty() {
-            if queue.recv_many(&mut batch, 1024).await == 0 {
+            // Everything queued before these flushes was answered or given up on.
+            for flushed in flushes.drain(..) {
+                let _: Result<(), ()> = oneshot::Sender::send(flushed, ());
+            }
+            if queue.recv_many(&mut queued, 1024).await == 0 {
                 return;
             }
         } else {
             tokio::time::sleep(backoff).await;
-            while let Ok(dropped) = queue.try_recv() {
-                batch.push(dropped);
+            while let Ok(next) = queue.try_recv() {
+                queued.push(next);
             }
+        }
+        for next in queued.drain(..) {
+            match next {
+                Queued::Release(dropped) => batch.push(dropped),
+                Queued::Flush(flushed) => flushes.push(flushed),
+            }
+        }
+        if batch.is_empty() {
+            continue;
         }
         let piped = commands
             .pipelined(

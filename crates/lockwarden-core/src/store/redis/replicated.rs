@@ -61,7 +61,13 @@ impl Replicated {
         call: Call,
     ) -> RedisResult<(T, i64)> {
         let mut conn = self.conn.clone();
-        let call = main.prepare(call);
+        let mut call = main.prepare(call);
+        // As `Commands::send`: a given holder's counting calls take turns on a cluster.
+        let _turn = match call.turn.take() {
+            Some(holder) => Some(super::turns::take(holder).await),
+            None => None,
+        };
+        let slot = super::commands::slot_of(&call.cmd);
         let mut pipe = redis::pipe();
         pipe.add_command(call.cmd)
             .cmd("WAIT")
@@ -70,10 +76,8 @@ impl Replicated {
         match pipe.query_async(&mut conn).await {
             Err(e) if is_noscript(&e) => {
                 if let Some(lua) = call.script {
-                    main.script_of(lua)
-                        .prepare_invoke()
-                        .load_async(&mut conn)
-                        .await?;
+                    let load = lua.load(main.variant());
+                    conn.load_scripts([load], slot).await?;
                 }
                 pipe.query_async(&mut conn).await
             }

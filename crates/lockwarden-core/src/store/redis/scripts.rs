@@ -24,12 +24,28 @@ pub(super) struct Lua {
     /// The files it is made of, in order, with their text.
     parts: &'static [(&'static str, &'static str)],
     /// As written: what one server and Sentinel run.
-    script: Script,
+    script: Compiled,
     /// For a cluster, if it counts (after `lua/once.lua`): the call's id read from the last
     /// argument.
-    clustered: Option<Script>,
+    clustered: Option<Compiled>,
     /// For a cluster with sharded notices (`SPUBLISH`), if it publishes any.
-    sharded: Option<Script>,
+    sharded: Option<Compiled>,
+}
+
+/// One variant of a script: its digest (in `Script`), and its text, to load it into a
+/// server that has lost it.
+struct Compiled {
+    script: Script,
+    source: Box<str>,
+}
+
+impl Compiled {
+    fn new(source: &str) -> Self {
+        Self {
+            script: Script::new(source),
+            source: source.into(),
+        }
+    }
 }
 
 /// Which variant of every script a connection sends (see [`Lua::with`]). Each call is
@@ -55,11 +71,11 @@ impl Lua {
         let cluster_source = clustered.as_deref().unwrap_or(source);
         Lua {
             parts,
-            script: Script::new(source),
+            script: Compiled::new(source),
             sharded: cluster_source
                 .contains(CLASSIC)
-                .then(|| Script::new(&cluster_source.replace(CLASSIC, "redis.call('SPUBLISH'"))),
-            clustered: clustered.map(|source| Script::new(&source)),
+                .then(|| Compiled::new(&cluster_source.replace(CLASSIC, "redis.call('SPUBLISH'"))),
+            clustered: clustered.map(|source| Compiled::new(&source)),
         }
     }
 
@@ -67,6 +83,17 @@ impl Lua {
     /// lines, never in their number, so an error's line reads the same in each (see
     /// [`Lua::line`]).
     pub(super) fn with(&self, variant: Variant) -> &Script {
+        &self.compiled(variant).script
+    }
+
+    /// `SCRIPT LOAD` of the script as sent over a connection of `variant`.
+    pub(super) fn load(&self, variant: Variant) -> Cmd {
+        let mut load = redis::cmd("SCRIPT");
+        load.arg("LOAD").arg(&*self.compiled(variant).source);
+        load
+    }
+
+    fn compiled(&self, variant: Variant) -> &Compiled {
         if !variant.cluster {
             return &self.script;
         }
@@ -90,6 +117,7 @@ impl Lua {
         std::iter::once(&self.script)
             .chain(self.clustered.as_ref())
             .chain(self.sharded.as_ref())
+            .map(|compiled| &compiled.script)
     }
 
     /// The file that makes it what it is (the last one: the read-write scripts run after
@@ -118,7 +146,7 @@ impl std::ops::Deref for Lua {
     type Target = Script;
 
     fn deref(&self) -> &Script {
-        &self.script
+        &self.script.script
     }
 }
 
@@ -189,6 +217,12 @@ pub(super) struct Call {
     /// For a call that changes a hold's count: whether its holder was made for the
     /// acquisition (see [`Call::sent`]).
     counted: Option<bool>,
+    /// Whether a second run would answer as the first did, so that it may be sent again
+    /// when its connection broke (see [`Call::resendable`]).
+    pub(super) resend: bool,
+    /// The holder whose counting calls take turns, on a cluster (see `turns.rs`): set for
+    /// one that was not made for its acquisition, cleared by [`Call::sent`] elsewhere.
+    pub(super) turn: Option<Holder>,
     pub(super) cmd: Cmd,
     /// A command sent right after it, in the same pipeline, whose reply is not read: the
     /// notice of a release without a script.
@@ -223,6 +257,8 @@ impl Call {
         Self {
             script: Some(lua),
             counted: None,
+            resend: false,
+            turn: None,
             cmd,
             then: None,
             what: What::Script(lua.name()),
@@ -238,6 +274,8 @@ impl Call {
         Self {
             script: None,
             counted: None,
+            resend: false,
+            turn: None,
             cmd,
             then: None,
             what: What::Command(name),
@@ -249,11 +287,27 @@ impl Call {
         self
     }
 
-    /// Marks a call that changes a hold's count (on a cluster its script takes the call's
-    /// id last).
-    fn counted(self, fresh: bool) -> Self {
+    /// Marks a call that changes `holder`'s count in a hold (on a cluster its script takes
+    /// the call's id last, and, unless the holder was made for the acquisition, it waits
+    /// for the holder's other counting calls: see `turns.rs`).
+    fn counted(self, fresh: bool, holder: &Holder) -> Self {
         Self {
             counted: Some(fresh),
+            turn: (!fresh).then(|| holder.clone()),
+            ..self
+        }
+    }
+
+    /// Marks a call that may be sent again after its connection broke, if `safe`: one
+    /// whose second run answers as its first did. An acquire by a holder made for it is
+    /// (the scripts answer "taken", counted once, when that holder holds the lock
+    /// already), and so is the release of a hold nobody can have re-entered, carrying its
+    /// fencing token (a second run finds the hold gone and the token still the lock's
+    /// last: "ended"). A release that may count down a re-entry is not, on one server:
+    /// there no call id tells its second run from another release (`lua/once.lua`).
+    pub(super) fn resendable(self, safe: bool) -> Self {
+        Self {
+            resend: safe,
             ..self
         }
     }
@@ -262,9 +316,14 @@ impl Call {
     /// cluster's). There a counting call gets its id (`lua/once.lua`), unique in this
     /// process like the holders it is kept for, or `''` for a holder made for its
     /// acquisition (the scripts tell that apart without one); elsewhere none. The script's
-    /// variant was chosen when the call was built.
+    /// variant was chosen when the call was built. A cluster's client sends a call again
+    /// by itself, so `Commands` does not ([`resend`](Self::resend) is cleared).
     pub(super) fn sent(mut self, resent: bool) -> Self {
         static LAST: AtomicU64 = AtomicU64::new(0);
+        self.resend &= !resent;
+        if !resent {
+            self.turn = None;
+        }
         if let (Some(fresh), true) = (self.counted.take(), resent) {
             match fresh {
                 true => self.cmd.arg(""),
@@ -295,10 +354,10 @@ fn with_room(name: &'static str, args: usize, bytes: usize) -> Cmd {
     cmd
 }
 
-/// Every script a pipeline may send with `notices` over a connection that is a cluster's
-/// or not, to load them all when Redis lost them.
-pub(super) fn all(variant: Variant) -> [&'static Script; 22] {
-    every().map(|lua| lua.with(variant))
+/// `SCRIPT LOAD` of every script a pipeline may send with `notices` over a connection
+/// that is a cluster's or not, to load them all when Redis lost them.
+pub(super) fn load_all(variant: Variant) -> [Cmd; 22] {
+    every().map(|lua| lua.load(variant))
 }
 
 /// The script whose SHA1 digest is `sha` (as Redis names it in errors), any variant.
@@ -428,7 +487,8 @@ pub(super) fn acquire(ask: &Acquire<'_>, variant: Variant) -> Call {
         } => call.arg(registration(register)).arg(flag(registered)),
         _ => call,
     }
-    .counted(ask.fresh)
+    .counted(ask.fresh, ask.holder)
+    .resendable(ask.fresh)
 }
 
 /// Permits of a semaphore. Its holder is always made for the acquisition, which the
@@ -444,6 +504,7 @@ fn acquire_permits(ask: &Acquire<'_>, asked: PermitsAsked, variant: Variant) -> 
         .arg(flag(asked.fifo))
         .arg(registration(asked.register))
         .arg(&*key.names().granted)
+        .resendable(true)
 }
 
 /// How long a waiter's registration lasts, in ms: `0` for a single try, which never
@@ -528,7 +589,8 @@ pub(super) fn acquire_all<'k>(
         .arg(holder.id())
         .arg(millis(lease))
         .arg(flag(fresh))
-        .counted(fresh)
+        .counted(fresh, holder)
+        .resendable(fresh)
 }
 
 /// Releases one hold (`-2`, `-1`, `0` or the count left, see [`released`]), given the
@@ -560,7 +622,7 @@ pub(super) fn release(hold: &Hold, token: Option<u64>, variant: Variant) -> Call
         }
     }
     .arg(token_arg(token))
-    .counted(false)
+    .counted(false, holder)
 }
 
 /// The release of a plain hold nobody can have re-entered (see
@@ -648,7 +710,7 @@ pub(super) fn complete(
         Exclusive::Plain => call,
         Exclusive::Fair => call.arg(key.channel()),
     }
-    .counted(false)
+    .counted(false, holder)
 }
 
 /// Renews one hold (`1` renewed, `0` gone).
@@ -894,7 +956,7 @@ mod tests {
         // A cluster: the variant that reads an id, and the id, new for every call.
         let first = sent(Notices::Classic, true);
         let second = sent(Notices::Classic, true);
-        let clustered = RELEASE.clustered.as_ref().unwrap().get_hash();
+        let clustered = RELEASE.clustered.as_ref().unwrap().script.get_hash();
         assert_eq!(
             (first[0].as_str(), second[0].as_str()),
             (clustered, clustered)
@@ -905,7 +967,10 @@ mod tests {
         assert!(first.last().unwrap().parse::<u64>().unwrap() > 0);
         // Sharded notices: a digest of their own, the id as well.
         let sharded = sent(Notices::Sharded, true);
-        assert_eq!(sharded[0], RELEASE.sharded.as_ref().unwrap().get_hash());
+        assert_eq!(
+            sharded[0],
+            RELEASE.sharded.as_ref().unwrap().script.get_hash()
+        );
         assert_eq!(sharded.len(), plain.len() + 1);
         // Every variant is known by its digest, and has the lines of the script as written.
         for script in RELEASE.variants() {
