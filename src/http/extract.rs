@@ -33,6 +33,7 @@ use crate::{Holder, LockClient, LockError, LockGuard, LockInfo};
 /// }
 /// assert_eq!(OrderId(7).lock_key(), "order:7");
 /// ```
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub trait LockKey {
     /// How long to wait for a busy lock before answering with
     /// [`CONFLICT_STATUS`](Self::CONFLICT_STATUS) (default: zero, one attempt).
@@ -63,6 +64,7 @@ pub trait LockKey {
 /// assert!(!client.lock("order:1").is_locked().await?);
 /// # Ok(()) }
 /// ```
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub struct Guarded<T> {
     value: T,
     guard: LockGuard,
@@ -175,6 +177,7 @@ impl<T: fmt::Display> fmt::Display for Guarded<T> {
 ///
 /// Destructuring `Locked(order)` moves the lock into `order` (a [`Guarded<T>`]): the lock
 /// is held until `order` is dropped, normally when the handler returns.
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub struct Locked<T>(pub Guarded<T>);
 
 impl<T> Deref for Locked<T> {
@@ -208,6 +211,7 @@ impl<T: fmt::Debug> fmt::Debug for Locked<T> {
 /// assert_eq!(rejection.into_response().status(), 404);
 /// ```
 #[derive(Debug)]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub enum LockedRejection<R> {
     /// `T` could not be extracted; answered as `T`'s rejection answers.
     Key(R),
@@ -290,6 +294,7 @@ where
 ///     .route("/invoices/{id}/pay", post(pay))
 ///     .with_state(AppState { locks: LockClient::in_memory() });
 /// ```
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub struct StateLocked<T>(pub Guarded<T>);
 
 impl<T> Deref for StateLocked<T> {
