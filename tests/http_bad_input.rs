@@ -311,7 +311,7 @@ async fn lock_hashes(redis: &mut redis::aio::MultiplexedConnection) -> Vec<Strin
 
 /// Waits (bounded) until no lock is held, then checks what is left: nothing if no lock
 /// was ever taken, otherwise only fencing keys, inside the namespace and with a TTL
-/// (they expire with the lease; see the README on the fencing key).
+/// (they expire with the lease; see "Fencing tokens" in `lockwarden::guide::how_it_works`).
 async fn assert_nothing_locked(
     redis: &mut redis::aio::MultiplexedConnection,
     row: &str,

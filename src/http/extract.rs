@@ -34,6 +34,7 @@ use crate::{Holder, LockClient, LockError, LockGuard, LockInfo};
 /// }
 /// assert_eq!(OrderId(7).lock_key(), "order:7");
 /// ```
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub trait LockKey {
     /// How long to wait for a busy lock before answering with
     /// [`CONFLICT_STATUS`](Self::CONFLICT_STATUS) (default: zero, one attempt).
@@ -64,6 +65,7 @@ pub trait LockKey {
 /// assert!(!client.lock("order:1").is_locked().await?);
 /// # Ok(()) }
 /// ```
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub struct Guarded<T> {
     value: T,
     guard: LockGuard,
@@ -203,6 +205,7 @@ macro_rules! wraps_guarded {
 ///
 /// Destructuring `Locked(order)` moves the lock into `order` (a [`Guarded<T>`]): the lock
 /// is held until `order` is dropped, normally when the handler returns.
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub struct Locked<T>(pub Guarded<T>);
 
 wraps_guarded!(Locked);
@@ -219,6 +222,7 @@ wraps_guarded!(Locked);
 /// assert_eq!(rejection.into_response().status(), 404);
 /// ```
 #[derive(Debug)]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub enum LockedRejection<R> {
     /// `T` could not be extracted; answered as `T`'s rejection answers.
     Key(R),
@@ -301,6 +305,7 @@ where
 ///     .route("/invoices/{id}/pay", post(pay))
 ///     .with_state(AppState { locks: LockClient::in_memory() });
 /// ```
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub struct StateLocked<T>(pub Guarded<T>);
 
 wraps_guarded!(StateLocked);

@@ -293,6 +293,7 @@ impl PartsKey for FromPath {
 ///     .route_layer(LockLayer::by_path_param("id"));
 /// ```
 #[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 #[derive(Debug, Clone)]
 pub struct FromPathParam {
     name: Arc<str>,

@@ -1,6 +1,6 @@
 //! What the lock layer records through the `metrics` facade: one counter of requests by
 //! how the layer answered them (the engine records acquisitions, holds and losses
-//! itself; the README's "Operating" table lists every name). Labels: the route (axum's
+//! itself; the table in the core's `guide/operating.md` lists every name). Labels: the route (axum's
 //! matched path, where known: never the raw path or key), the outcome, and the status
 //! the layer answered with (`handler` when the handler answered).
 

@@ -19,27 +19,12 @@
 //!     .layer(LockLayer::by_header("Idempotency-Key"));
 //! ```
 //!
-//! | file | owns |
-//! |---|---|
-//! | `layer.rs` | [`LockLayer`] and its builder methods |
-//! | `config.rs` | the settings a layer shares with its services and futures: [`MissingKey`], the defaults, lock names |
-//! | `service.rs` | [`LockService`] |
-//! | `future.rs` | [`ResponseFuture`]: extract the key, acquire, call the inner service |
-//! | `held.rs` | a held lock: stores the recorded response, then releases, in order |
-//! | `body.rs` | [`LockedBody`]: the response body that holds the lock until it ends |
-//! | `key.rs` | where a key comes from ([`KeySource`] and its implementations, [`Extracted`]) |
-//! | `remember/` | idempotency ([`LockLayer::remember`]): [`Remember`], [`Fingerprint`], recording, storing and replaying responses |
-//! | `rejection.rs` | [`LockRejection`]: the problem responses |
-//! | `buffer.rs` | reading a request body up to a limit |
-//! | `client.rs` | the process-wide [`default_client`] |
-//! | `trace.rs` | the request span |
-//! | `metrics.rs` | the requests counter, by route, outcome and status |
-//! | `extract.rs` | the [`Locked`] extractor (feature `axum`) |
-//!
-//! Imports point one way: the layer builds the service, the service the future; both read
-//! `config.rs`, never `layer.rs`. The request's fingerprint rides in its [`Extracted`]
-//! key; the response side reaches `remember/` through `held.rs`, and `remember/` imports
-//! neither the body nor the future.
+//! The pieces, for custom setups: [`LockService`] and its [`ResponseFuture`] (what a
+//! layer wraps a service in), [`LockedBody`] (the response body that holds the lock until
+//! it ends), [`KeySource`] and [`PartsKey`] (where a key comes from, with the built-in
+//! sources [`FromHeader`], [`FromPath`], [`FromJsonField`], [`FromFn`] and, with the
+//! `axum` feature, [`FromPathParam`]), [`Remember`] and [`Fingerprint`] (idempotent
+//! replay, see [`LockLayer::remember`]), and the process-wide [`default_client`].
 //!
 //! [`Holder`]: crate::Holder
 

@@ -331,6 +331,7 @@ impl fmt::Display for LockRejection {
 impl std::error::Error for LockRejection {}
 
 #[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl axum::response::IntoResponse for LockRejection {
     fn into_response(self) -> axum::response::Response {
         self.to_response()

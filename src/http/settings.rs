@@ -52,6 +52,7 @@ macro_rules! layer_settings {
         }
 
         #[cfg(feature = "axum")]
+        #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
         impl $layer<super::key::FromPathParam> {
             /// Keys requests by the axum path parameter `name`. Add it with
             /// `Router::route_layer` (the parameters are known only once a route has

@@ -1,23 +1,13 @@
-//! `lockwarden`, the inspector: lists, shows, watches and force-unlocks the locks of
-//! [lockwarden](lockwarden_core) (and Redisson's `RLock`s) in a live Redis.
+#![doc = include_str!("../README.md")]
 //!
-//! It reads with `SCAN` (never `KEYS`), bounded in keys and time, and one pipeline per
-//! lock; force-unlock goes through the core's own script
-//! ([`Lock::force_unlock`](lockwarden_core::Lock::force_unlock), and
-//! [`Semaphore::force_unlock`](lockwarden_core::Semaphore::force_unlock) for a semaphore),
-//! so it cannot drift from the locks' layout. The binary is a thin `main` over [`cli::run`]; the modules are
-//! public for the tests:
+//! ## The library
 //!
-//! | module | what |
-//! |---|---|
-//! | [`names`] | lock names ↔ Redis keys, both layouts; scan patterns; globs |
-//! | [`target`] | connections: one server, or every master of a cluster |
-//! | [`scan`] | bounded `SCAN` |
-//! | [`inspect`] | one lock in full, and kind detection |
-//! | [`render`] | tables for people |
-//! | [`watch`] | the refreshing table and its rates |
-//! | [`cli`] | flags and commands |
+//! The binary is a thin `main` over [`main_exit_code`] and [`cli::run`]. The modules are
+//! public for the inspector's tests, not as a stable API: [`names`] (lock names and Redis
+//! keys, both layouts), [`target`] (one server or every master of a cluster), [`scan`],
+//! [`inspect`] (one lock in full), [`render`], [`watch`] and [`cli`].
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 
 pub mod cli;

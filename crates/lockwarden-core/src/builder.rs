@@ -189,7 +189,7 @@ impl LockClientBuilder {
     /// How long one Redis command may take before it fails (default 2 s). An acquire
     /// that times out may still have taken the lock: it is given back once its answer
     /// arrives, or, where no answer can come (a cluster drops a call it gave up on), by
-    /// the lost-reply settling the README describes.
+    /// the settling of lost replies ([guide](crate::guide::how_it_works#lost-replies)).
     ///
     /// ```no_run
     /// # use lockwarden_core::LockClient;
@@ -232,6 +232,7 @@ impl LockClientBuilder {
     /// # Ok(()) }
     /// ```
     #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
     pub fn tls_root_certificate(mut self, pem: impl AsRef<[u8]>) -> Self {
         self.connect.tls.add_roots(pem.as_ref());
         self
@@ -254,6 +255,7 @@ impl LockClientBuilder {
     /// # Ok(()) }
     /// ```
     #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
     pub fn tls_client_identity(
         mut self,
         certificate_pem: impl Into<Vec<u8>>,
@@ -346,7 +348,7 @@ impl LockClientBuilder {
     /// servers', and every connection to the primary uses them: commands, the pub/sub
     /// connection that carries release notices, and the `WAIT` connection of
     /// [`wait_for_replicas`](Self::wait_for_replicas). The user needs what any
-    /// lockwarden user needs (see the README); connecting checks it. The other connects
+    /// lockwarden user needs (see [ACL users](crate::guide::connecting#acl-users)); connecting checks it. The other connects
     /// refuse this setting: a server's or a cluster's credentials go in its URLs.
     ///
     /// ```no_run
@@ -446,6 +448,7 @@ impl LockClientBuilder {
     /// [`LockError::Backend`] if the pool gives no connection, or Redis cannot be reached,
     /// within the command timeout.
     #[cfg(feature = "deadpool")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "deadpool")))]
     pub async fn connect_pool(
         self,
         pool: deadpool_redis::Pool,
@@ -470,6 +473,7 @@ impl LockClientBuilder {
     /// [`LockError::Backend`] if the configuration is invalid (e.g. both a URL and
     /// connection fields) or Redis cannot be reached within the command timeout.
     #[cfg(feature = "deadpool")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "deadpool")))]
     pub async fn connect_deadpool(
         self,
         config: &deadpool_redis::Config,

@@ -237,8 +237,8 @@ pub enum BackendError {
         source: redis::RedisError,
     },
     /// The Redis user may not run a command lockwarden needs, or not on the lock's keys or
-    /// channels (its ACL rules). Retrying does not help; the README's "ACL users" section
-    /// lists what lockwarden needs.
+    /// channels (its ACL rules). Retrying does not help; the guide's
+    /// [ACL users](crate::guide::connecting#acl-users) section lists what lockwarden needs.
     #[error("redis refused {command} for this user (ACL): {message}")]
     NotPermitted {
         /// The refused command, e.g. `EVALSHA` or, for a command a script ran,

@@ -406,7 +406,7 @@ impl LockGuard {
 
     /// Ends this guard (see [`end`](Self::end)) before its release. Returns whether it
     /// was the last guard of a hold whose holder was made for it (the count in the store
-    /// was 1, unless a task re-acquired as `holder()` meanwhile, see the README), and
+    /// was 1, unless a task re-acquired as `holder()` meanwhile, see the design decisions in `guide/how_it_works.md`), and
     /// whether anyone may have re-entered the hold: not if its holder is its own and
     /// never left this guard, or every clone handed out is gone (a re-entry's guard, its
     /// release still under way and an acquisition in flight each keep one), since nobody,

@@ -1,5 +1,5 @@
 //! What the engine records through the `metrics` facade: every name and label in one
-//! place (the README's "Operating" table lists them). Without an installed recorder each
+//! place (the table in `guide/operating.md` lists them). Without an installed recorder each
 //! call is a thread-local check and an atomic load: every metric's keys (name and labels,
 //! hashed) are made once per process and kept, so recording allocates and hashes
 //! nothing. Never a lock's name: keys come from requests and would make every series

@@ -2,7 +2,8 @@
 //! real `redis-server` (made by the testkit with `ACL SETUSER <user> reset on >pw
 //! <rules>`), and what a user missing one of them gets.
 //!
-//! The rules tested here are the README's, word for word (`the_readme_gives_these_rules`):
+//! The rules tested here are the guide's (`src/guide/connecting.md`), word for word
+//! (`the_guide_gives_these_rules`):
 //! every lock kind works with exactly them, in the default layout and in Redisson's.
 //! Without one command, connecting fails with a `LockError` naming it, before anything is
 //! written (`a_missing_command_fails_the_connect_naming_it`). With that check skipped, or
@@ -34,7 +35,7 @@ const KINDS: [Kind; 5] = [
 ];
 
 /// The commands lockwarden sends or its scripts call, every lock kind included; see the
-/// README's "ACL users" section for what each one is for.
+/// guide's "ACL users" section (`src/guide/connecting.md`) for what each one is for.
 const COMMANDS: &str = "+evalsha +script|load +subscribe +unsubscribe +publish +time \
 +exists +get +set +del +pexpire +pexpireat +pttl +hget +hmget +hset +hexists +hincrby +hdel \
 +llen +lindex +lpop +lpos +lrem +rpush +zadd +zrem +zcard +zscore +zrank +zrange +zrangebyscore \
@@ -93,8 +94,8 @@ async fn connect_unchecked(
 }
 
 #[test]
-fn the_readme_gives_these_rules() {
-    let readme = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"));
+fn the_guide_gives_these_rules() {
+    let guide = include_str!("../src/guide/connecting.md");
     for line in [
         format!("ACL SETUSER locks reset on >CHANGE-ME {TAGGED} {COMMANDS}"),
         format!("ACL SETUSER locks reset on >CHANGE-ME {REDISSON} {COMMANDS}"),
@@ -102,7 +103,7 @@ fn the_readme_gives_these_rules() {
         format!("ACL SETUSER locks {CLUSTER}"),
         format!("ACL SETUSER locks {SHARDED}"),
     ] {
-        assert!(readme.contains(&line), "the README does not say:\n{line}");
+        assert!(guide.contains(&line), "the guide does not say:\n{line}");
     }
 }
 

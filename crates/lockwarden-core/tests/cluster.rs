@@ -388,7 +388,7 @@ async fn follows_its_slot(notices: fn(LockClientBuilder) -> LockClientBuilder) {
     assert!(!cluster.exists_on(1, &key));
 }
 
-/// Promise (the performance issue's sharded notices): on a cluster whose masters all run
+/// Promise (sharded notices): on a cluster whose masters all run
 /// Redis 7 a release's notice is sharded by default (`SPUBLISH`), processed by the master
 /// that owns the lock only, and still wakes a waiter of another client at once; so with
 /// `notices(ReleaseNotices::Sharded)`. With `notices(ReleaseNotices::Classic)` notices are relayed to every master, as
@@ -475,7 +475,7 @@ async fn sharded_notices_stay_on_the_owning_master_and_classic_ones_reach_every_
     }
 }
 
-/// Promise (the performance issue's sharded notices): a waiter keeps hearing releases
+/// Promise (sharded notices): a waiter keeps hearing releases
 /// with sharded notices when its lock's master changes.
 /// - A manual `CLUSTER FAILOVER`: Redis keeps the subscription on the demoted master,
 ///   which still receives what its shard publishes, so the release (on the new master)

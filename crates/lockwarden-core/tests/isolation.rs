@@ -110,7 +110,7 @@ fn a_holder_cannot_be_forged_from_its_id() {
 
 /// `force_unlock` (the one operation that frees a lock for any holder) is documented as
 /// an operator's action that breaks mutual exclusion for the current holder, on every
-/// handle that has it (rustdoc) and in the README.
+/// handle that has it (rustdoc) and in the operating guide.
 #[test]
 fn force_unlock_is_documented_as_an_operators_action() {
     let sources = [
@@ -146,10 +146,10 @@ fn force_unlock_is_documented_as_an_operators_action() {
              ignores the holder:\n{doc}"
         );
     }
-    let readme = include_str!("../../../README.md");
+    let guide = include_str!("../src/guide/operating.md");
     assert!(
-        readme.contains("**breaks\nmutual exclusion for the current holder**"),
-        "README does not warn that force-unlock breaks mutual exclusion"
+        guide.contains("**breaks\nmutual exclusion for the current holder**"),
+        "the operating guide does not warn that force-unlock breaks mutual exclusion"
     );
 }
 

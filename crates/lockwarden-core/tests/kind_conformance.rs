@@ -502,11 +502,11 @@ async fn force_unlock_wakes_waiters_at_once_and_the_holder_learns_it(env: Env, k
     );
 }
 
-/// Promise: a re-entry never shortens the hold it re-enters. The scenario: a
-/// holder takes the lock with the watchdog (30 s lease), re-enters it with a 300 ms lease
-/// and releases the inner hold; 1.5 s later the lock must still be its alone (before the
-/// fix, the re-entry set the expiry to 300 ms and another client took the lock while the
-/// outer guard still reported it held).
+/// Promise: a re-entry never shortens the hold it re-enters. The scenario: a holder takes
+/// the lock with the watchdog (30 s lease), re-enters it with a 300 ms lease and releases
+/// the inner hold; 1.5 s later the lock must still be its alone (a re-entry that set the
+/// expiry to its own 300 ms would let another client take the lock while the outer guard
+/// still reported it held).
 async fn a_short_reentry_never_cuts_a_longer_hold(env: Env, kind: Kind) {
     let client = env.client().await;
     let other = env.client().await;

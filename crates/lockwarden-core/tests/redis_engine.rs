@@ -186,7 +186,8 @@ async fn try_acquire_on_a_paused_server_ends_within_budget_plus_command_timeout(
     );
     // After SIGCONT the same client works again, and the held lock survived the pause.
     // (A fresh key: the acquire of "stuck" may have run once Redis resumed, after its
-    // reply had timed out; such a lock stays until its lease ends, see the session note.)
+    // reply had timed out; the client gives that hold back in the background, which need
+    // not have happened by now.)
     let again = client
         .try_acquire("fresh", Duration::from_secs(5))
         .await

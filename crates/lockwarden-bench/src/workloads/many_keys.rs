@@ -5,7 +5,7 @@
 //! The implementations take turns in slices (A B … F, then F … A, twice), so a spell of
 //! noise on this shared box hits them alike; each row adds up its slices. Every row also
 //! says its cycles/s and its Redis CPU per cycle as multiples of rslock's, both taken in
-//! the same turns (#16's first goal).
+//! the same turns (the goals BENCHMARKS.md states for this workload).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

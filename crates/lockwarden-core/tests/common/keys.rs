@@ -1,4 +1,4 @@
-//! The documented key layout as an oracle: Redis Cluster key slots, the README's
+//! The documented key layout as an oracle: Redis Cluster key slots, the documented
 //! escaping, which names the engine must accept, and the layout check the key property
 //! tests (engine and HTTP) hold every generated key to.
 
@@ -46,7 +46,7 @@ pub fn key_slot(key: &str) -> u16 {
 // The documented layout
 // ---------------------------------------------------------------------------------------
 
-/// `{`, `}` and `%` percent-encoded, everything else as is (the README's escaping).
+/// `{`, `}` and `%` percent-encoded, everything else as is (the escaping documented on `Key`).
 pub fn escape(raw: &str) -> String {
     raw.replace('%', "%25")
         .replace('{', "%7B")

@@ -20,8 +20,8 @@ use crate::key::Key;
 pub(crate) const PROBE: &str = "lockwarden-permission-check";
 
 /// Every command the store sends or its scripts call, with well-formed arguments (`K` the
-/// key, `C` the channel), named as `ACL SETUSER` names it; the README's ACL line lists
-/// the same. `EVALSHA` is not listed: the check itself runs as one.
+/// key, `C` the channel), named as `ACL SETUSER` names it; the ACL line of
+/// `guide/connecting.md` lists the same. `EVALSHA` is not listed: the check itself runs as one.
 const NEEDED: &[(&str, &str)] = &[
     ("script|load", "script load x"),
     ("subscribe", "subscribe C"),
@@ -115,7 +115,7 @@ pub(super) async fn check(
         .map(|&(name, _)| name.to_ascii_uppercase())
         .collect();
     let mut message = "found at connect, before any lock was taken (a command refused inside \
-                       a script cannot undo what the script wrote); grant the README's ACL line"
+                       a script cannot undo what the script wrote); grant the ACL line of lockwarden_core::guide::connecting"
         .to_owned();
     if commands.notices == Notices::Sharded {
         message.push_str(
