@@ -1,13 +1,16 @@
-//! Request-scoped distributed locks for Rust web services, on Redis.
+//! Request-scoped distributed locks and concurrency limits for Rust web services, on
+//! Redis.
 //!
 //! A tower [`LockLayer`] locks each request by a key it carries (a header, the path, a
 //! path parameter, a JSON field, or anything a closure finds) and holds the lock while the
 //! handler runs and the response body streams; with [`LockLayer::remember`] it is an
-//! idempotency layer that answers retries from the stored response. The [`Locked<T>`]
-//! axum extractor does the same for one value inside a handler. Underneath is the lock
-//! engine of [`lockwarden_core`], re-exported here: Redisson-style re-entrant locks with
-//! watchdog leases, waiters woken by a release notice (never polling), fencing tokens, and
-//! fair, read-write, multi and Redlock variants.
+//! idempotency layer that answers retries from the stored response. A [`LimitLayer`]
+//! holds a permit of a semaphore instead: at most N requests with one key at once, across
+//! every replica. The [`Locked<T>`] and [`Limited<T>`] axum extractors do the same for one
+//! value inside a handler. Underneath is the lock engine of [`lockwarden_core`],
+//! re-exported here: Redisson-style re-entrant locks with watchdog leases, waiters woken
+//! by a release notice (never polling), fencing tokens, fair, read-write, multi and
+//! Redlock variants, and semaphores with leased permits.
 //!
 //! # Example
 //!
@@ -128,13 +131,15 @@
 //! | several keys at once | [`LockClient::multi_lock`] |
 //! | first come, first served | [`LockClient::fair_lock`] |
 //! | many readers or one writer | [`LockClient::rw_lock`] |
+//! | at most N at once per key, across processes | [`LockClient::semaphore`] |
 //! | a value only the newest holder may write | [`LockClient::fenced`] |
 //! | a lock that survives a failover to a replica | [`LockClientBuilder::wait_for_replicas`] |
 //! | locks shared with a JVM service on Redisson | [`LockClientBuilder::layout`] with [`KeyLayout::Redisson`] |
 //! | a lock that outlives the loss of a Redis node | [`Redlock`] |
 //! | HTTP requests by key | [`LockLayer`] |
 //! | idempotent HTTP endpoints | [`LockLayer::remember`] |
-//! | one value inside an axum handler | [`Locked<T>`] |
+//! | at most N concurrent HTTP requests per key (a tenant, an API key), across replicas | [`LimitLayer`] |
+//! | one value inside an axum handler | [`Locked<T>`], or [`Limited<T>`] for a limit |
 //!
 //! Each row's full promises are in
 //! [`lockwarden_core`'s table](lockwarden_core#which-lock-for-which-job).
@@ -149,20 +154,23 @@
 //!   shutdown, metrics, the inspector.
 //!
 //! The repository's `examples/` show an idempotent webhook receiver (`webhook`), per-order
-//! serialization with [`Locked<T>`] and a streaming response (`orders`), the metrics
-//! (`metrics`) and the engine alone (`quickstart`).
+//! serialization with [`Locked<T>`] and a streaming response (`orders`), a limit per
+//! tenant across two instances (`tenant_limit`), the metrics (`metrics`) and the engine
+//! alone (`quickstart`). The servers among them stop on SIGTERM and then shut their lock
+//! client down ([`LockClient::shutdown`]), so a deploy leaves no lock behind.
 //!
 //! # Feature flags
 //!
 //! | feature | default | what it adds |
 //! |---|---|---|
-//! | `axum` | yes | the [`Locked<T>`] extractor, [`LockLayer::by_path_param`], and `IntoResponse` for [`LockRejection`] and [`LockedRejection`] |
+//! | `axum` | yes | the [`Locked<T>`] and [`Limited<T>`] extractors, [`LockLayer::by_path_param`] (and [`LimitLayer`]'s), and `IntoResponse` for [`LockRejection`] and [`LockedRejection`] |
 //! | `tls` | yes | `rediss://` URLs (TLS through rustls) and [`LockClientBuilder::tls_root_certificate`] / [`tls_client_identity`](LockClientBuilder::tls_client_identity) |
 //! | `deadpool` | no | `LockClientBuilder::connect_pool` / `connect_deadpool`: commands through a `deadpool_redis::Pool` you already have |
 //!
 //! # Supported servers and Rust versions
 //!
-//! Redis 6.2 or later (tested with Redis 7.0) and Valkey 8 (tested with Valkey 8.1), as
+//! Redis 6.2 or later (every test runs on Redis 7.0) and Valkey 8 (the engine's suites run
+//! on Valkey 8.1 too), as
 //! one server, a Redis Cluster or a Sentinel-managed primary. The minimum supported Rust
 //! version is 1.88.
 
@@ -175,9 +183,7 @@ pub mod http;
 
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
-pub use crate::http::{
-    Guarded, LimitKey, Limited, LockKey, Locked, LockedRejection, StateLocked,
-};
+pub use crate::http::{Guarded, LimitKey, Limited, LockKey, Locked, LockedRejection, StateLocked};
 
 pub use crate::http::{
     default_client, Fingerprint, LimitLayer, LockLayer, LockRejection, LockService, LockedBody,

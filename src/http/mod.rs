@@ -1,4 +1,5 @@
-//! The HTTP layer: hold a distributed lock for the whole life of a request.
+//! The HTTP layers: hold a distributed lock, or a permit of a per-key concurrency limit,
+//! for the whole life of a request.
 //!
 //! [`LockLayer`] is a tower layer for any `http` service. For each request it takes a key
 //! from the request (a header, the path, an axum path parameter, a JSON field of the body,
@@ -19,11 +20,14 @@
 //!     .layer(LockLayer::by_header("Idempotency-Key"));
 //! ```
 //!
+//! [`LimitLayer`] holds a semaphore permit instead: at most N requests with one key at
+//! once across every replica, the others answered `429 Too Many Requests`.
+//!
 //! The pieces, for custom setups: [`LockService`] and its [`ResponseFuture`] (what a
 //! layer wraps a service in), [`LockedBody`] (the response body that holds the lock until
 //! it ends), [`KeySource`] and [`PartsKey`] (where a key comes from, with the built-in
-//! sources [`FromHeader`], [`FromPath`], [`FromJsonField`], [`FromFn`] and, with the
-//! `axum` feature, [`FromPathParam`]), [`Remember`] and [`Fingerprint`] (idempotent
+//! sources [`FromHeader`], [`FromPath`], [`FromJsonField`], [`FromFn`], [`Global`] and,
+//! with the `axum` feature, [`FromPathParam`]), [`Remember`] and [`Fingerprint`] (idempotent
 //! replay, see [`LockLayer::remember`]), and the process-wide [`default_client`].
 //!
 //! [`Holder`]: crate::Holder

@@ -1,6 +1,6 @@
-//! Redisson-style distributed locks on Redis, for async Rust: re-entrant locks kept alive
-//! by a watchdog, waiters woken by a release notice instead of polling, and a fencing token
-//! with every hold.
+//! Redisson-style distributed locks and semaphores on Redis, for async Rust: re-entrant
+//! locks and leased permits kept alive by a watchdog, waiters woken by a release notice
+//! instead of polling, and a fencing token with every hold.
 //!
 //! A lock is a Redis hash whose field is the holder's id and whose value is its re-entry
 //! count; Lua scripts acquire, re-enter, renew and release it in one round trip each. A
@@ -55,7 +55,9 @@
 //! panic). [`LockGuard::lost`] resolves, and [`LockGuard::is_lost`] turns true, if the
 //! lock is lost while held. [`Lock::force_unlock`] (an operator's action),
 //! [`Lock::is_locked`], [`Lock::is_held_by`], [`Lock::hold_count`] and
-//! [`Lock::remaining_ttl`] inspect and manage a lock.
+//! [`Lock::remaining_ttl`] inspect and manage a lock. [`LockClient::shutdown`], before the
+//! process exits, releases what the client still holds or has queued, so the next
+//! process does not wait out leases.
 //!
 //! # Which lock for which job
 //!
@@ -66,6 +68,7 @@
 //! | several keys at once (transfers, batch updates) | [`client.multi_lock([..])`](LockClient::multi_lock)`.try_acquire(wait)` | all or nothing in one step, so no deadlock between callers and nothing held while waiting; one guard |
 //! | first come, first served across processes | [`client.fair_lock(name)`](LockClient::fair_lock)`.try_acquire(wait)` | FIFO by arrival; no barging by newcomers; a release hands the lock to the head, which holds it without another round trip; a waiter that gives up leaves the queue at once, one that dies after its `queue_timeout` (5 s) |
 //! | many readers or one writer | [`client.rw_lock(name)`](LockClient::rw_lock)`.read()` / `.write()` | shared reads, exclusive writes, re-entrant per holder; downgrade (write → read) allowed, upgrade refused ([`UpgradeRefused`](LockError::UpgradeRefused)); writer preference (a waiting writer holds back new readers); a write release admits every waiting reader in its own step (they hold without asking again) |
+//! | at most N at once per key, across processes (N exports per account, N calls to a downstream that caps its connections) | [`client.semaphore(name, n)`](LockClient::semaphore)`.acquire()` / [`acquire_many(k)`](Semaphore::acquire_many) | at most the stored capacity held at once; each permit a lease of its own (watchdog or fixed), back by the server's clock when its holder dies; a waiter waits in line and a release grants it its permits in the same step, waking only the waiters it lets in; arrival order (strict with [`fair`](Semaphore::fair)); a fencing token per permit; not re-entrant |
 //! | a value only the newest holder may write | [`client.fenced(name)`](LockClient::fenced) | a write carrying a fencing token lower than one already seen is refused ([`StaleToken`](LockError::StaleToken)), in one atomic script |
 //! | a lock that survives a failover to a replica | [`LockClient::builder().wait_for_replicas(1, timeout)`](LockClientBuilder::wait_for_replicas) | an acquisition counts only once `n` replicas acknowledged it (else [`NotReplicated`](BackendError::NotReplicated), nothing held); costs the replication delay per acquisition |
 //! | the most locks per second from one Redis, for work that fences nothing | [`LockClient::builder().without_fencing_tokens()`](LockClientBuilder::without_fencing_tokens) | plain locks and claims as above but with token 0 ([`FencedValue::write`] refuses it): Redis neither reads its clock nor writes a fencing key, about a third less of its work per cycle; fair, read-write and multi locks keep their tokens |
@@ -74,9 +77,11 @@
 //! | Redis Sentinel | [`LockClient::builder().connect_sentinel([sentinel, ..], service)`](LockClientBuilder::connect_sentinel) | commands and notices follow the primary the sentinels name; after a failover a lock the new primary received is kept, one it did not is reported through `lost()` at its next renewal (add `wait_for_replicas` to make that rare) |
 //! | a lock that outlives the loss of a Redis node | [`Redlock::connect(&[url1, url2, url3])`](Redlock::connect) | held only with a majority of independent masters, for `lease − elapsed − drift`; failed rounds undone on every node; extensions capped; read its assumptions on [`Redlock`] |
 //! | HTTP requests by key, idempotent HTTP endpoints | [`lockwarden::LockLayer`](https://docs.rs/lockwarden/latest/lockwarden/struct.LockLayer.html) | the lock spans handler and response body; `409`/`423` with `Retry-After`; with `.remember(keep)` one handler run per key and retries replayed byte for byte |
+//! | at most N concurrent HTTP requests per key, across replicas | [`lockwarden::LimitLayer`](https://docs.rs/lockwarden/latest/lockwarden/struct.LimitLayer.html) | a semaphore permit spans handler and response body; `429` with `Retry-After` |
 //!
-//! Every lock but Redlock returns the same [`LockGuard`] (fencing token, `lost()` signal,
-//! release on drop) and is offered by the in-process store too; every one of them runs on
+//! Every lock but Redlock, and a semaphore's permits, come as the same [`LockGuard`]
+//! (fencing token, `lost()` signal, release on drop) and are offered by the in-process
+//! store too; every one of them runs on
 //! one server, a Redis Cluster or a Sentinel-managed primary. Fencing tokens are the safety
 //! net for what Redis cannot promise: a lock can be lost (lease expiry during a long pause,
 //! failover to a replica that had not seen it); the guard's `lost()` signal says so, and a
@@ -120,7 +125,8 @@
 //! # Supported servers and Rust versions
 //!
 //! Redis 6.2 or later (the acquire script writes the fencing token with `SET .. GET`;
-//! tested with Redis 7.0) and Valkey 8 (tested with Valkey 8.1). The checks of a user's
+//! every test runs on Redis 7.0) and Valkey 8 (the conformance, semaphore, cluster,
+//! pub/sub and ACL tests run on Valkey 8.1). The checks of a user's
 //! ACL permissions at connect need Redis 7.0 or later, sharded notices on a cluster too.
 //! The minimum supported Rust version is 1.88.
 
