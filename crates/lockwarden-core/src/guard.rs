@@ -162,6 +162,22 @@ impl LockGuard {
         self
     }
 
+    /// How many permits of a semaphore this guard holds (see
+    /// [`Semaphore::acquire_many`](crate::Semaphore::acquire_many)); 0 for a lock's guard.
+    ///
+    /// ```
+    /// # use lockwarden_core::LockClient;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden_core::LockError> {
+    /// let client = LockClient::in_memory();
+    /// let three = client.semaphore("workers", 5).acquire_many(3).await?;
+    /// assert_eq!(three.permits(), 3);
+    /// assert_eq!(client.acquire("door").await?.permits(), 0);
+    /// # three.release().await }
+    /// ```
+    pub fn permits(&self) -> u32 {
+        self.permits
+    }
+
     /// The lock's key (a semaphore's name, for its permits).
     pub fn key(&self) -> &Key {
         &self.hold.key
