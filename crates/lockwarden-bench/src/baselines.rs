@@ -42,6 +42,22 @@ const RELEASE_SOURCE: &str = concat!(
     include_str!("../../../lua/once.lua"),
     include_str!("../../../lua/release.lua")
 );
+// A semaphore's, as the client sends them: after the clock, the token maker and the
+// semaphore's prelude (its holders are made for each acquisition: no count-once helpers).
+const PERMITS_ACQUIRE_SOURCE: &str = concat!(
+    include_str!("../../../lua/clock.lua"),
+    include_str!("../../../lua/token.lua"),
+    include_str!("../../../lua/permits_prelude.lua"),
+    include_str!("../../../lua/permits_acquire.lua")
+);
+const PERMITS_RELEASE_SOURCE: &str = concat!(
+    include_str!("../../../lua/clock.lua"),
+    include_str!("../../../lua/token.lua"),
+    include_str!("../../../lua/permits_prelude.lua"),
+    include_str!("../../../lua/permits_release.lua")
+);
+static PERMITS_ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(PERMITS_ACQUIRE_SOURCE));
+static PERMITS_RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(PERMITS_RELEASE_SOURCE));
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_SOURCE));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_SOURCE));
 // As a cluster client sends them by default (the core's `Lua::with`): the call's id read
@@ -349,6 +365,47 @@ pub async fn own_scripts_pair(
     };
     if token <= 0 || left != 0 {
         return Err(format!("own scripts answered {token} / {left} on a fresh key").into());
+    }
+    Ok(())
+}
+
+/// lockwarden's semaphore scripts on `key`, called directly as the client sends them for
+/// one permit of an idle semaphore of `capacity` (watchdog lease, 30 s): the Redis side of
+/// a permit cycle, with no client-side work.
+pub async fn own_permits_pair(
+    conn: &mut impl redis::aio::ConnectionLike,
+    key: &str,
+    capacity: u32,
+) -> Result<(), BoxError> {
+    let hash = format!("raw:{{{key}}}");
+    let keys = [
+        hash.clone(),
+        format!("{hash}:leases"),
+        format!("{hash}:fence"),
+        format!("{hash}:waiting"),
+        format!("{hash}:waiting-until"),
+    ];
+    let channel = format!("{hash}:granted");
+    let mut take = PERMITS_ACQUIRE.prepare_invoke();
+    let mut give = PERMITS_RELEASE.prepare_invoke();
+    for k in &keys {
+        take.key(k);
+        give.key(k);
+    }
+    // Holder, lease, permits, capacity, strict order, registration (ms), channel.
+    take.arg("bench-holder")
+        .arg(30_000)
+        .arg(1)
+        .arg(capacity)
+        .arg("0")
+        .arg(30_000)
+        .arg(&channel);
+    // Holder, channel, the hold's token ('' unknown: only read when not held).
+    give.arg("bench-holder").arg(&channel).arg("");
+    let token: i64 = take.invoke_async(conn).await?;
+    let left: i64 = give.invoke_async(conn).await?;
+    if token <= 0 || left != 0 {
+        return Err(format!("own permit scripts answered {token} / {left} on a fresh key").into());
     }
     Ok(())
 }

@@ -90,3 +90,73 @@ impl Exclusion {
         }
     }
 }
+
+/// A semaphore's in-process witness: at most `capacity` holders inside at once, and no
+/// fencing token handed out twice (a semaphore's holders overlap, so their tokens need
+/// not arrive in order, but each is issued once).
+pub struct Occupancy {
+    key: String,
+    capacity: usize,
+    inside: AtomicUsize,
+    most: AtomicUsize,
+    tokens: Mutex<std::collections::HashSet<u64>>,
+    checks: Arc<Checks>,
+}
+
+impl Occupancy {
+    pub fn new(key: impl Into<String>, capacity: usize, checks: &Arc<Checks>) -> Self {
+        Self {
+            key: key.into(),
+            capacity,
+            inside: AtomicUsize::new(0),
+            most: AtomicUsize::new(0),
+            tokens: Mutex::default(),
+            checks: checks.clone(),
+        }
+    }
+
+    /// Call right after the acquire returned.
+    pub fn enter(&self, token: u64) {
+        let now = self.inside.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        if now > self.capacity {
+            self.checks.problem(format!(
+                "semaphore `{}` over capacity: {now} holders inside, {} permits",
+                self.key, self.capacity
+            ));
+        }
+        let fresh = self
+            .tokens
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(token);
+        if !fresh {
+            self.checks.problem(format!(
+                "semaphore `{}`: fencing token {token} handed out twice",
+                self.key
+            ));
+        }
+    }
+
+    /// Call right before the release is sent.
+    pub fn exit(&self) {
+        let was = self.inside.fetch_sub(1, Ordering::SeqCst);
+        if was == 0 {
+            self.inside.fetch_add(1, Ordering::SeqCst);
+            self.checks.problem(format!(
+                "semaphore `{}`: a holder left while nobody was inside",
+                self.key
+            ));
+        }
+    }
+
+    /// The most holders seen inside at once.
+    pub fn most(&self) -> usize {
+        self.most.load(Ordering::SeqCst)
+    }
+
+    /// Holders inside now.
+    pub fn inside(&self) -> usize {
+        self.inside.load(Ordering::SeqCst)
+    }
+}

@@ -1,7 +1,8 @@
 //! `lockwarden-bench`: starts its own redis-server, measures lockwarden against the raw
 //! round trips and the locks people use today, prints one markdown table and writes
-//! `target/bench/latest.json`. Exits non-zero on any exclusion violation, fencing token
-//! going backwards, lost lock, non-2xx answer in the HTTP workload, or failed workload.
+//! `target/bench/latest.json`. Exits non-zero on any exclusion violation (more holders
+//! than permits, for a semaphore), fencing token going backwards (or handed out twice),
+//! lost lock, non-2xx answer in the HTTP workload, hold left behind, or failed workload.
 //!
 //! ```text
 //! cargo run --release -p lockwarden-bench -- [--quick] [--only 1,4] [--out FILE]
@@ -31,10 +32,10 @@ use crate::baselines::BoxError;
 use crate::check::Checks;
 use crate::stats::{Report, Row, Summary};
 use crate::workloads::{
-    family, handoff, held, http, many_keys, soak, uncontended, waiters, watchdog, Ctx,
+    family, handoff, held, http, many_keys, permits, soak, uncontended, waiters, watchdog, Ctx,
 };
 
-const WORKLOADS: [&str; 8] = [
+const WORKLOADS: [&str; 9] = [
     "uncontended",
     "hot key handoff",
     "held then released",
@@ -43,6 +44,7 @@ const WORKLOADS: [&str; 8] = [
     "waiters at scale",
     "HTTP (LockLayer)",
     "lock family handoffs (fair, read-write)",
+    "semaphore permits",
 ];
 
 /// How long `--soak` runs when given no number of seconds.
@@ -191,7 +193,8 @@ async fn main() -> Result<ExitCode, BoxError> {
             5 => watchdog::run(&ctx, &mut report).await,
             6 => waiters::run(&ctx, &mut report).await,
             7 => http::run(&ctx, &mut report).await,
-            _ => family::run(&ctx, &mut report).await,
+            8 => family::run(&ctx, &mut report).await,
+            _ => permits::run(&ctx, &mut report).await,
         };
         if let Err(e) = result {
             ctx.checks

@@ -6,6 +6,7 @@ pub mod handoff;
 pub mod held;
 pub mod http;
 pub mod many_keys;
+pub mod permits;
 pub mod soak;
 pub mod uncontended;
 pub mod waiters;
