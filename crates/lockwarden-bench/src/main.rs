@@ -42,7 +42,7 @@ const WORKLOADS: [&str; 9] = [
     "many keys in parallel",
     "watchdog at scale",
     "waiters at scale",
-    "HTTP (LockLayer)",
+    "HTTP (LockLayer, LimitLayer)",
     "lock family handoffs (fair, read-write)",
     "semaphore permits",
 ];

@@ -1,6 +1,8 @@
 //! Workload 7: HTTP. One small axum app (`POST /orders`, a JSON order in, a JSON order
-//! out) with and without `LockLayer::by_header("Idempotency-Key")`, every request with a
-//! fresh key (so no request can conflict), each app served by hyper on its own
+//! out) with and without `LockLayer::by_header("Idempotency-Key")`, and with
+//! `LimitLayer::by_header("Idempotency-Key").permits(5)` in its place (a permit per
+//! request, held as the lock layer holds its lock), every request with a fresh key (so no
+//! request can conflict or wait), each app served by hyper on its own
 //! 127.0.0.1:0 listener in this process and driven by hyper HTTP/1.1 keep-alive client
 //! connections, one task per connection:
 //!
@@ -39,7 +41,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
-use lockwarden::{LockClient, LockInfo, LockKey, LockLayer, Locked};
+use lockwarden::{LimitLayer, LockClient, LockInfo, LockKey, LockLayer, Locked, PermitInfo};
 use redis::aio::ConnectionManager;
 use serde_json::{json, Value};
 use tokio::net::{TcpListener, TcpStream};
@@ -63,6 +65,8 @@ const ORDER: &str = r#""sku":"A-1001","qty":2}"#;
 const WINDOW: Duration = Duration::from_millis(20);
 /// Lease of the fixed-lease layer variant.
 const LEASE: Duration = Duration::from_secs(10);
+/// Permits per key of the limit layer.
+const LIMIT: u32 = 5;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum App {
@@ -76,6 +80,10 @@ enum App {
     /// `LockLayer::by_json_field`: the key read from the buffered body.
     JsonField,
     LayerLease,
+    /// `LimitLayer::by_header`: a permit of a semaphore per key instead of a lock.
+    Limit,
+    /// A permit taken and given back in the handler, without the layer.
+    PermitEngine,
     /// `.remember(..)`, every request a retry of one of 64 completed ones: the replay path.
     Replay,
 }
@@ -84,25 +92,28 @@ impl App {
     /// The apps of the 1-connection part. The first four are the references, in this
     /// order: no lock, the 2 × EVALSHA floor, lockwarden's scripts raw, the lock in the
     /// handler.
-    const SEQUENTIAL: [App; 8] = [
+    const SEQUENTIAL: [App; 10] = [
         App::Plain,
         App::Evalsha,
         App::OwnScripts,
         App::Engine,
         App::Extractor,
         App::Layer,
+        App::Limit,
+        App::PermitEngine,
         App::JsonField,
         App::LayerLease,
     ];
     /// The apps of the 64-connection part, run in this order and then reversed: the same
     /// references first (no lock first: the others' ratios are to it).
-    const CONCURRENT: [App; 8] = [
+    const CONCURRENT: [App; 9] = [
         App::Plain,
         App::Evalsha,
         App::OwnScripts,
         App::Engine,
         App::Extractor,
         App::Layer,
+        App::Limit,
         App::JsonField,
         App::Replay,
     ];
@@ -117,6 +128,8 @@ impl App {
             App::Layer => "axum + LockLayer::by_header",
             App::JsonField => "axum + LockLayer::by_json_field",
             App::LayerLease => "axum + LockLayer (10 s lease)",
+            App::Limit => "axum + LimitLayer::by_header (5 permits)",
+            App::PermitEngine => "axum + permit in handler (no layer)",
             App::Replay => "axum + LockLayer.remember, replays",
         }
     }
@@ -131,6 +144,8 @@ impl App {
             App::Layer => "layer",
             App::JsonField => "json",
             App::LayerLease => "lease",
+            App::Limit => "limit",
+            App::PermitEngine => "permit-engine",
             App::Replay => "replay",
         }
     }
@@ -138,7 +153,13 @@ impl App {
     fn locked(self) -> bool {
         matches!(
             self,
-            App::Engine | App::Extractor | App::Layer | App::JsonField | App::LayerLease
+            App::Engine
+                | App::Extractor
+                | App::Layer
+                | App::JsonField
+                | App::LayerLease
+                | App::Limit
+                | App::PermitEngine
         )
     }
 
@@ -164,6 +185,18 @@ impl App {
                 orders.layer(LockLayer::by_json_field("/order_id").client(client.clone()))
             }
             App::LayerLease => orders.layer(layer.lease(LEASE)),
+            // Every request's key is fresh, as for the lock layer: each takes the first
+            // permit of an idle semaphore.
+            App::Limit => Router::new()
+                .route("/orders", post(create_order_limited))
+                .layer(
+                    LimitLayer::by_header("Idempotency-Key")
+                        .client(client.clone())
+                        .permits(LIMIT),
+                ),
+            App::PermitEngine => Router::new()
+                .route("/orders", post(create_order_under_permit))
+                .with_state(client.clone()),
             // A retry that overlaps the first request waits for its response.
             App::Replay => orders.layer(
                 layer
@@ -177,13 +210,24 @@ impl App {
 static NEXT_ORDER: AtomicU64 = AtomicU64::new(1);
 
 async fn create_order(lock: Option<Extension<LockInfo>>, Json(order): Json<Value>) -> Response {
+    created(&order, lock.map(|Extension(info)| info.fencing_token()))
+}
+
+/// The order app behind the limit layer: the same answer, with the permit's token.
+async fn create_order_limited(
+    permit: Option<Extension<PermitInfo>>,
+    Json(order): Json<Value>,
+) -> Response {
+    created(&order, permit.map(|Extension(info)| info.fencing_token))
+}
+
+/// The order made, with the fencing token of the lock (or permit) held, if any.
+fn created(order: &Value, token: Option<u64>) -> Response {
     let id = NEXT_ORDER.fetch_add(1, Ordering::Relaxed);
     let body = json!({ "id": id, "sku": order["sku"], "qty": order["qty"], "status": "created" });
     let mut response = (StatusCode::CREATED, Json(body)).into_response();
-    if let Some(Extension(info)) = lock {
-        response
-            .headers_mut()
-            .insert(TOKEN_HEADER, info.fencing_token().into());
+    if let Some(token) = token {
+        response.headers_mut().insert(TOKEN_HEADER, token.into());
     }
     response
 }
@@ -261,6 +305,32 @@ async fn create_order_under_lock(
     {
         Ok(guard) => {
             let response = create_order(Some(Extension(guard.info())), order).await;
+            match guard.release().await {
+                Ok(()) => response,
+                Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
+            }
+        }
+        Err(e) => (StatusCode::CONFLICT, e.to_string()).into_response(),
+    }
+}
+
+/// The limit layer's work done by hand: a permit of the request key's semaphore (one
+/// attempt, as the layer's default), the response built, the permit given back (awaited).
+async fn create_order_under_permit(
+    State(client): State<LockClient>,
+    headers: HeaderMap,
+    Json(order): Json<Value>,
+) -> Response {
+    let Some(key) = headers.get(KEY_HEADER).and_then(|v| v.to_str().ok()) else {
+        return (StatusCode::BAD_REQUEST, "no key").into_response();
+    };
+    match client
+        .semaphore(format!("permit-engine:{key}"), LIMIT)
+        .try_acquire(Duration::ZERO)
+        .await
+    {
+        Ok(guard) => {
+            let response = created(&order, Some(guard.fencing_token()));
             match guard.release().await {
                 Ok(()) => response,
                 Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
@@ -387,6 +457,10 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
     drop(senders);
     let latency: Vec<Summary> = samples.iter().map(|s| Summary::micros(s)).collect();
     let (plain, floor, own, engine) = (latency[0], latency[1], latency[2], latency[3]);
+    let permit_engine = App::SEQUENTIAL
+        .iter()
+        .position(|a| *a == App::PermitEngine)
+        .map(|k| latency[k]);
     for (app, s) in App::SEQUENTIAL.iter().zip(&latency) {
         let mut row = Row::new(SEQUENTIAL, app.name(), "latency per request", "µs")
             .summary(*s)
@@ -426,7 +500,34 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
                 s.median - engine.median
             )),
         };
+        if let (App::Limit, Some(permit)) = (app, permit_engine) {
+            row = row.note(format!(
+                "{:+.1} µs vs the permit in the handler",
+                s.median - permit.median
+            ));
+        }
         report.push(row);
+    }
+    let seq_at = |wanted: App| App::SEQUENTIAL.iter().position(|a| *a == wanted);
+    if let (Some(layer), Some(limit)) = (seq_at(App::Layer), seq_at(App::Limit)) {
+        let (layer, limit) = (latency[layer], latency[limit]);
+        let (lock_added, limit_added) = (layer.median - plain.median, limit.median - plain.median);
+        report.push(
+            Row::new(
+                SEQUENTIAL,
+                App::Limit.name(),
+                "added latency ÷ LockLayer's (p50 differences)",
+                "",
+            )
+            .value(limit_added / lock_added)
+            .note(format!(
+                "target ≤ 1.1; {limit_added:+.1} µs vs {lock_added:+.1} µs over no lock, \
+                 {:+.1} µs between them; p99 differences {:+.0} µs vs {:+.0} µs",
+                limit.median - layer.median,
+                limit.p99 - plain.p99,
+                layer.p99 - plain.p99
+            )),
+        );
     }
 
     // 64 connections per app, rounds A B C C B A.
@@ -518,6 +619,33 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
             );
         }
     }
+
+    let (layer, limit) = (at(App::Layer), at(App::Limit));
+    let per_request = |t: &Totals| {
+        let done = t.samples.len().max(1) as f64;
+        (
+            t.commands as f64 / done,
+            t.redis_cpu.as_secs_f64() * 1e6 / done,
+            t.samples.len() as f64 / t.elapsed.as_secs_f64(),
+        )
+    };
+    let ((lock_cmds, lock_redis, lock_rate), (limit_cmds, limit_redis, limit_rate)) =
+        (per_request(&totals[layer]), per_request(&totals[limit]));
+    report.push(
+        Row::new(
+            CONCURRENT,
+            App::Limit.name(),
+            "requests/s ÷ LockLayer's",
+            "",
+        )
+        .value(rates[limit].median / rates[layer].median)
+        .note(format!(
+            "target ≥ 0.9; overall {:.2} ({limit_rate:.0}/s vs {lock_rate:.0}/s); per request: \
+             Redis commands {limit_cmds:.2} vs {lock_cmds:.2}, Redis CPU {limit_redis:.1} µs \
+             vs {lock_redis:.1} µs",
+            limit_rate / lock_rate
+        )),
+    );
 
     drop(servers);
     left_behind(ctx).await
@@ -638,19 +766,29 @@ async fn round(
     Ok(totals)
 }
 
-/// Every request has ended, so once the background releases are through no lock hash of
-/// this workload (`…{http:w7-…}`, `…{engine:w7-…}`) may be left in Redis. Fencing keys
-/// (`…}:fence`) stay until their lease ends, by design.
+/// Every request has ended, so once the background releases are through no key of this
+/// workload (a lock hash, `…{http:w7-…}`, `…{engine:w7-…}`; a semaphore's hash, leases
+/// and line, `…{http-limit:w7-…}:leases`) may be left in Redis. Fencing keys (`…}:fence`)
+/// stay until their lease ends and remembered responses (`…}:done`) until theirs, by
+/// design.
 async fn left_behind(ctx: &Ctx) -> Result<(), BoxError> {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let left = ctx.admin::<Vec<String>>(&["KEYS", "*w7-*}"])?;
+        let left: Vec<String> = ctx
+            .admin::<Vec<String>>(&["KEYS", "*w7-*"])?
+            .into_iter()
+            .filter(|k| {
+                ["}", "}:leases", "}:waiting", "}:waiting-until"]
+                    .iter()
+                    .any(|end| k.ends_with(end))
+            })
+            .collect();
         if left.is_empty() {
             return Ok(());
         }
         if Instant::now() >= deadline {
             ctx.checks.problem(format!(
-                "{NAME}: {} lock(s) still in Redis 5 s after the last request, e.g. `{}`",
+                "{NAME}: {} key(s) still in Redis 5 s after the last request, e.g. `{}`",
                 left.len(),
                 left[0]
             ));
