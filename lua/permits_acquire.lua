@@ -6,6 +6,27 @@
 -- Returns the token taken (bare, see acquire.lua); {0, ms} refused: retry on a grant or
 -- after ms; {3, capacity} refused for good: more permits asked than the semaphore has.
 local me, asked = ARGV[1], tonumber(ARGV[3])
+-- An idle semaphore nobody waits for (the common case; no leases left by a force unlock
+-- either): stored with this acquire's capacity and order, and taken, in as few calls as
+-- there are keys to write. Its hash and leases live a lease longer than the hold (as
+-- keep() would move them), the fencing key as long, through the token's write.
+if redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[4]) == 0 then
+  if asked > tonumber(ARGV[4]) then
+    return {3, tonumber(ARGV[4])}
+  end
+  local until_ms = now + tonumber(ARGV[2])
+  local at = int(until_ms + (until_ms - now))
+  redis.call('ZADD', KEYS[2], until_ms, me)
+  local token, text = issue_token(KEYS[3], clock, 'PXAT', at)
+  if ARGV[5] == '1' then
+    redis.call('HSET', KEYS[1], 'permits', ARGV[4], 'used', ARGV[3], 'fifo', '1', me, ARGV[3] .. ':' .. text)
+  else
+    redis.call('HSET', KEYS[1], 'permits', ARGV[4], 'used', ARGV[3], me, ARGV[3] .. ':' .. text)
+  end
+  redis.call('PEXPIREAT', KEYS[1], at)
+  redis.call('PEXPIREAT', KEYS[2], at)
+  return token
+end
 -- Its place in line names what it waits for: the permits, and the lease a grant gives.
 local member = ARGV[3] .. ':' .. ARGV[2] .. ':' .. me
 local capacity, used, fifo, held, waiting = prune(me)
@@ -45,7 +66,7 @@ local rank
 if waiting then
   -- Permits freed without a grant (a lease ran out, a waiter left): waiters first.
   local mine
-  used, mine = admit(capacity, used, fifo, ARGV[7], me)
+  used, mine = admit(capacity, used, fifo, ARGV[7], me, used, true)
   if mine then
     return mine
   end

@@ -92,11 +92,16 @@ end
 -- them), and tells them on `channel` by name, with the
 -- first token (the n-th named holds the first + n - 1), so none asks again:
 -- `permits:<token>:<holder> <holder>..`. Strict order (`fifo`) stops at the first waiter
--- that does not fit; otherwise smaller requests behind it may go first. Returns the
--- permits used after, and the token of `me` if it was granted.
-local function admit(capacity, used, fifo, channel, me)
+-- that does not fit; otherwise smaller requests behind it may go first. `stored` is the
+-- count of permits used as the hash has it (written only if it changes), `waiting`
+-- whether anyone is in line (as prune said). Returns the permits used after, and the
+-- token of `me` if it was granted.
+local function admit(capacity, used, fifo, channel, me, stored, waiting)
   local free = capacity - used
-  if free <= 0 or redis.call('EXISTS', KEYS[4]) == 0 then
+  if free <= 0 or not waiting then
+    if used ~= stored then
+      redis.call('HSET', KEYS[1], 'used', used)
+    end
     return used
   end
   -- Each grant takes a permit at least: strict order looks at no more waiters than there
@@ -127,6 +132,9 @@ local function admit(capacity, used, fifo, channel, me)
     end
   end
   if #granted == 0 then
+    if used ~= stored then
+      redis.call('HSET', KEYS[1], 'used', used)
+    end
     return used
   end
   for _, grant in ipairs(granted) do
@@ -136,9 +144,11 @@ local function admit(capacity, used, fifo, channel, me)
   end
   local first, text = issue_token(KEYS[3], clock, 'PXAT', int(keep(latest)))
   local mine
+  local fields = {}
   for i, grant in ipairs(granted) do
     local token = i == 1 and text or int(first + i - 1)
-    redis.call('HSET', KEYS[1], grant[2], grant[3] .. ':' .. token)
+    fields[#fields + 1] = grant[2]
+    fields[#fields + 1] = grant[3] .. ':' .. token
     used = used + grant[3]
     if grant[2] == me then
       mine = first + i - 1
@@ -147,20 +157,31 @@ local function admit(capacity, used, fifo, channel, me)
   if #granted > 1 then
     redis.call('SET', KEYS[3], int(first + #granted - 1), 'KEEPTTL')
   end
-  redis.call('HSET', KEYS[1], 'used', used)
+  -- The grants and the count in one write (in pieces: unpack has a stack limit); a
+  -- release that grants what it freed leaves the count as it was.
+  if used ~= stored then
+    fields[#fields + 1] = 'used'
+    fields[#fields + 1] = used
+  end
+  for i = 1, #fields, 1000 do
+    redis.call('HSET', KEYS[1], unpack(fields, i, math.min(i + 999, #fields)))
+  end
   redis.call('PUBLISH', channel, 'permits:' .. text .. ':' .. table.concat(holders, ' '))
   return used, mine
 end
 
 -- Ends `holder`'s hold of `permits` (its field read as `held`), and grants what it frees.
-local function give_back(holder, held, used, capacity, fifo, channel)
-  used = used - tonumber(string.match(held, '^%d+'))
-  redis.call('HDEL', KEYS[1], holder)
-  redis.call('ZREM', KEYS[2], holder)
-  if used <= 0 and redis.call('EXISTS', KEYS[4]) == 0 then
+-- `waiting`: whether anyone waits (as prune said). The last hold of a semaphore nobody
+-- waits for takes the semaphore with it, in one call.
+local function give_back(holder, held, used, capacity, fifo, channel, waiting)
+  local left = used - tonumber(string.match(held, '^%d+'))
+  if left <= 0 and not waiting then
     redis.call('DEL', KEYS[1], KEYS[2])
     return
   end
-  redis.call('HSET', KEYS[1], 'used', used)
-  admit(capacity, used, fifo, channel)
+  redis.call('HDEL', KEYS[1], holder)
+  -- The count is written once, by admit (not at all if it grants what was freed). The
+  -- lease goes after the grants': the leases set, never emptied, keeps its expiry.
+  admit(capacity, left, fifo, channel, nil, used, waiting)
+  redis.call('ZREM', KEYS[2], holder)
 end

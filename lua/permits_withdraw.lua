@@ -6,9 +6,9 @@
 local member = ARGV[2] .. ':' .. ARGV[4] .. ':' .. ARGV[1]
 local left = redis.call('ZREM', KEYS[4], member)
 redis.call('ZREM', KEYS[5], member)
-local capacity, used, fifo, held = prune(ARGV[1])
+local capacity, used, fifo, held, waiting = prune(ARGV[1])
 if held and capacity ~= 'foreign' then
-  give_back(ARGV[1], held, used, capacity, fifo, ARGV[3])
+  give_back(ARGV[1], held, used, capacity, fifo, ARGV[3], waiting)
   return 1
 end
 return left

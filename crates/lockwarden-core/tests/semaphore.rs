@@ -21,6 +21,7 @@ conformance!(
     never_more_than_the_capacity,
     a_release_grants_in_arrival_order,
     a_release_grants_as_many_waiters_as_it_frees,
+    one_release_grants_thousands_of_waiters,
     acquire_many_is_all_or_nothing,
     fair_order_holds_back_smaller_requests_and_newcomers,
     the_default_order_lets_smaller_requests_past_a_large_one,
@@ -170,6 +171,42 @@ async fn a_release_grants_as_many_waiters_as_it_frees(env: Env) {
     tokio::time::sleep(Duration::from_millis(100)).await;
     // The aborted waiters left the line; what the release freed stays free or went to one.
     for permit in holders {
+        permit.release().await.unwrap();
+    }
+    until_idle(&sem).await;
+}
+
+/// Promise: a release that frees 5,000 permits grants all 5,000 waiters at once, each
+/// its own hold and token (more than one script call can pass at a time on Redis).
+async fn one_release_grants_thousands_of_waiters(env: Env) {
+    const MANY: u32 = 5_000;
+    let client = env.client().await;
+    let sem = client.semaphore("thousands", MANY);
+    let all = sem.acquire_many(MANY).await.unwrap();
+    let waiters: Vec<_> = (0..MANY)
+        .map(|_| {
+            let sem = sem.clone();
+            tokio::spawn(async move { sem.try_acquire(Duration::from_secs(60)).await })
+        })
+        .collect();
+    eventually(Duration::from_secs(30), "all in line", || async {
+        sem.state().await.unwrap().map(|s| s.waiting) == Some(MANY)
+    })
+    .await;
+    all.release().await.unwrap();
+    let mut permits = Vec::new();
+    for w in waiters {
+        permits.push(
+            finishes(Duration::from_secs(30), "a waiter", w)
+                .await
+                .unwrap(),
+        );
+    }
+    let state = sem.state().await.unwrap().unwrap();
+    assert_eq!((state.in_use, state.waiting), (MANY, 0));
+    let tokens: HashSet<_> = permits.iter().map(|p| p.fencing_token()).collect();
+    assert_eq!(tokens.len(), MANY as usize, "a token handed out twice");
+    for permit in permits {
         permit.release().await.unwrap();
     }
     until_idle(&sem).await;
