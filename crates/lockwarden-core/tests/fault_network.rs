@@ -11,7 +11,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{connect_with, finishes};
+use common::{connect_with, finishes, listening};
 use lockwarden_core::{LockClient, LockError, LockGuard};
 use lockwarden_testkit::{eventually, FaultProxy, RedisServer};
 
@@ -27,11 +27,19 @@ fn server_and_proxy() -> (RedisServer, FaultProxy) {
 }
 
 /// A client whose every connection (commands and pub/sub) goes through `proxy`.
-async fn client_through(proxy: &FaultProxy) -> LockClient {
-    connect_with(&proxy.url(), |b| {
+/// Returned once its pub/sub connection is up (see `common::listening`).
+async fn client_through(server: &RedisServer, proxy: &FaultProxy) -> LockClient {
+    let client = connect_with(&proxy.url(), |b| {
         b.watchdog_timeout(LEASE).command_timeout(COMMAND_TIMEOUT)
     })
-    .await
+    .await;
+    listening(
+        &client,
+        server,
+        &format!("listening-{}", client.holder().id()),
+    )
+    .await;
+    client
 }
 
 /// The holders in a plain lock's hash, read directly from the server (without the
@@ -57,7 +65,7 @@ async fn hold_through(client: &LockClient, count: usize) -> Vec<(String, LockGua
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replies_lost_for_less_than_a_lease_lose_no_lock() {
     let (server, proxy) = server_and_proxy();
-    let client = client_through(&proxy).await;
+    let client = client_through(&server, &proxy).await;
     let held = hold_through(&client, 8).await;
 
     // Renewals reach Redis and extend the leases, but their replies are lost for half a
@@ -90,7 +98,7 @@ async fn replies_lost_for_less_than_a_lease_lose_no_lock() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replies_lost_for_longer_than_a_lease_are_reported_and_leave_nothing_held() {
     let (server, proxy) = server_and_proxy();
-    let client = client_through(&proxy).await;
+    let client = client_through(&server, &proxy).await;
     let held = hold_through(&client, 8).await;
 
     // The client cannot know its renewals ran: after a lease without a reply it must
@@ -129,7 +137,7 @@ async fn replies_lost_for_longer_than_a_lease_are_reported_and_leave_nothing_hel
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partition_longer_than_the_lease_is_reported_and_never_hides_the_next_holder() {
     let (server, proxy) = server_and_proxy();
-    let cut_off = client_through(&proxy).await;
+    let cut_off = client_through(&server, &proxy).await;
     let direct = connect_with(&server.url(), |b| b.watchdog_timeout(LEASE)).await;
     let guard = cut_off.acquire("split").await.expect("acquire");
 
@@ -169,7 +177,7 @@ async fn a_partition_longer_than_the_lease_is_reported_and_never_hides_the_next_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_whose_connections_were_reset_still_wakes_on_the_release() {
     let (server, proxy) = server_and_proxy();
-    let waiter_client = client_through(&proxy).await;
+    let waiter_client = client_through(&server, &proxy).await;
     // The holder's lease is long: a waiter that missed the notice would wait for it.
     let holder_client = connect_with(&server.url(), |b| b).await;
     let held = holder_client.acquire("wake").await.expect("acquire");
@@ -211,7 +219,7 @@ async fn a_waiter_whose_connections_were_reset_still_wakes_on_the_release() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_reentry_with_latency_on_every_command_keeps_the_outer_hold() {
     let (server, proxy) = server_and_proxy();
-    let client = client_through(&proxy).await;
+    let client = client_through(&server, &proxy).await;
     let rival = connect_with(&server.url(), |b| b).await;
     proxy.set_latency(Duration::from_millis(40));
 
@@ -248,11 +256,17 @@ async fn a_short_reentry_with_latency_on_every_command_keeps_the_outer_hold() {
 
 /// A client through `proxy` with a long lease: a lock left by a lost reply would stay
 /// that long, so freeing it sooner is the repair at work.
-async fn client_with_long_lease(proxy: &FaultProxy) -> LockClient {
+async fn client_with_long_lease(server: &RedisServer, proxy: &FaultProxy) -> LockClient {
     let client = connect_with(&proxy.url(), |b| {
         b.watchdog_timeout(Duration::from_secs(30))
             .command_timeout(COMMAND_TIMEOUT)
     })
+    .await;
+    listening(
+        &client,
+        server,
+        &format!("listening-{}", client.holder().id()),
+    )
     .await;
     // Load every kind's scripts first, so the lost reply is the acquire's own. A given
     // holder's release is `release.lua` (a fresh one's needs no script).
@@ -300,7 +314,7 @@ fn left_on_server(server: &RedisServer, name: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquire_whose_reply_is_lost_is_given_back_once_redis_is_reachable() {
     let (server, proxy) = server_and_proxy();
-    let client = client_with_long_lease(&proxy).await;
+    let client = client_with_long_lease(&server, &proxy).await;
     let rival = connect_with(&server.url(), |b| b).await;
     for kind in ["plain", "fair", "read", "write", "multi"] {
         let name = format!("lost-{kind}");
@@ -339,7 +353,9 @@ async fn an_acquire_whose_reply_is_lost_is_given_back_once_redis_is_reachable() 
         // The script ran: it took the lock and issued a fencing token (what it took may
         // be given back already, the settling release passes the proxy too).
         let fence = format!("lockwarden:{{{name}}}:fence");
-        assert!(server.exists(&fence), "{kind}: the acquire ran in Redis");
+        let token: String = server
+            .query(&["GET", &fence])
+            .expect("the acquire ran in Redis");
         proxy.heal();
         let healed = Instant::now();
         // Nothing is left within a second of the heal (not after the 30 s lease).
@@ -350,13 +366,6 @@ async fn an_acquire_whose_reply_is_lost_is_given_back_once_redis_is_reachable() 
         )
         .await;
         let free = healed.elapsed();
-        let taken = rival.try_acquire(&name, Duration::ZERO).await;
-        assert!(
-            taken.is_ok(),
-            "{kind}: a rival takes it {free:?} after the heal: {taken:?}"
-        );
-        taken.unwrap().release().await.expect("release");
-        assert!(left_on_server(&server, "lost-multi-2").is_empty(), "{kind}");
         // The proxy resets the connection that lost the reply on its own time after the
         // heal. Wait for that and reconnect: were the next kind's replies dropped first,
         // the new connection's set-up would never finish and that kind's acquire would
@@ -375,13 +384,25 @@ async fn an_acquire_whose_reply_is_lost_is_given_back_once_redis_is_reachable() 
             .release()
             .await
             .expect("release");
+        // The caller was told the acquire failed: it is not sent again on the new
+        // connection (that would take the lock once more, for nobody, and make the rival
+        // wait until it was given back). Its token is still the last one issued.
+        let last: String = server.query(&["GET", &fence]).expect("GET the fence");
+        assert_eq!(last, token, "{kind}: the abandoned acquire was sent again");
+        let taken = rival.try_acquire(&name, Duration::ZERO).await;
+        assert!(
+            taken.is_ok(),
+            "{kind}: a rival takes it {free:?} after the heal: {taken:?}"
+        );
+        taken.unwrap().release().await.expect("release");
+        assert!(left_on_server(&server, "lost-multi-2").is_empty(), "{kind}");
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_after_a_lost_reply_holds_the_lock_once() {
     let (server, proxy) = server_and_proxy();
-    let client = client_with_long_lease(&proxy).await;
+    let client = client_with_long_lease(&server, &proxy).await;
     proxy.drop_replies();
     let waiting = tokio::spawn(async move {
         let guard = client.try_acquire("retried", Duration::from_secs(10)).await;
@@ -410,7 +431,7 @@ async fn a_retry_after_a_lost_reply_holds_the_lock_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_given_holder_is_not_settled_because_it_may_hold_the_lock_already() {
     let (server, proxy) = server_and_proxy();
-    let client = client_with_long_lease(&proxy).await;
+    let client = client_with_long_lease(&server, &proxy).await;
     let me = client.holder();
     let outer = client
         .lock("given")
@@ -436,7 +457,7 @@ async fn a_given_holder_is_not_settled_because_it_may_hold_the_lock_already() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_that_got_no_answer_is_sent_again_once_redis_is_reachable() {
     let (server, proxy) = server_and_proxy();
-    let client = client_with_long_lease(&proxy).await;
+    let client = client_with_long_lease(&server, &proxy).await;
     let rival = connect_with(&server.url(), |b| b).await;
     for kind in ["plain", "fair", "read", "write"] {
         let name = format!("unreleased-{kind}");
@@ -475,7 +496,7 @@ async fn a_release_that_got_no_answer_is_sent_again_once_redis_is_reachable() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_guards_release_that_got_no_answer_is_sent_again() {
     let (server, proxy) = server_and_proxy();
-    let client = client_with_long_lease(&proxy).await;
+    let client = client_with_long_lease(&server, &proxy).await;
     for kind in ["plain", "fair", "read", "write"] {
         let name = format!("dropped-{kind}");
         let guard = acquire_kind(&client, kind, &name).await;
@@ -502,7 +523,7 @@ async fn a_dropped_guards_release_that_got_no_answer_is_sent_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_release_of_a_reentry_is_not_sent_again() {
     let (server, proxy) = server_and_proxy();
-    let client = client_with_long_lease(&proxy).await;
+    let client = client_with_long_lease(&server, &proxy).await;
     let outer = client.acquire("twice").await.expect("outer");
     let me = outer.holder().clone();
     let inner = client

@@ -108,6 +108,36 @@ pub async fn finishes<T>(within: Duration, what: &str, task: tokio::task::JoinHa
         .expect("the task panicked")
 }
 
+/// Waits (bounded) until `client` hears release notices on `server` (a node, for a lock
+/// `name` it owns): a task of it waits for `name`, held by another of its holders, until
+/// the server counts it subscribed, and is served on the release. A test that breaks
+/// connections on purpose calls this first: a pub/sub connection still opening in the
+/// background would have its handshake broken instead of the call the test watches.
+pub async fn listening(client: &LockClient, server: &RedisServer, name: &str) {
+    let held = client
+        .acquire(name)
+        .await
+        .expect("hold the lock waited for");
+    let channel = held.key().channel().to_owned();
+    let waiter = {
+        let (client, name) = (client.clone(), name.to_owned());
+        tokio::spawn(async move { client.try_acquire(&name, Duration::from_secs(10)).await })
+    };
+    lockwarden_testkit::eventually(
+        Duration::from_secs(10),
+        "the pub/sub connection is up",
+        || async { server.shard_subscribers(&channel) + server.subscribers(&channel) == 1 },
+    )
+    .await;
+    held.release().await.expect("release");
+    let served = finishes(Duration::from_secs(5), "the waiter", waiter).await;
+    served
+        .expect("served on the release")
+        .release()
+        .await
+        .expect("release");
+}
+
 /// Spawns `fut`; the task's output comes with the instant it was ready.
 pub fn spawn_timed<F>(fut: F) -> tokio::task::JoinHandle<(F::Output, std::time::Instant)>
 where

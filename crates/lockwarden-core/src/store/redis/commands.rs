@@ -10,6 +10,7 @@ use futures_util::future::Either;
 use futures_util::FutureExt;
 use redis::cluster_routing::Slot;
 use redis::{FromRedisValue, RedisResult};
+use tokio::time::Instant;
 
 use super::conn::Conn;
 use super::explain::naming;
@@ -91,12 +92,17 @@ impl Commands {
     /// caller of a call that is safe to repeat would be told of a failure the next
     /// command no longer meets. The resend waits for the new connection, within the
     /// caller's bound; after a restart it also meets `NOSCRIPT` and loads the script.
+    /// Past that bound nobody waits for the answer (an abandoned acquire is finished in
+    /// the background only to give back what it took), so nothing is sent again: a
+    /// resent acquire would take the lock once more, after the caller was told it failed
+    /// and had it released.
     pub(super) fn send<T: FromRedisValue + Send>(
         &self,
         call: Call,
     ) -> impl Future<Output = RedisResult<T>> + Send + 'static {
         let mut conn = self.conn.clone();
         let load = call.script.map(|lua| lua.load(self.variant()));
+        let mut resend_by = call.resend.then(|| Instant::now() + self.timeout);
         let mut call = self.prepare(call);
         async move {
             // A given holder's counting calls go one at a time on a cluster (`turns.rs`).
@@ -104,7 +110,7 @@ impl Commands {
                 Some(holder) => Some(super::turns::take(holder).await),
                 None => None,
             };
-            let mut resend = call.resend;
+            let mut resend = || resend_by.take().is_some_and(|by| Instant::now() < by);
             if let Some(then) = call.then {
                 let mut pipe = redis::Pipeline::with_capacity(2);
                 pipe.add_command(call.cmd).add_command(then);
@@ -112,7 +118,7 @@ impl Commands {
                     // The second reply is read and dropped: `ignore()` would cost the
                     // pipeline a hash set, built and searched on every release.
                     match pipe.query_async::<(T, redis::Value)>(&mut conn).await {
-                        Err(e) if resend && e.is_connection_dropped() => resend = false,
+                        Err(e) if e.is_connection_dropped() && resend() => {}
                         reply => return reply.map(|(reply, _)| reply),
                     }
                 }
@@ -126,7 +132,7 @@ impl Commands {
                         }
                         loaded = true;
                     }
-                    Err(e) if resend && e.is_connection_dropped() => resend = false,
+                    Err(e) if e.is_connection_dropped() && resend() => {}
                     other => return other,
                 }
             }
