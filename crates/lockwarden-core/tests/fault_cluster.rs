@@ -15,8 +15,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::finishes;
 use common::kinds::{Kind, Opts};
+use common::{finishes, listening};
 use lockwarden_core::{BackendError, Holder, LockClient, LockError, LockGuard};
 use lockwarden_testkit::{eventually, FaultProxy, RedisCluster};
 
@@ -56,14 +56,20 @@ fn proxy(cluster: &RedisCluster) -> &FaultProxy {
 }
 
 /// A cluster client: every connection to `NODE` (commands and pub/sub) goes through its
-/// proxy, since that is the address the cluster gives.
+/// proxy, since that is the address the cluster gives. Returned once its pub/sub
+/// connection is up, too: one still opening while a test drops replies would lose its
+/// handshake's reply instead of the call's.
 async fn client(cluster: &RedisCluster, lease: Duration, timeout: Duration) -> LockClient {
-    LockClient::builder()
+    let client = LockClient::builder()
         .watchdog_timeout(lease)
         .command_timeout(timeout)
         .connect_cluster(cluster.urls())
         .await
-        .expect("connect to the cluster")
+        .expect("connect to the cluster");
+    let tag = format!("listening-{}", client.holder().id());
+    let name = name_on(cluster, &client, NODE, Kind::Plain, &tag);
+    listening(&client, &cluster.nodes()[NODE], &name).await;
+    client
 }
 
 /// A second client; its connections pass the same proxies, but it sends nothing while a
@@ -332,7 +338,7 @@ async fn an_acquire_sent_again_after_its_connection_broke_is_held_once() {
 /// while the call waits, and the cluster client sends it again): `call`'s result, after
 /// asserting that the script ran on the node at least twice (and, before the heal, that
 /// the key `written` exists there, if given).
-async fn sent_twice<T: Send + 'static>(
+async fn sent_twice<T: Send + std::fmt::Debug + 'static>(
     cluster: &RedisCluster,
     what: &str,
     written: Option<&str>,
@@ -354,9 +360,12 @@ async fn sent_twice<T: Send + 'static>(
     }
     proxy.heal();
     let done = finishes(Duration::from_secs(5), what, call).await;
+    let (scripts, lost) = (node.command_calls("evalsha"), proxy.lost_replies());
     assert!(
-        node.command_calls("evalsha") >= scripts_before + 2,
-        "{what}: the script ran twice on the node"
+        scripts >= scripts_before + 2,
+        "{what}: the script ran twice on the node; ran {} times, {} replies lost, answered {done:?}",
+        scripts - scripts_before,
+        lost - lost_before
     );
     done
 }
