@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""What the read-write and fair locks' scripts cost Redis itself, in instructions.
+"""What the read-write and fair locks' and the semaphore's scripts cost Redis itself, in
+instructions.
 
     python3 scripts/kind_cost.py [LUA_DIR]
 
@@ -29,6 +30,7 @@ ROUNDS = 40
 LUA = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "lua")
 RW = ("clock.lua", "once.lua", "token.lua", "rw_prelude.lua")
 FAIR = ("clock.lua", "once.lua", "token.lua", "fair_prelude.lua")
+PERMITS = ("clock.lua", "token.lua", "permits_prelude.lua")
 WRITER = "W" + "x" * 40
 
 
@@ -122,6 +124,7 @@ def main():
 def measure(redis):
     wa, ra, rel = (redis.load(*RW, f) for f in ("rw_write_acquire.lua", "rw_read_acquire.lua", "rw_release.lua"))
     fa, fr = (redis.load(*FAIR, f) for f in ("fair_acquire.lua", "fair_release.lua"))
+    pa, pr = (redis.load(*PERMITS, f) for f in ("permits_acquire.lua", "permits_release.lua"))
     batch = [0]
 
     def keys():
@@ -135,6 +138,10 @@ def measure(redis):
     def fair(i):
         k = f"lockwarden:{{fair{i}}}"
         return [4, k, k + ":fence", k + ":queue", k + ":deadlines"]
+
+    def sem(i):
+        k = f"lockwarden:{{sem{i}}}"
+        return [5, k, k + ":leases", k + ":fence", k + ":waiting", k + ":waiting-until"]
 
     def expect(reply, wanted):
         if reply != wanted:
@@ -187,6 +194,21 @@ def measure(redis):
     def granted_release(i):
         expect(redis.call("EVALSHA", fr, *fair(i), reader(0), "wake:", ""), b"0")
 
+    def take_permit(i, holder, capacity, wait="0"):
+        k = sem(i)
+        return redis.call("EVALSHA", pa, *k, holder, 30000, 1, capacity, "0", wait, k[1] + ":granted")
+
+    def permit_cycle(i):
+        take_permit(i, WRITER, 10)
+        expect(redis.call("EVALSHA", pr, *sem(i), WRITER, sem(i)[1] + ":granted", ""), b"0")
+
+    def permit_waiting(i):
+        take_permit(i, WRITER, 1)
+        expect(take_permit(i, reader(0), 1, 10000)[0], b"0")
+
+    def permit_release(i):
+        expect(redis.call("EVALSHA", pr, *sem(i), WRITER, sem(i)[1] + ":granted", ""), b"0")
+
     print(f"Redis instructions per operation (callgrind, {ROUNDS} rounds, scripts of {os.path.normpath(LUA)}):")
     row("read take + release (read-write lock)", none, read_cycle)
     row("write take + release (read-write lock)", none, write_cycle)
@@ -195,6 +217,8 @@ def measure(redis):
     row("fair take + release", none, fair_cycle)
     row("fair release granting the queue's head", one_queued, fair_release)
     row("the same by a holder granted it (a hot lock)", granted_then_one_queued, granted_release)
+    row("permit take + release (semaphore of 10)", none, permit_cycle)
+    row("permit release granting a waiter (of 1)", permit_waiting, permit_release)
 
 
 if __name__ == "__main__":
