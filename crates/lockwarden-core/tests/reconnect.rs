@@ -205,6 +205,9 @@ async fn a_reentrys_release_whose_connection_broke_is_not_sent_again_on_one_serv
     let server = RedisServer::start().expect("start redis-server");
     let proxy = FaultProxy::start(server.port()).expect("start the proxy");
     let client = connect_with(&proxy.url(), configured).await;
+    // Its pub/sub connection up first: one opening while replies are dropped would lose
+    // its handshake's reply instead of the release's.
+    common::listening(&client, &server, "listening").await;
     let me = client.holder();
     let lock = client.lock("twice").holder(&me).lease(LEASE);
     // Once through, so release.lua is loaded: the release under test runs at once.
