@@ -28,9 +28,15 @@ impl HoldOptions {
         }
     }
 
-    /// The lease to ask the store for: the fixed one, else the watchdog's.
+    /// The lease to ask the store for: the fixed one, else the watchdog's, cut to
+    /// `max_hold` when that is shorter (a renewal only ever extends a hold, so the first
+    /// lease must not outlast `max_hold` by itself).
     pub(crate) fn lease(&self, engine: &Engine) -> Duration {
-        self.lease.unwrap_or_else(|| engine.watchdog().lease())
+        match (self.lease, self.max_hold) {
+            (Some(lease), _) => lease,
+            (None, Some(max_hold)) => engine.watchdog().lease().min(max_hold),
+            (None, None) => engine.watchdog().lease(),
+        }
     }
 }
 

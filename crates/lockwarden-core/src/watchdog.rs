@@ -77,14 +77,17 @@ impl Watchdog {
         self.holds.lease
     }
 
-    /// Watches a hold acquired with the watchdog lease, the request sent at `sent`.
+    /// Watches a hold acquired with the watchdog lease (cut to `max_hold` if shorter), the
+    /// request sent at `sent`.
     pub(crate) fn register(
         &self,
         hold: &Hold,
         sent: Instant,
         max_hold: Option<Duration>,
     ) -> Watched {
-        let (due, expires) = (sent + self.holds.interval(), sent + self.lease());
+        let lease = max_hold.map_or(self.lease(), |d| self.lease().min(d));
+        let expires = sent + lease;
+        let due = (sent + self.holds.interval()).min(expires);
         self.watch(hold, due, expires, max_hold.map(|d| sent + d))
     }
 

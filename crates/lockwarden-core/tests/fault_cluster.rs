@@ -184,6 +184,7 @@ async fn a_short_reentry_with_latency_on_a_cluster_node_keeps_the_outer_hold() {
                 let short = Opts {
                     holder: Some(me.clone()),
                     lease: Some(Duration::from_millis(300)),
+                    ..Opts::default()
                 };
                 let inner = kind.acquire(client, name, &short).await.expect("re-enter");
                 inner.release().await.expect("inner release");

@@ -29,6 +29,7 @@ conformance!(
     force_unlock_wakes_waiters_at_once_and_the_holder_learns_it,
     a_short_reentry_never_cuts_a_longer_hold,
     a_hold_never_ends_before_one_of_its_guards_leases,
+    max_hold_ends_the_hold_on_time,
 );
 
 /// The default watchdog lease.
@@ -518,6 +519,7 @@ async fn a_short_reentry_never_cuts_a_longer_hold(env: Env, kind: Kind) {
     let short = Opts {
         holder: Some(me.clone()),
         lease: Some(Duration::from_millis(300)),
+        ..Opts::default()
     };
     let inner = kind.acquire(&client, "kept", &short).await.unwrap();
     inner.release().await.unwrap();
@@ -560,6 +562,7 @@ async fn a_hold_never_ends_before_one_of_its_guards_leases(env: Env, kind: Kind)
         let fixed = Opts {
             holder: Some(me.clone()),
             lease: Some(FIXED),
+            ..Opts::default()
         };
         let (first, second) = match watchdog_outer {
             true => (watched, fixed),
@@ -597,4 +600,46 @@ async fn a_hold_never_ends_before_one_of_its_guards_leases(env: Env, kind: Kind)
         fixed.release().await.unwrap();
         assert!(!kind.is_locked(&client, &name).await, "{what}");
     }
+}
+
+/// Promise: a hold the watchdog keeps ends at `max_hold` while its guard still lives, and
+/// the guard learns it; in the store too when `max_hold` is shorter than the watchdog
+/// lease (a renewal only ever extends a hold, so the first lease is cut to `max_hold`).
+async fn max_hold_ends_the_hold_on_time(env: Env, kind: Kind) {
+    let max_hold = Duration::from_millis(1_500);
+    let client = env
+        .client_with(|b| b.watchdog_timeout(Duration::from_secs(3)))
+        .await;
+    let other = env.client().await;
+    let started = Instant::now();
+    let held = kind
+        .acquire(&client, "capped", &Opts::max_hold(max_hold))
+        .await
+        .unwrap();
+    eventually(
+        Duration::from_secs(5),
+        "lost once max_hold ran out",
+        || async { held.is_lost() },
+    )
+    .await;
+    assert!(started.elapsed() >= max_hold, "lost before max_hold");
+    // Left in the store by then: the last renewal's latency at most, not the 1.5 s of
+    // a first lease of 3 s.
+    eventually(
+        Duration::from_secs(1),
+        "free soon after max_hold",
+        || async { !kind.is_locked(&client, "capped").await },
+    )
+    .await;
+    assert_eq!(client.stats().watched_locks, 0);
+    let next = kind
+        .rival()
+        .try_acquire(&other, "capped", &Opts::default(), Duration::ZERO)
+        .await
+        .expect("free after max_hold");
+    assert!(
+        matches!(held.release().await, Err(LockError::Lost { .. })),
+        "a release after max_hold must answer Lost"
+    );
+    next.release().await.unwrap();
 }

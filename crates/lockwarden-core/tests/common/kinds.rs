@@ -30,6 +30,8 @@ pub struct Opts {
     pub holder: Option<Holder>,
     /// A fixed lease instead of the watchdog.
     pub lease: Option<Duration>,
+    /// How long the watchdog keeps the hold at most.
+    pub max_hold: Option<Duration>,
 }
 
 impl Opts {
@@ -37,20 +39,29 @@ impl Opts {
     pub fn holder(holder: &Holder) -> Self {
         Self {
             holder: Some(holder.clone()),
-            lease: None,
+            ..Self::default()
         }
     }
 
     /// Hold for the fixed `lease`.
     pub fn lease(lease: Duration) -> Self {
         Self {
-            holder: None,
             lease: Some(lease),
+            ..Self::default()
+        }
+    }
+
+    /// Kept by the watchdog for at most `max_hold`.
+    pub fn max_hold(max_hold: Duration) -> Self {
+        Self {
+            max_hold: Some(max_hold),
+            ..Self::default()
         }
     }
 }
 
-/// Sets a builder's holder and lease from [`Opts`] (every kind's builder has both).
+/// Sets a builder's holder, lease and `max_hold` from [`Opts`] (every kind's builder has
+/// them all).
 macro_rules! configure {
     ($builder:expr, $opts:expr) => {{
         let mut builder = $builder;
@@ -59,6 +70,9 @@ macro_rules! configure {
         }
         if let Some(lease) = $opts.lease {
             builder = builder.lease(lease);
+        }
+        if let Some(max_hold) = $opts.max_hold {
+            builder = builder.max_hold(max_hold);
         }
         builder
     }};
