@@ -6,8 +6,10 @@
 //! 127.0.0.1:0 listener in this process and driven by hyper HTTP/1.1 keep-alive client
 //! connections, one task per connection:
 //!
-//! * **1 connection**: sequential requests, the apps taking turns request by request, so
-//!   the latency the lock adds is not hidden by queueing.
+//! * **1 connection**: sequential requests, the apps taking turns request by request (in
+//!   a new shuffled order each turn, so no app always follows the same one: a request
+//!   right after one that ran the same scripts and code is faster), so the latency the
+//!   lock adds is not hidden by queueing.
 //! * **64 connections**: a fixed number of requests per app, bounded by a time limit,
 //!   in rounds A B C C B A so drift hits the apps alike. Requests/s, latency, CPU per
 //!   request.
@@ -651,8 +653,10 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
     left_behind(ctx).await
 }
 
-/// Sequential requests over one connection per app (in `App::SEQUENTIAL` order), the apps
-/// taking turns and the first app rotating, until `requests` each or `limit`.
+/// Sequential requests over one connection per app, the apps taking turns in a new
+/// shuffled order each turn (seeded: every run visits them alike), until `requests` each
+/// or `limit`. A fixed order would favour an app that always follows one that ran the
+/// same scripts and code (the permit in the handler after the limit layer).
 async fn sequential(
     ctx: &Ctx,
     senders: &mut [Sender],
@@ -662,12 +666,14 @@ async fn sequential(
     let apps = App::SEQUENTIAL;
     let deadline = Instant::now() + limit;
     let mut samples = vec![Vec::with_capacity(requests); apps.len()];
+    let mut turn: Vec<usize> = (0..apps.len()).collect();
+    let mut rng = fastrand::Rng::with_seed(7);
     for i in 0..requests {
         if Instant::now() >= deadline {
             break;
         }
-        for k in 0..apps.len() {
-            let j = (i + k) % apps.len();
+        rng.shuffle(&mut turn);
+        for &j in &turn {
             let key = format!("w7-{}-seq-{i}", apps[j].slug());
             samples[j].push(order(&mut senders[j], apps[j], &key, &ctx.checks).await?);
         }
