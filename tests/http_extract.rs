@@ -185,7 +185,10 @@ async fn extractor_takes_the_client_from_the_state(env: Env) {
     let app = Router::new()
         .route("/orders/{id}/ship", post(ship))
         .with_state(client.clone());
-    let held = client.acquire("order:11").await.expect("acquire");
+    let held = client
+        .try_acquire("order:11", Duration::from_secs(5))
+        .await
+        .expect("acquire");
     assert_busy(&call(&app, "/orders/11/ship").await, 409);
     held.release().await.expect("release");
     assert_eq!(call(&app, "/orders/11/ship").await.status, StatusCode::OK);
@@ -215,7 +218,10 @@ async fn state_locked_takes_the_client_with_from_ref(env: Env) {
         .with_state(AppState {
             locks: client.clone(),
         });
-    let held = client.acquire("order:12").await.expect("acquire");
+    let held = client
+        .try_acquire("order:12", Duration::from_secs(5))
+        .await
+        .expect("acquire");
     assert_busy(&call(&app, "/orders/12/ship").await, 409);
     held.release().await.expect("release");
     let answer = call(&app, "/orders/12/ship").await;

@@ -142,6 +142,10 @@ macro_rules! app {
     };
 }
 
+/// How long a test waits for a key the layer should have given back (an acquire that
+/// waits as long as it takes would hang the test on a lock that was never released).
+const FREE_WITHIN: Duration = Duration::from_secs(5);
+
 /// Whether `name` becomes free within `within`.
 async fn freed(client: &LockClient, name: &str, within: Duration) -> bool {
     let deadline = Instant::now() + within;
@@ -539,7 +543,10 @@ async fn json_field_key_leaves_the_body_intact(env: Env) {
     );
 
     // The key is the field: a request with the same id is busy while one is held.
-    let held = client.acquire("http:pi_123").await.expect("acquire");
+    let held = client
+        .try_acquire("http:pi_123", FREE_WITHIN)
+        .await
+        .expect("free after the first request");
     send(&app, json_req("/echo", payload))
         .await
         .assert_problem(409, "lock-busy");
@@ -708,7 +715,10 @@ async fn path_and_closure_keys(env: Env) {
     let client = env.client().await;
     let probe = Probe::default();
     let by_path = app!(LockLayer::by_path().client(client.clone()), probe);
-    let held = client.acquire("http:/echo").await.expect("acquire");
+    let held = client
+        .try_acquire("http:/echo", FREE_WITHIN)
+        .await
+        .expect("acquire");
     send(&by_path, req("/echo", None))
         .await
         .assert_problem(409, "lock-busy");
@@ -724,7 +734,10 @@ async fn path_and_closure_keys(env: Env) {
             .name_prefix("jobs:"),
         probe
     );
-    let held = client.acquire("jobs:n=1").await.expect("acquire");
+    let held = client
+        .try_acquire("jobs:n=1", FREE_WITHIN)
+        .await
+        .expect("acquire");
     send(&by_fn, req("/echo?n=1", None))
         .await
         .assert_problem(409, "lock-busy");

@@ -120,6 +120,15 @@ async fn duplicates_over_http_get_409_with_retry_after(env: Env) {
     }
     assert_eq!(ok, 1);
     assert_eq!(probe.hits.load(Ordering::SeqCst), 1);
+    // Released before the last frame went out, so free once every body was read.
+    assert!(
+        !client
+            .lock("http:wire")
+            .is_locked()
+            .await
+            .expect("is_locked"),
+        "the lock outlived the response"
+    );
 }
 
 async fn client_disconnect_mid_handler_releases_the_lock(env: Env) {

@@ -107,7 +107,10 @@ async fn one_span_per_request_with_key_wait_outcome_and_hold() {
 
     let plain = app(LockLayer::by_header("Idempotency-Key").client(client.clone()));
     assert_eq!(status(&plain, Some("order-1")).await, StatusCode::OK);
-    let held = client.acquire("http:order-2").await.unwrap();
+    let held = client
+        .try_acquire("http:order-2", Duration::from_secs(5))
+        .await
+        .unwrap();
     assert_eq!(status(&plain, Some("order-2")).await, StatusCode::CONFLICT);
     held.release().await.unwrap();
     assert_eq!(status(&plain, None).await, StatusCode::BAD_REQUEST);
