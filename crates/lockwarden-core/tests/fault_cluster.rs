@@ -16,7 +16,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::kinds::{Kind, Opts};
-use common::{finishes, listening};
+use common::{connected, finishes, listening};
 use lockwarden_core::{BackendError, Holder, LockClient, LockError, LockGuard};
 use lockwarden_testkit::{eventually, FaultProxy, RedisCluster};
 
@@ -60,12 +60,13 @@ fn proxy(cluster: &RedisCluster) -> &FaultProxy {
 /// connection is up, too: one still opening while a test drops replies would lose its
 /// handshake's reply instead of the call's.
 async fn client(cluster: &RedisCluster, lease: Duration, timeout: Duration) -> LockClient {
-    let client = LockClient::builder()
+    let builder = LockClient::builder()
         .watchdog_timeout(lease)
-        .command_timeout(timeout)
-        .connect_cluster(cluster.urls())
-        .await
-        .expect("connect to the cluster");
+        .command_timeout(timeout);
+    let client = connected("the cluster", || {
+        builder.clone().connect_cluster(cluster.urls())
+    })
+    .await;
     let tag = format!("listening-{}", client.holder().id());
     let name = name_on(cluster, &client, NODE, Kind::Plain, &tag);
     listening(&client, &cluster.nodes()[NODE], &name).await;

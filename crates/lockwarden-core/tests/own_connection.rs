@@ -72,14 +72,16 @@ mod pool {
         let server = RedisServer::start().unwrap();
         let notices = lockwarden_core::redis::Client::open(server.url()).unwrap();
         let client = LockClient::builder()
-            .watchdog_timeout(Duration::from_millis(300))
+            .watchdog_timeout(Duration::from_secs(1))
             .connect_pool(pool(&server.url(), 4), notices)
             .await
             .unwrap();
         let other = LockClient::connect(&server.url()).await.unwrap();
 
         let guard = client.acquire("renewed").await.unwrap();
-        tokio::time::sleep(Duration::from_millis(1000)).await; // > 3 leases of 300 ms
+        // Past 3 leases of 1 s (renewed every third: stalls of a loaded machine up to
+        // ~600 ms pass; a 300 ms lease lost its hold to one).
+        tokio::time::sleep(Duration::from_millis(3_500)).await;
         assert!(!guard.is_lost(), "the watchdog renewed it through the pool");
         assert!(matches!(
             other.try_acquire("renewed", Duration::ZERO).await,

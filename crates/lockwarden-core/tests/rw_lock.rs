@@ -557,16 +557,18 @@ async fn an_admission_late_in_a_wait_is_renewed_before_it_ends(env: Env) {
         let client = client.clone();
         async move {
             let read = client.rw_lock("late").read();
-            read.try_acquire(Duration::from_millis(900)).await
+            read.try_acquire(Duration::from_secs(4)).await
         }
     });
-    // Released when the reader's last registration has little left of its budget.
-    tokio::time::sleep(Duration::from_millis(750)).await;
+    // Released when the reader's last registration has 1 s left of its budget (its
+    // watchdog renews the admission after a third of that: stalls of a loaded machine
+    // up to ~600 ms pass; with 150 ms left, a stall let it run out).
+    tokio::time::sleep(Duration::from_secs(3)).await;
     writer.release().await.unwrap();
     let (read, _) = reader.await.unwrap();
     let read = read.expect("admitted before its budget ran out");
     // Well past the admission's end: the reader's watchdog must have renewed it.
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(!read.is_lost(), "the admission ran out under its reader");
     assert!(
         matches!(

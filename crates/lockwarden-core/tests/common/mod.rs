@@ -67,12 +67,7 @@ impl Env {
     }
 }
 
-/// A client of the Redis server at `url`, with settings.
-///
-/// Connecting is bounded by the command timeout, step by step; tests that set a short
-/// one (100-300 ms, so that a lost reply fails fast) could see a machine loaded by other
-/// builds stall a step past it. The connect is not what they test: one that timed out is
-/// tried again, twice at most.
+/// A client of the Redis server at `url`, with settings (see [`connected`]).
 ///
 /// # Panics
 /// If it cannot connect.
@@ -81,14 +76,31 @@ pub async fn connect_with(
     configure: impl FnOnce(LockClientBuilder) -> LockClientBuilder,
 ) -> LockClient {
     let builder = configure(LockClient::builder());
+    connected(url, || builder.clone().connect(url)).await
+}
+
+/// The client `connect` makes, for `what`.
+///
+/// Connecting is bounded by the command timeout, step by step; tests that set a short
+/// one (100-300 ms, so that a lost reply fails fast) could see a machine loaded by other
+/// builds stall a step past it. The connect is not what they test: one that timed out is
+/// tried again, twice at most.
+///
+/// # Panics
+/// On any other error, or a third timeout, naming every timeout.
+pub async fn connected<F, Fut>(what: &str, connect: F) -> LockClient
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<LockClient, LockError>>,
+{
     let mut timeouts = Vec::new();
     loop {
-        match builder.clone().connect(url).await {
+        match connect().await {
             Ok(client) => return client,
             Err(LockError::Backend(e @ BackendError::TimedOut(_))) if timeouts.len() < 2 => {
                 timeouts.push(e);
             }
-            Err(e) => panic!("connect to {url}: {e} (timed out before: {timeouts:?})"),
+            Err(e) => panic!("connect to {what}: {e} (timed out before: {timeouts:?})"),
         }
     }
 }
