@@ -117,8 +117,9 @@ fn the_engine_records_its_acquisitions_holds_losses_waiters_and_errors() {
 /// acquires.
 async fn scenario(env: &Env, recorded: &mut Recorded) {
     let what = if env.is_redis() { "redis" } else { "memory" };
-    let short =
-        |b: lockwarden_core::LockClientBuilder| b.watchdog_timeout(Duration::from_millis(300));
+    // Renewed every 333 ms: rides over the stalls of a loaded machine (a 300 ms lease
+    // lost its hold to one).
+    let short = |b: lockwarden_core::LockClientBuilder| b.watchdog_timeout(Duration::from_secs(1));
     let client = match env.is_redis() {
         true => env.client_with(short).await,
         false => short(LockClient::builder()).in_memory(),
@@ -160,12 +161,12 @@ async fn scenario(env: &Env, recorded: &mut Recorded) {
     );
 
     // Held past a renewal: the watchdog extends it, and the hold time is recorded.
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
     inner.release().await.unwrap();
     outer.release().await.unwrap();
     let holds = recorded.histogram("lockwarden_hold_seconds{kind=plain}");
     assert_eq!(holds.len(), 2, "{what}: two guards ended: {holds:?}");
-    assert!(holds.iter().all(|h| *h >= 0.25), "{what}: {holds:?}");
+    assert!(holds.iter().all(|h| *h >= 0.5), "{what}: {holds:?}");
     assert!(
         recorded.counter("lockwarden_renewals_total{outcome=extended}") >= 1,
         "{what}"
