@@ -232,7 +232,11 @@ async fn scenario(env: &Env, recorded: &mut Recorded) {
         client.stats().waited_channels == 1
     })
     .await;
-    assert_eq!(recorded.gauge("lockwarden_waiters{}"), 1.0, "{what}");
+    // The gauge and the channel count are not set in one step: wait for the gauge too.
+    until(&format!("{what}: the waiters gauge reads 1"), || {
+        recorded.gauge("lockwarden_waiters{}") == 1.0
+    })
+    .await;
     if env.is_redis() {
         until("one subscription", || {
             recorded.gauge("lockwarden_subscriptions{}") == 1.0
