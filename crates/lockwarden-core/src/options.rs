@@ -28,15 +28,10 @@ impl HoldOptions {
         }
     }
 
-    /// The lease to ask the store for: the fixed one, else the watchdog's, cut to
-    /// `max_hold` when that is shorter (a renewal only ever extends a hold, so the first
-    /// lease must not outlast `max_hold` by itself).
+    /// The lease to ask the store for: the fixed one, else the watchdog's first lease.
     pub(crate) fn lease(&self, engine: &Engine) -> Duration {
-        match (self.lease, self.max_hold) {
-            (Some(lease), _) => lease,
-            (None, Some(max_hold)) => engine.watchdog().lease().min(max_hold),
-            (None, None) => engine.watchdog().lease(),
-        }
+        self.lease
+            .unwrap_or_else(|| engine.watchdog().first_lease(self.max_hold))
     }
 }
 

@@ -77,16 +77,22 @@ impl Watchdog {
         self.holds.lease
     }
 
-    /// Watches a hold acquired with the watchdog lease (cut to `max_hold` if shorter), the
-    /// request sent at `sent`.
+    /// The lease a watched hold is first taken for: the watchdog lease, cut to
+    /// `max_hold` when that is shorter (a renewal only ever extends a hold, so the first
+    /// lease must not outlast `max_hold` by itself).
+    pub(crate) fn first_lease(&self, max_hold: Option<Duration>) -> Duration {
+        max_hold.map_or(self.lease(), |d| self.lease().min(d))
+    }
+
+    /// Watches a hold acquired with its [`first_lease`](Self::first_lease), the request
+    /// sent at `sent`.
     pub(crate) fn register(
         &self,
         hold: &Hold,
         sent: Instant,
         max_hold: Option<Duration>,
     ) -> Watched {
-        let lease = max_hold.map_or(self.lease(), |d| self.lease().min(d));
-        let expires = sent + lease;
+        let expires = sent + self.first_lease(max_hold);
         let due = (sent + self.holds.interval()).min(expires);
         self.watch(hold, due, expires, max_hold.map(|d| sent + d))
     }
