@@ -29,8 +29,17 @@ fn server_and_proxy() -> (RedisServer, FaultProxy) {
 /// A client whose every connection (commands and pub/sub) goes through `proxy`.
 /// Returned once its pub/sub connection is up (see `common::listening`).
 async fn client_through(server: &RedisServer, proxy: &FaultProxy) -> LockClient {
+    client_through_with_lease(server, proxy, LEASE).await
+}
+
+/// [`client_through`], renewing its holds for `lease`.
+async fn client_through_with_lease(
+    server: &RedisServer,
+    proxy: &FaultProxy,
+    lease: Duration,
+) -> LockClient {
     let client = connect_with(&proxy.url(), |b| {
-        b.watchdog_timeout(LEASE).command_timeout(COMMAND_TIMEOUT)
+        b.watchdog_timeout(lease).command_timeout(COMMAND_TIMEOUT)
     })
     .await;
     listening(
@@ -257,17 +266,7 @@ async fn a_short_reentry_with_latency_on_every_command_keeps_the_outer_hold() {
 /// A client through `proxy` with a long lease: a lock left by a lost reply would stay
 /// that long, so freeing it sooner is the repair at work.
 async fn client_with_long_lease(server: &RedisServer, proxy: &FaultProxy) -> LockClient {
-    let client = connect_with(&proxy.url(), |b| {
-        b.watchdog_timeout(Duration::from_secs(30))
-            .command_timeout(COMMAND_TIMEOUT)
-    })
-    .await;
-    listening(
-        &client,
-        server,
-        &format!("listening-{}", client.holder().id()),
-    )
-    .await;
+    let client = client_through_with_lease(server, proxy, Duration::from_secs(30)).await;
     // Load every kind's scripts first, so the lost reply is the acquire's own. A given
     // holder's release is `release.lua` (a fresh one's needs no script).
     let warm = "warm-up";
