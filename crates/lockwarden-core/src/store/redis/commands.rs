@@ -23,6 +23,9 @@ use crate::error::BackendError;
 const BATCH: usize = 1024;
 /// Pipelines to one server sent before the first reply is awaited.
 const PIPELINES_IN_FLIGHT: usize = 4;
+/// How often one call may load its script after `NOSCRIPT`: once after a restart, once
+/// more after a failover that came between that load and the call.
+const LOADS_PER_CALL: u8 = 2;
 
 /// What [`Commands::pipelined`] answers: each item's reply, `None` where its pipeline
 /// failed (or was not sent), and the first failure.
@@ -123,14 +126,18 @@ impl Commands {
                     }
                 }
             }
-            let mut loaded = false;
+            // `NOSCRIPT` means the script did not run, so loading it and sending the call
+            // again is always safe. A second load covers a failover between the load and
+            // the call (the new primary never saw the load); the bound keeps a server
+            // that keeps forgetting from holding the call here.
+            let mut loads = LOADS_PER_CALL;
             loop {
                 match call.cmd.query_async(&mut conn).await {
-                    Err(e) if is_noscript(&e) && !loaded => {
+                    Err(e) if is_noscript(&e) && loads > 0 => {
                         if let Some(load) = load.clone() {
                             conn.load_scripts([load], slot_of(&call.cmd)).await?;
                         }
-                        loaded = true;
+                        loads -= 1;
                     }
                     Err(e) if e.is_connection_dropped() && resend() => {}
                     other => return other,
