@@ -953,14 +953,15 @@ proptest! {
 
     /// Every rejection is a well-formed RFC 9457 document whatever its detail text or
     /// retry hint: JSON with the four members, `status` equal to the HTTP status, the
-    /// problem content type, and `Retry-After` (whole seconds, at least 1) only when busy.
+    /// problem content type, and `Retry-After` (whole seconds, at least 1) only for a busy
+    /// lock, a store that may come back and a shutdown.
     #[test]
     fn every_rejection_is_a_problem_document(
         detail in any::<String>(),
         secs in prop_oneof![0u64..100_000, any::<u64>(), Just(u64::MAX)],
         nanos in prop_oneof![Just(0u32), 0u32..1_000_000_000],
         status in prop::sample::select(vec![400u16, 409, 413, 422, 423, 503]),
-        kind in 0u8..7,
+        kind in 0u8..10,
     ) {
         let status = StatusCode::from_u16(status).expect("status");
         let retry_after = Duration::new(secs, nanos);
@@ -970,9 +971,19 @@ proptest! {
             2 => LockRejection::InvalidKey { detail: detail.clone() },
             3 => LockRejection::InvalidBody { status, detail: detail.clone() },
             4 => LockRejection::BodyTooLarge { limit: usize::try_from(secs).unwrap_or(usize::MAX) },
-            5 => LockRejection::Unavailable { detail: detail.clone() },
+            5 => LockRejection::Unavailable { detail: detail.clone(), retry_after: None },
+            6 => LockRejection::Unavailable { detail: detail.clone(), retry_after: Some(retry_after) },
+            7 => LockRejection::ShuttingDown,
+            8 => LockRejection::Internal { detail: detail.clone() },
             _ => LockRejection::Lost,
         };
+        // What the client is told: never the internal detail of a 500.
+        if kind == 8 {
+            let doc: serde_json::Value = serde_json::from_slice(&rejection.to_json()).expect("JSON");
+            prop_assert!(detail.len() < 8 || !doc["detail"].as_str().unwrap_or("").contains(&detail));
+        }
+        let hinted = matches!(kind, 0 | 6 | 7);
+        let retry_after = if kind == 7 { Duration::from_secs(1) } else { retry_after };
         let response: axum::http::Response<Bytes> = rejection.to_response();
         prop_assert_eq!(response.status(), rejection.status());
         prop_assert_eq!(&response.headers()["content-type"], "application/problem+json");
@@ -983,14 +994,14 @@ proptest! {
         prop_assert_eq!(doc["detail"].as_str().map(str::to_owned), Some(rejection.detail()));
         match response.headers().get("retry-after") {
             Some(value) => {
-                prop_assert_eq!(kind, 0);
+                prop_assert!(hinted, "kind {kind}");
                 let sent: u64 = value.to_str().expect("ascii").parse().expect("seconds");
                 prop_assert!(sent >= 1);
                 // Rounded up (saturating): never shorter than the hint.
                 prop_assert!(sent >= retry_after.as_secs());
                 prop_assert!(sent == u64::MAX || Duration::from_secs(sent) >= retry_after);
             }
-            None => prop_assert_ne!(kind, 0),
+            None => prop_assert!(!hinted, "kind {kind}"),
         }
     }
 }

@@ -1,14 +1,17 @@
 //! [`LockedBody`]: the response body that owns the request's lock and releases it when the
-//! body ends (last frame, trailers, error, `is_end_stream()`) or is dropped.
+//! body ends (last frame, trailers, error, `is_end_stream()`), panics, or is dropped.
 
+use std::any::Any;
 use std::fmt;
 use std::future::Future;
+use std::panic::{self, AssertUnwindSafe};
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
+use sync_wrapper::SyncWrapper;
 
 use super::held::{Held, Release};
 
@@ -24,14 +27,15 @@ pin_project! {
     /// has the whole response can use the key again at once. A body whose first frame is
     /// ready when the handler returns and is its last (most small responses) is released
     /// before the response is handed on at all, so its head and body go out together. A
-    /// body dropped unfinished (the client went away) releases in the background.
+    /// body dropped unfinished (the client went away) releases in the background. A body
+    /// that panics gives the lock back first, then the panic goes on.
     ///
     /// ```
-    /// use http_body::Body;
+    /// use axum::body::{Body, HttpBody};
     /// use lockwarden::LockedBody;
     ///
     /// // Problem bodies are made by the layer; an unlocked body just wraps another one.
-    /// let body = LockedBody::new(http_body_util::Full::new(bytes::Bytes::from("hi")));
+    /// let body = LockedBody::new(Body::from("hi"));
     /// assert_eq!(body.size_hint().exact(), Some(2));
     /// ```
     pub struct LockedBody<B: Body> {
@@ -41,6 +45,8 @@ pin_project! {
         // The release in progress; the frame read before it, handed on next.
         finishing: Option<Release>,
         ahead: Option<Option<Result<Frame<B::Data>, B::Error>>>,
+        // The inner body panicked: the panic goes on once the release is done.
+        panic: Option<SyncWrapper<Box<dyn Any + Send>>>,
     }
 }
 
@@ -62,6 +68,7 @@ impl<B: Body> LockedBody<B> {
             held: None,
             finishing: None,
             ahead: None,
+            panic: None,
         }
     }
 
@@ -69,7 +76,7 @@ impl<B: Body> LockedBody<B> {
     ///
     /// ```
     /// # use lockwarden::LockedBody;
-    /// assert!(!LockedBody::new(http_body_util::Empty::<bytes::Bytes>::new()).holds_lock());
+    /// assert!(!LockedBody::new(axum::body::Body::empty()).holds_lock());
     /// ```
     pub fn holds_lock(&self) -> bool {
         self.held.is_some() || self.finishing.is_some()
@@ -103,6 +110,7 @@ where
             held,
             finishing: None,
             ahead,
+            panic: None,
         };
         (body, release)
     }
@@ -140,6 +148,7 @@ impl<B: Body> From<Bytes> for LockedBody<B> {
             held: None,
             finishing: None,
             ahead: None,
+            panic: None,
         }
     }
 }
@@ -162,20 +171,42 @@ where
             ready!(Pin::new(finishing).poll(cx));
             *this.finishing = None;
         }
+        if let Some(panic) = this.panic.take() {
+            panic::resume_unwind(panic.into_inner());
+        }
         if let Some(frame) = this.ahead.take() {
             return Poll::Ready(frame);
         }
-        let (mut frame, at_end) = match this.kind.project() {
+        let body = match this.kind.project() {
             KindProj::Made { bytes } => {
                 return Poll::Ready(bytes.take().map(|b| Ok(Frame::data(B::Data::from(b)))))
             }
-            KindProj::Inner { mut body } => {
-                let frame = ready!(body.as_mut().poll_frame(cx));
-                (frame, body.is_end_stream())
-            }
-            KindProj::Boxed { body } => {
-                let frame = ready!(body.as_mut().poll_frame(cx));
-                (frame, body.is_end_stream())
+            body => body,
+        };
+        let polled = panic::catch_unwind(AssertUnwindSafe(|| match body {
+            KindProj::Inner { mut body } => body
+                .as_mut()
+                .poll_frame(cx)
+                .map(|frame| (frame, body.is_end_stream())),
+            KindProj::Boxed { body } => body
+                .as_mut()
+                .poll_frame(cx)
+                .map(|frame| (frame, body.is_end_stream())),
+            KindProj::Made { .. } => Poll::Ready((None, true)),
+        }));
+        let (mut frame, at_end) = match polled {
+            Ok(polled) => ready!(polled),
+            Err(panic) => {
+                // Give the lock back before the panic leaves the body.
+                let Some(mut release) = this.held.take().and_then(|held| held.finish(false)) else {
+                    panic::resume_unwind(panic)
+                };
+                if Pin::new(&mut release).poll(cx).is_ready() {
+                    panic::resume_unwind(panic);
+                }
+                *this.finishing = Some(release);
+                *this.panic = Some(SyncWrapper::new(panic));
+                return Poll::Pending;
             }
         };
         let Some(mut release) = on_frame(this.held, &mut frame, at_end) else {
@@ -192,7 +223,7 @@ where
     }
 
     fn is_end_stream(&self) -> bool {
-        if self.holds_lock() || self.ahead.is_some() {
+        if self.holds_lock() || self.ahead.is_some() || self.panic.is_some() {
             return false;
         }
         match &self.kind {

@@ -12,6 +12,7 @@ use http::request::Parts;
 use http::StatusCode;
 
 use super::remember::config::Remembering;
+use super::retry_after::LayerHoldTimes;
 use crate::LockClient;
 
 /// How much of a body [`LockLayer::by_json_field`](super::LockLayer::by_json_field) reads by
@@ -95,6 +96,8 @@ pub(crate) struct Config {
     /// Set by [`LockLayer::remember`](super::LockLayer::remember): store completed responses
     /// and replay them.
     pub(crate) remember: Option<Remembering>,
+    /// How long the layer's holds last: its `Retry-After` estimates.
+    pub(crate) hold_times: LayerHoldTimes,
 }
 
 impl Default for Config {
@@ -112,6 +115,7 @@ impl Default for Config {
             abort_on_loss: false,
             redact_keys: false,
             remember: None,
+            hold_times: LayerHoldTimes::default(),
         }
     }
 }

@@ -3,17 +3,21 @@
 //! [`Limited<T>`], which holds a permit of the value's concurrency limit instead.
 
 use std::any::Any;
+use std::collections::HashMap;
 use std::fmt;
 use std::ops::{Deref, DerefMut};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
-use axum::extract::{FromRef, FromRequestParts};
+use axum::extract::{FromRef, FromRequestParts, Path};
 use axum::response::{IntoResponse, Response};
 use http::request::Parts;
 use http::StatusCode;
 
 use super::client::default_client;
+use super::metrics::Route;
 use super::rejection::LockRejection;
+use super::retry_after::{HoldTicket, HoldTimes};
 use crate::{Holder, LockClient, LockError, LockGuard, LockInfo};
 
 /// A value that names a lock: implement it for the type you extract with [`Locked`].
@@ -49,6 +53,18 @@ pub trait LockKey {
     fn lock_key(&self) -> String;
 }
 
+/// `Locked<Path<T>>` locks on the path parameters `T` deserializes into, as `T` says
+/// (its name, wait, lease and status).
+impl<T: LockKey> LockKey for Path<T> {
+    const WAIT: Duration = T::WAIT;
+    const LEASE: Option<Duration> = T::LEASE;
+    const CONFLICT_STATUS: StatusCode = T::CONFLICT_STATUS;
+
+    fn lock_key(&self) -> String {
+        self.0.lock_key()
+    }
+}
+
 /// A value whose lock is held for as long as this lives; derefs to the value.
 ///
 /// ```
@@ -69,12 +85,18 @@ pub trait LockKey {
 pub struct Guarded<T> {
     value: T,
     guard: LockGuard,
+    /// An extractor's hold in its type's record of hold times, ended with the hold.
+    ticket: Option<HoldTicket>,
 }
 
 impl<T> Guarded<T> {
     /// Pairs `value` with the guard of its lock.
     pub fn new(value: T, guard: LockGuard) -> Self {
-        Self { value, guard }
+        Self {
+            value,
+            guard,
+            ticket: None,
+        }
     }
 
     /// Key, holder, fencing token and lost signal of the held lock.
@@ -97,8 +119,14 @@ impl<T> Guarded<T> {
     /// # Errors
     /// As [`LockGuard::release`].
     pub async fn release(self) -> Result<T, LockError> {
-        self.guard.release().await?;
-        Ok(self.value)
+        let Self {
+            value,
+            guard,
+            ticket,
+        } = self;
+        drop(ticket);
+        guard.release().await?;
+        Ok(value)
     }
 
     /// The value and the guard, to keep the lock beyond the value's use.
@@ -165,6 +193,9 @@ macro_rules! wraps_guarded {
 /// Extracts `T` (any [`FromRequestParts`] that implements [`LockKey`]), locks on it, and
 /// holds the lock while the handler keeps the extracted value.
 ///
+/// `Locked<Path<T>>` locks on the path parameters, for any `T` that implements
+/// [`LockKey`] and deserializes from them:
+///
 /// ```
 /// use axum::{extract::Path, routing::post, Router};
 /// use lockwarden::{LockKey, Locked};
@@ -179,21 +210,48 @@ macro_rules! wraps_guarded {
 ///     }
 /// }
 ///
-/// // `Path<OrderId>` would do as well; a newtype reads better.
-/// impl<S: Send + Sync> axum::extract::FromRequestParts<S> for OrderId {
-///     type Rejection = axum::extract::rejection::PathRejection;
-///     async fn from_request_parts(parts: &mut http::request::Parts, state: &S) -> Result<Self, Self::Rejection> {
-///         let Path(id) = Path::<u64>::from_request_parts(parts, state).await?;
-///         Ok(OrderId(id))
-///     }
-/// }
-///
-/// async fn ship(Locked(order): Locked<OrderId>) -> String {
-///     // `order` derefs to `OrderId` and holds `order:<id>` until it is dropped.
-///     format!("shipping {} (fencing token {})", order.0, order.fencing_token())
+/// async fn ship(Locked(order): Locked<Path<OrderId>>) -> String {
+///     // `order` derefs to the `Path` and holds `order:<id>` until it is dropped.
+///     let Path(OrderId(id)) = &*order;
+///     format!("shipping {id} (fencing token {})", order.fencing_token())
 /// }
 ///
 /// let app: Router = Router::new().route("/orders/{id}/ship", post(ship));
+/// ```
+///
+/// Any other extractor works the same way once its type implements [`LockKey`], such as
+/// a newtype of your own that reads a header or the authenticated user:
+///
+/// ```
+/// use axum::extract::FromRequestParts;
+/// use axum::http::{request::Parts, StatusCode};
+/// use axum::{routing::post, Router};
+/// use lockwarden::{LockKey, Locked};
+///
+/// /// The account a request acts for, from the `x-account` header.
+/// struct Account(String);
+///
+/// impl<S: Send + Sync> FromRequestParts<S> for Account {
+///     type Rejection = StatusCode;
+///
+///     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+///         let account = parts.headers.get("x-account").ok_or(StatusCode::BAD_REQUEST)?;
+///         let account = account.to_str().map_err(|_| StatusCode::BAD_REQUEST)?;
+///         Ok(Account(account.to_owned()))
+///     }
+/// }
+///
+/// impl LockKey for Account {
+///     fn lock_key(&self) -> String {
+///         format!("account:{}", self.0)
+///     }
+/// }
+///
+/// async fn close(Locked(account): Locked<Account>) -> String {
+///     format!("closing {}", account.0)
+/// }
+///
+/// let app: Router = Router::new().route("/account/close", post(close));
 /// ```
 ///
 /// The lock client is, in order: the [`LockClient`] in the request's extensions (put there
@@ -205,6 +263,10 @@ macro_rules! wraps_guarded {
 ///
 /// Destructuring `Locked(order)` moves the lock into `order` (a [`Guarded<T>`]): the lock
 /// is held until `order` is dropped, normally when the handler returns.
+///
+/// A request that finds the lock busy is answered `409` (or [`LockKey::CONFLICT_STATUS`])
+/// with a `Retry-After` estimated, as the layers do (see [`LockLayer`](super::LockLayer)),
+/// from how long this extractor type's holds have lasted on the route.
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub struct Locked<T>(pub Guarded<T>);
 
@@ -263,7 +325,9 @@ where
             .await
             .map_err(LockedRejection::Key)?;
         let client = client_of(parts, state);
-        lock(value, parts, client).await.map(Locked)
+        lock(value, parts, client, "the Locked extractor")
+            .await
+            .map(Locked)
     }
 }
 
@@ -273,6 +337,7 @@ where
 /// ```
 /// use axum::{extract::{FromRef, Path}, routing::post, Router};
 /// use lockwarden::{LockClient, LockKey, StateLocked};
+/// use serde::Deserialize;
 ///
 /// #[derive(Clone)]
 /// struct AppState {
@@ -286,19 +351,17 @@ where
 ///     }
 /// }
 ///
+/// #[derive(Deserialize)]
 /// struct Invoice(u64);
+///
 /// impl LockKey for Invoice {
-///     fn lock_key(&self) -> String { format!("invoice:{}", self.0) }
-/// }
-/// impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Invoice {
-///     type Rejection = axum::extract::rejection::PathRejection;
-///     async fn from_request_parts(parts: &mut http::request::Parts, state: &S) -> Result<Self, Self::Rejection> {
-///         Ok(Invoice(Path::<u64>::from_request_parts(parts, state).await?.0))
+///     fn lock_key(&self) -> String {
+///         format!("invoice:{}", self.0)
 ///     }
 /// }
 ///
-/// async fn pay(StateLocked(invoice): StateLocked<Invoice>) -> String {
-///     format!("paying invoice {}", invoice.0)
+/// async fn pay(StateLocked(invoice): StateLocked<Path<Invoice>>) -> String {
+///     format!("paying invoice {}", invoice.0 .0)
 /// }
 ///
 /// let app: Router = Router::new()
@@ -323,7 +386,9 @@ where
             .await
             .map_err(LockedRejection::Key)?;
         let client = LockClient::from_ref(state);
-        lock(value, parts, Some(client)).await.map(StateLocked)
+        lock(value, parts, Some(client), "the StateLocked extractor")
+            .await
+            .map(StateLocked)
     }
 }
 
@@ -332,15 +397,13 @@ async fn lock<T: LockKey, R>(
     value: T,
     parts: &Parts,
     client: Option<LockClient>,
+    by: &'static str,
 ) -> Result<Guarded<T>, LockedRejection<R>> {
-    let reject = |e: LockError| {
-        let rejection = LockRejection::from_lock_error(&e, T::CONFLICT_STATUS, false);
-        tracing::debug!(error = %e, status = rejection.status().as_u16(), "Locked extractor rejected the request");
-        LockedRejection::Lock(rejection)
-    };
     let client = match client {
         Some(client) => client,
-        None => default_client().await.map_err(reject)?,
+        None => default_client()
+            .await
+            .map_err(|e| rejected(e, None, T::CONFLICT_STATUS, false, by))?,
     };
     let holder = parts
         .extensions
@@ -352,8 +415,56 @@ async fn lock<T: LockKey, R>(
     if let Some(lease) = T::LEASE {
         lock = lock.lease(lease);
     }
-    let guard = lock.try_acquire(T::WAIT).await.map_err(reject)?;
-    Ok(Guarded::new(value, guard))
+    let refused = |e| {
+        let times = (&client, &*hold_times::<T>(), parts);
+        rejected(e, Some(times), T::CONFLICT_STATUS, false, by)
+    };
+    let guard = lock.try_acquire(T::WAIT).await.map_err(refused)?;
+    Ok(timed(value, guard, parts))
+}
+
+/// The answer to an extractor whose lock or permit could not be taken, logged as loud
+/// as it is; with `estimate`, the `Retry-After` of a busy lock or full limit comes from
+/// the holds of the extractor's type on the request's route.
+fn rejected<R>(
+    error: LockError,
+    estimate: Option<(&LockClient, &HoldTimes, &Parts)>,
+    status: StatusCode,
+    permit: bool,
+    by: &'static str,
+) -> LockedRejection<R> {
+    let rejection = match estimate {
+        Some((client, times, parts)) => {
+            let route = Route::in_extensions(&parts.extensions);
+            LockRejection::from_refusal(&error, status, permit, (client, times, route.as_str()))
+        }
+        None => LockRejection::from_lock_error(&error, status, permit),
+    };
+    rejection.log(Some(&error), by);
+    LockedRejection::Lock(rejection)
+}
+
+/// `value` held by `guard`, the hold counted in its type's record of hold times.
+fn timed<T>(value: T, guard: LockGuard, parts: &Parts) -> Guarded<T> {
+    let route = Route::in_extensions(&parts.extensions);
+    let ticket = hold_times::<T>().begin(guard.key(), route.as_str());
+    Guarded {
+        value,
+        guard,
+        ticket: Some(ticket),
+    }
+}
+
+/// The hold times of the extractors of type `T`, process-wide: each type keys its own
+/// locks or limits, as a layer does.
+fn hold_times<T>() -> Arc<HoldTimes> {
+    static BY_TYPE: OnceLock<Mutex<HashMap<&'static str, Arc<HoldTimes>>>> = OnceLock::new();
+    let by_type = BY_TYPE.get_or_init(Mutex::default);
+    let mut by_type = by_type.lock().unwrap_or_else(PoisonError::into_inner);
+    by_type
+        .entry(std::any::type_name::<T>())
+        .or_default()
+        .clone()
 }
 
 /// A value that names a concurrency limit: implement it for the type you extract with
@@ -393,6 +504,21 @@ pub trait LimitKey {
     fn permits(&self) -> u32;
 }
 
+/// `Limited<Path<T>>` limits by the path parameters `T` deserializes into, as `T` says.
+impl<T: LimitKey> LimitKey for Path<T> {
+    const WAIT: Duration = T::WAIT;
+    const LEASE: Option<Duration> = T::LEASE;
+    const FULL_STATUS: StatusCode = T::FULL_STATUS;
+
+    fn limit_key(&self) -> String {
+        self.0.limit_key()
+    }
+
+    fn permits(&self) -> u32 {
+        self.0.permits()
+    }
+}
+
 /// Extracts `T` (any [`FromRequestParts`] that implements [`LimitKey`]) and holds a
 /// permit of its limit while the handler keeps the extracted value: at most
 /// [`LimitKey::permits`] handlers with the same key run at once, on every replica. A
@@ -402,7 +528,9 @@ pub trait LimitKey {
 /// ```
 /// use axum::{extract::Path, routing::post, Router};
 /// use lockwarden::{LimitKey, Limited, LockClient};
+/// use serde::Deserialize;
 ///
+/// #[derive(Deserialize)]
 /// struct Account(String);
 ///
 /// impl LimitKey for Account {
@@ -414,15 +542,8 @@ pub trait LimitKey {
 ///     }
 /// }
 ///
-/// impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Account {
-///     type Rejection = axum::extract::rejection::PathRejection;
-///     async fn from_request_parts(parts: &mut http::request::Parts, state: &S) -> Result<Self, Self::Rejection> {
-///         Ok(Account(Path::<String>::from_request_parts(parts, state).await?.0))
-///     }
-/// }
-///
-/// async fn export(Limited(account): Limited<Account>) -> String {
-///     format!("exporting for {} (token {})", account.0, account.fencing_token())
+/// async fn export(Limited(account): Limited<Path<Account>>) -> String {
+///     format!("exporting for {} (token {})", account.0 .0, account.fencing_token())
 /// }
 ///
 /// let app: Router = Router::new()
@@ -448,30 +569,33 @@ where
             .await
             .map_err(LockedRejection::Key)?;
         let client = client_of(parts, state);
-        permit(value, client).await.map(Limited)
+        permit(value, parts, client).await.map(Limited)
     }
 }
 
 /// Takes a permit of `value`'s limit with `client` (or the default client).
 async fn permit<T: LimitKey, R>(
     value: T,
+    parts: &Parts,
     client: Option<LockClient>,
 ) -> Result<Guarded<T>, LockedRejection<R>> {
-    let reject = |e: LockError| {
-        let rejection = LockRejection::from_lock_error(&e, T::FULL_STATUS, true);
-        tracing::debug!(error = %e, status = rejection.status().as_u16(), "Limited extractor rejected the request");
-        LockedRejection::Lock(rejection)
-    };
+    const BY: &str = "the Limited extractor";
     let client = match client {
         Some(client) => client,
-        None => default_client().await.map_err(reject)?,
+        None => default_client()
+            .await
+            .map_err(|e| rejected(e, None, T::FULL_STATUS, true, BY))?,
     };
     let mut permits = client.semaphore(value.limit_key(), value.permits());
     if let Some(lease) = T::LEASE {
         permits = permits.lease(lease);
     }
-    let guard = permits.try_acquire(T::WAIT).await.map_err(reject)?;
-    Ok(Guarded::new(value, guard))
+    let refused = |e| {
+        let times = (&client, &*hold_times::<T>(), parts);
+        rejected(e, Some(times), T::FULL_STATUS, true, BY)
+    };
+    let guard = permits.try_acquire(T::WAIT).await.map_err(refused)?;
+    Ok(timed(value, guard, parts))
 }
 
 /// The client in the extensions, or the state if the state is one.

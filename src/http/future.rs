@@ -2,8 +2,10 @@
 //! extract the key, get the client, acquire, call the inner service as the lock's holder,
 //! and move the lock into the response body.
 
+use std::any::Any;
 use std::fmt;
 use std::future::Future;
+use std::panic::{self, AssertUnwindSafe};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
@@ -13,6 +15,7 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
 use pin_project_lite::pin_project;
+use sync_wrapper::SyncWrapper;
 use tower_service::Service;
 use tracing::Span;
 
@@ -39,7 +42,9 @@ pin_project! {
     /// The response future of [`LockService`](super::LockService).
     ///
     /// Dropping it (the client went away) at any point releases the lock or cancels its
-    /// acquisition; a panic of the inner service unwinds through it and releases too.
+    /// acquisition. A panic of the inner service is held back until the lock is given
+    /// back, then goes on unwinding: whatever answers for the panic (a `CatchPanicLayer`'s
+    /// `500`) comes after the release.
     pub struct ResponseFuture<F, S, RB>
     where
         S: Service<Request<RB>>,
@@ -82,6 +87,8 @@ pin_project! {
         Locked { #[pin] fut: Inner<Fut> },
         Unlocked { #[pin] fut: Fut },
         Finishing { release: Release },
+        // The inner service panicked: its lock is given back, then the panic goes on.
+        Unwinding { release: Release, panic: Option<Panic> },
         Done,
     }
 }
@@ -163,6 +170,9 @@ impl<Fut: Future> Future for Inner<Fut> {
     }
 }
 
+/// A caught panic, to resume once the lock is given back (`Sync` as the future may be).
+type Panic = SyncWrapper<Box<dyn Any + Send>>;
+
 /// What a request takes: the layer's lock, or a permit of its limit's semaphore of this
 /// capacity.
 #[derive(Debug, Clone, Copy)]
@@ -173,7 +183,8 @@ enum Take {
 
 /// What a request needs next, once its key is known or an acquisition has finished.
 enum Next<RB> {
-    Reject(LockRejection),
+    /// Answer with the rejection; the engine's error behind it, if any, is logged with it.
+    Reject(LockRejection, Option<LockError>),
     Replay(Stored),
     Pass(Request<RB>),
     Connect(Request<RB>, String, Take),
@@ -196,7 +207,7 @@ where
         loop {
             let next = match this.state.as_mut().project() {
                 StateProj::Extract { fut } => match ready!(fut.poll(cx)) {
-                    Err(rejection) => Next::Reject(rejection),
+                    Err(rejection) => Next::Reject(rejection, None),
                     Ok(extracted) => {
                         *this.fingerprint = extracted.fingerprint;
                         route(extracted, this.config, this.missing, span, this.route)
@@ -212,9 +223,7 @@ where
                     let request = take_request(request);
                     match connected {
                         Ok(client) => Next::Acquire(request, client, std::mem::take(name), *take),
-                        Err(error) => {
-                            backend_failed(&error, request, this.config, span, this.route)
-                        }
+                        Err(error) => backend_failed(error, request, this.config, span, this.route),
                     }
                 }
                 StateProj::Acquire {
@@ -234,7 +243,7 @@ where
                                     span.record("outcome", "replayed");
                                     Next::Replay(stored)
                                 }
-                                Err(rejection) => Next::Reject(rejection),
+                                Err(rejection) => Next::Reject(rejection, None),
                             }
                         }
                         Ok(Claim::Acquired(guard)) => {
@@ -256,7 +265,9 @@ where
                                 *this.lost = Some(Box::pin(async move { lost.wait().await }));
                             }
                             let holder = guard.holder().clone();
-                            *this.held = Some(Held::new(guard, span.clone()));
+                            let times = &this.config.hold_times.0;
+                            let ticket = times.begin(guard.key(), this.route.as_str());
+                            *this.held = Some(Held::new(guard, span.clone(), ticket));
                             let fut = call(this.service, request);
                             let fut = match permit {
                                 true => Inner::AsItself { fut },
@@ -267,29 +278,43 @@ where
                             this.state.set(State::Locked { fut });
                             continue;
                         }
-                        Err(
-                            error @ (LockError::Timeout { .. }
-                            | LockError::InvalidKey(_)
-                            | LockError::InvalidPermits { .. }
-                            | LockError::TooManyPermits { .. }),
-                        ) => {
-                            let rejection = LockRejection::from_lock_error(
-                                &error,
-                                this.config.refused_status,
-                                this.config.permits.is_some(),
-                            );
-                            if let LockRejection::InvalidLimit { detail } = &rejection {
-                                tracing::error!(%detail, "the limit's capacity is misconfigured; answering 500");
-                            }
-                            Next::Reject(rejection)
+                        // Only an outage may be ridden out unlocked (`fail_open`).
+                        Err(error @ LockError::Backend(_)) => {
+                            backend_failed(error, request, this.config, span, this.route)
                         }
                         Err(error) => {
-                            backend_failed(&error, request, this.config, span, this.route)
+                            let config: &Config = this.config;
+                            let rejection = LockRejection::from_refusal(
+                                &error,
+                                config.refused_status,
+                                config.permits.is_some(),
+                                (client, &config.hold_times.0, this.route.as_str()),
+                            );
+                            Next::Reject(rejection, Some(error))
                         }
                     }
                 }
                 StateProj::Locked { fut } => {
-                    if let Poll::Ready(result) = fut.poll(cx) {
+                    let polled = panic::catch_unwind(AssertUnwindSafe(|| fut.poll(cx)));
+                    let polled = match polled {
+                        Ok(polled) => polled,
+                        Err(panic) => {
+                            // Give the lock back before the panic leaves the layer, so that
+                            // no answer to it comes before the release (the handler's
+                            // future, broken, is dropped first).
+                            this.state.set(State::Done);
+                            this.lost.take();
+                            let Some(release) = this.held.take().and_then(|h| h.finish(false))
+                            else {
+                                panic::resume_unwind(panic)
+                            };
+                            span.record("outcome", "handler panicked");
+                            let panic = Some(SyncWrapper::new(panic));
+                            this.state.set(State::Unwinding { release, panic });
+                            continue;
+                        }
+                    };
+                    if let Poll::Ready(result) = polled {
                         this.state.set(State::Done);
                         this.lost.take();
                         let held = this.held.take();
@@ -341,16 +366,23 @@ where
                         None => panic!("ResponseFuture polled after completion"),
                     };
                 }
+                StateProj::Unwinding { release, panic } => {
+                    // A failed release was logged by itself; the panic goes on regardless.
+                    ready!(Pin::new(release).poll(cx));
+                    let panic = panic.take();
+                    this.state.set(State::Done);
+                    match panic {
+                        Some(panic) => panic::resume_unwind(panic.into_inner()),
+                        None => panic!("ResponseFuture polled after completion"),
+                    }
+                }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             };
             match next {
-                Next::Reject(rejection) => {
+                Next::Reject(rejection, cause) => {
                     span.record("outcome", rejection.outcome());
                     metrics::answered(this.route, Answered::Rejected(&rejection));
-                    tracing::debug!(
-                        status = rejection.status().as_u16(),
-                        "request answered by the lock layer"
-                    );
+                    rejection.log(cause.as_ref(), "the lock layer");
                     this.state.set(State::Done);
                     return Poll::Ready(Ok(rejection.to_response()));
                 }
@@ -445,29 +477,31 @@ fn route<RB>(
     route: &Route,
 ) -> Next<RB> {
     let Extracted { request, key, .. } = extracted;
-    let on_missing = |request| match config.missing_key {
+    let on_missing = |request, missing: LockRejection| match config.missing_key {
         MissingKey::PassUnlocked => {
             span.record("outcome", "missing key, passed unlocked");
             metrics::answered(route, Answered::PassedUnlocked);
             Next::Pass(request)
         }
-        MissingKey::Reject => Next::Reject(missing.clone()),
+        MissingKey::Reject => Next::Reject(missing, None),
     };
     let Some(key) = key else {
-        return on_missing(request);
+        return on_missing(request, missing.clone());
     };
     // The namespace would make an empty key a valid name: one lock for every such request.
     if key.is_empty() {
-        return Next::Reject(LockRejection::InvalidKey {
+        let empty = LockRejection::InvalidKey {
             detail: "The lock key is empty.".to_owned(),
-        });
+        };
+        return Next::Reject(empty, None);
     }
     let (parts, body) = request.into_parts();
     let scope = match &config.scope {
         None => None,
         Some(scope) => match scope(&parts) {
             Some(scope) => Some(scope),
-            None => return on_missing(Request::from_parts(parts, body)),
+            // The key is there: say what is missing is the scope.
+            None => return on_missing(Request::from_parts(parts, body), no_scope()),
         },
     };
     let take = match &config.permits {
@@ -483,28 +517,37 @@ fn route<RB>(
     }
 }
 
-/// The store failed: pass unlocked when failing open, otherwise 503. A store that is not
-/// configured at all is no outage to ride out: failing open would run every request
-/// unlocked, so it is always 503.
+/// The answer to a request whose key is there but whose scope is not.
+fn no_scope() -> LockRejection {
+    LockRejection::MissingKey {
+        status: http::StatusCode::BAD_REQUEST,
+        detail: "The request has no scope for its lock key: the layer places each key under \
+                 a scope taken from the request (such as the authenticated caller), and \
+                 found none."
+            .to_owned(),
+    }
+}
+
+/// The store failed: pass unlocked when failing open, otherwise 503. Only an outage is
+/// ridden out unlocked: a store that is not configured at all is none (failing open
+/// would run every request unlocked), nor is any other error (a client shut down, an
+/// error no acquisition should get).
 fn backend_failed<RB>(
-    error: &LockError,
+    error: LockError,
     request: Request<RB>,
     config: &Config,
     span: &Span,
     route: &Route,
 ) -> Next<RB> {
-    let configured = !matches!(error, LockError::Backend(BackendError::NotConfigured(_)));
-    if config.fail_open && configured {
+    let outage =
+        matches!(&error, LockError::Backend(e) if !matches!(e, BackendError::NotConfigured(_)));
+    if config.fail_open && outage {
         tracing::warn!(%error, "lock store unavailable; failing open: the request runs without its lock");
         span.record("outcome", "backend error, failed open");
         metrics::answered(route, Answered::FailedOpen);
-        Next::Pass(request)
-    } else {
-        tracing::error!(%error, "lock store unavailable; answering 503");
-        Next::Reject(LockRejection::from_lock_error(
-            error,
-            config.refused_status,
-            config.permits.is_some(),
-        ))
+        return Next::Pass(request);
     }
+    let rejection =
+        LockRejection::from_lock_error(&error, config.refused_status, config.permits.is_some());
+    Next::Reject(rejection, Some(error))
 }

@@ -11,6 +11,7 @@ use sync_wrapper::SyncFuture;
 use tracing::{Instrument, Span};
 
 use super::remember::recording::Recording;
+use super::retry_after::HoldTicket;
 use super::trace;
 use crate::LockGuard;
 
@@ -21,15 +22,18 @@ pub(crate) struct Held {
     span: Span,
     acquired: Instant,
     recording: Option<Recording>,
+    /// The hold in the layer's record of hold times, ended with the hold.
+    ticket: Option<HoldTicket>,
 }
 
 impl Held {
-    pub(crate) fn new(guard: LockGuard, span: Span) -> Self {
+    pub(crate) fn new(guard: LockGuard, span: Span, ticket: HoldTicket) -> Self {
         Self {
             guard: Some(guard),
             span,
             acquired: Instant::now(),
             recording: None,
+            ticket: Some(ticket),
         }
     }
 
@@ -44,6 +48,8 @@ impl Held {
 
     fn take_guard(&mut self) -> Option<LockGuard> {
         let guard = self.guard.take()?;
+        // The hold ends here for the layer's estimates: its release is under way.
+        self.ticket.take();
         let lost = guard.is_lost();
         if lost || !self.span.is_disabled() {
             let hold_ms = trace::millis(self.acquired.elapsed());
@@ -69,16 +75,24 @@ impl Held {
             .filter(|_| completed)
             .and_then(Recording::finish);
         let release = async move {
-            let remembered = stored.is_some();
-            let result = match stored {
-                Some((bytes, keep)) => guard.complete(bytes, keep).await,
-                None => guard.release().await,
-            };
-            match result {
-                Ok(()) => tracing::debug!(remembered, "lock released"),
-                Err(error) => {
-                    tracing::warn!(%error, remembered, "releasing the request's lock failed; it expires with its lease")
-                }
+            match stored {
+                Some((bytes, keep)) => match guard.complete(bytes, keep).await {
+                    Ok(()) => tracing::debug!(remembered = true, "lock released"),
+                    Err(error) => tracing::warn!(
+                        %error,
+                        remembered = false,
+                        "storing the response, and with it releasing the lock, failed: a retry \
+                         runs the handler again, and the lock expires with its lease"
+                    ),
+                },
+                None => match guard.release().await {
+                    Ok(()) => tracing::debug!(remembered = false, "lock released"),
+                    Err(error) => tracing::warn!(
+                        %error,
+                        remembered = false,
+                        "releasing the request's lock failed; it expires with its lease"
+                    ),
+                },
             }
         };
         Some(Release(SyncFuture::new(Box::pin(
@@ -89,7 +103,7 @@ impl Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        // Unfinished (client gone, handler panicked): the guard releases in the background
+        // Unfinished (the client went away): the guard releases in the background
         // and nothing is remembered.
         if self.take_guard().is_some() {
             tracing::debug!(parent: &self.span, "lock released (response not completed)");

@@ -18,7 +18,7 @@ static METADATA: Metadata<'static> =
     Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
 
 /// The `outcome` label values, indexed by [`Answered::labels`].
-const OUTCOMES: [&str; 15] = [
+const OUTCOMES: [&str; 17] = [
     "locked",
     "replayed",
     "passed_unlocked",
@@ -34,6 +34,8 @@ const OUTCOMES: [&str; 15] = [
     "admitted",
     "limit_reached",
     "invalid_limit",
+    "shutting_down",
+    "internal_error",
 ];
 
 /// The `status` label values (the handler's answer, or the layer's status).
@@ -50,15 +52,21 @@ pub(crate) struct Route {
 
 impl Route {
     pub(crate) fn of<B>(request: &Request<B>) -> Self {
+        Self::in_extensions(request.extensions())
+    }
+
+    /// The route a request's extensions name (axum puts it there).
+    pub(crate) fn in_extensions(extensions: &http::Extensions) -> Self {
         #[cfg(not(feature = "axum"))]
-        let _ = request;
+        let _ = extensions;
         Self {
             #[cfg(feature = "axum")]
-            matched: request.extensions().get().cloned(),
+            matched: extensions.get().cloned(),
         }
     }
 
-    fn as_str(&self) -> Option<&str> {
+    /// The router's template of the route, if the router says it.
+    pub(crate) fn as_str(&self) -> Option<&str> {
         #[cfg(feature = "axum")]
         return self.matched.as_ref().map(|m| m.as_str());
         #[cfg(not(feature = "axum"))]
@@ -184,6 +192,8 @@ fn outcome(rejection: &LockRejection) -> usize {
         LockRejection::KeyReused => 11,
         LockRejection::Full { .. } => 13,
         LockRejection::InvalidLimit { .. } => 14,
+        LockRejection::ShuttingDown => 15,
+        LockRejection::Internal { .. } => 16,
     }
 }
 

@@ -46,6 +46,7 @@ mod limit;
 mod metrics;
 mod rejection;
 mod remember;
+mod retry_after;
 mod service;
 mod settings;
 mod trace;

@@ -8,7 +8,8 @@ use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{Response, StatusCode};
 
-use crate::{BackendError, KeyError, LockError};
+use super::retry_after::{HoldTimes, FLOOR};
+use crate::{BackendError, KeyError, LockClient, LockError};
 
 /// The media type of problem details (RFC 9457).
 const PROBLEM_JSON: &str = "application/problem+json";
@@ -27,21 +28,25 @@ const PROBLEM_JSON: &str = "application/problem+json";
 /// | `InvalidKey` | 400 | `invalid-lock-key` |
 /// | `InvalidBody` | 400 (body not JSON, unreadable) or 422 (field of the wrong type) | `invalid-body` |
 /// | `BodyTooLarge` | 413 | `body-too-large` |
-/// | `Unavailable` | 503 | `lock-unavailable` |
+/// | `Unavailable` | 503 (+ `Retry-After: 1` when a retry may find the store back) | `lock-unavailable` |
+/// | `ShuttingDown` | 503 + `Retry-After: 1` | `shutting-down` |
 /// | `Lost` | 503 | `lock-lost` |
 /// | `KeyReused` | 422 | `idempotency-key-reused` |
 /// | `Full` | 429 (or the configured 503) + `Retry-After` | `limit-reached` |
 /// | `InvalidLimit` | 500 | `invalid-limit` |
+/// | `Internal` | 500 | `internal-error` |
 ///
 /// ```
+/// use axum::body::Bytes;
+/// use axum::http::{Response, StatusCode};
 /// use lockwarden::LockRejection;
 /// use std::time::Duration;
 ///
 /// let busy = LockRejection::Busy {
-///     status: http::StatusCode::CONFLICT,
+///     status: StatusCode::CONFLICT,
 ///     retry_after: Duration::from_millis(1500),
 /// };
-/// let response: http::Response<bytes::Bytes> = busy.to_response();
+/// let response: Response<Bytes> = busy.to_response();
 /// assert_eq!(response.status(), 409);
 /// assert_eq!(response.headers()["retry-after"], "2"); // whole seconds, rounded up
 /// assert_eq!(response.headers()["content-type"], "application/problem+json");
@@ -54,7 +59,9 @@ pub enum LockRejection {
     Busy {
         /// 409 Conflict by default, 423 Locked if so configured.
         status: StatusCode,
-        /// The holder's remaining lease (sent as `Retry-After`, at least 1 s).
+        /// When a retry may find the lock free (sent as `Retry-After`, in whole seconds
+        /// rounded up, at least 1): the layer's estimate from the holds it has seen end,
+        /// at most the holder's remaining lease (see [`LockLayer`](super::LockLayer)).
         retry_after: Duration,
     },
     /// The request carries no key (no header, no field, no scope).
@@ -81,11 +88,19 @@ pub enum LockRejection {
         /// The limit in bytes.
         limit: usize,
     },
-    /// The lock store could not be reached (fail closed).
+    /// The lock store could not be reached, or is not configured (fail closed).
     Unavailable {
         /// What failed (shown to the client without internals).
         detail: String,
+        /// When a retry may succeed (sent as `Retry-After`): a second when the store
+        /// could not be reached or answered too late, `None` when a retry cannot help
+        /// until the server is reconfigured (no `REDIS_URL`, refused by the store's ACL
+        /// or TLS).
+        retry_after: Option<Duration>,
     },
+    /// The lock client was shut down (the server is stopping): the request was not
+    /// processed, and is never run without its lock. Another instance may take it.
+    ShuttingDown,
     /// The lock was lost while the handler ran and the layer aborts on loss.
     Lost,
     /// The key belongs to a remembered request that differs from this one (method, path
@@ -107,6 +122,12 @@ pub enum LockRejection {
         /// misconfigured).
         detail: String,
     },
+    /// The lock engine answered an acquisition with an error that no acquisition should
+    /// get (a bug): the request was not processed, and is never run without its lock.
+    Internal {
+        /// The error, for the logs (the client is told only that the layer failed).
+        detail: String,
+    },
 }
 
 impl LockRejection {
@@ -125,8 +146,10 @@ impl LockRejection {
             Self::InvalidKey { .. } => StatusCode::BAD_REQUEST,
             Self::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::Unavailable { .. } | Self::Lost => StatusCode::SERVICE_UNAVAILABLE,
-            Self::InvalidLimit { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Unavailable { .. } | Self::ShuttingDown | Self::Lost => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            Self::InvalidLimit { .. } | Self::Internal { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -144,10 +167,12 @@ impl LockRejection {
             Self::InvalidBody { .. } => "urn:lockwarden:problem:invalid-body",
             Self::BodyTooLarge { .. } => "urn:lockwarden:problem:body-too-large",
             Self::Unavailable { .. } => "urn:lockwarden:problem:lock-unavailable",
+            Self::ShuttingDown => "urn:lockwarden:problem:shutting-down",
             Self::Lost => "urn:lockwarden:problem:lock-lost",
             Self::KeyReused => "urn:lockwarden:problem:idempotency-key-reused",
             Self::Full { .. } => "urn:lockwarden:problem:limit-reached",
             Self::InvalidLimit { .. } => "urn:lockwarden:problem:invalid-limit",
+            Self::Internal { .. } => "urn:lockwarden:problem:internal-error",
         }
     }
 
@@ -165,10 +190,12 @@ impl LockRejection {
             Self::InvalidBody { .. } => "Invalid request body",
             Self::BodyTooLarge { .. } => "Request body too large",
             Self::Unavailable { .. } => "Lock service unavailable",
+            Self::ShuttingDown => "Server shutting down",
             Self::Lost => "Lock lost",
             Self::KeyReused => "Idempotency-Key is already used",
             Self::Full { .. } => "Too many concurrent requests",
             Self::InvalidLimit { .. } => "Concurrency limit misconfigured",
+            Self::Internal { .. } => "Lock layer error",
         }
     }
 
@@ -187,7 +214,11 @@ impl LockRejection {
             Self::MissingKey { detail, .. }
             | Self::InvalidKey { detail }
             | Self::InvalidBody { detail, .. }
-            | Self::Unavailable { detail } => detail.clone(),
+            | Self::Unavailable { detail, .. } => detail.clone(),
+            Self::ShuttingDown => "This server is shutting down and takes no more locks; the \
+                                   request was not processed. Retry it: another instance may \
+                                   take it."
+                .to_owned(),
             Self::BodyTooLarge { limit } => format!(
                 "The request body is longer than the {limit} bytes read to find the lock key."
             ),
@@ -204,23 +235,39 @@ impl LockRejection {
             Self::InvalidLimit { .. } => "The server's concurrency limit for this request is \
                                           misconfigured; the request was not processed."
                 .to_owned(),
+            Self::Internal { .. } => "The lock layer failed unexpectedly; the request was not \
+                                      processed."
+                .to_owned(),
         }
     }
 
-    /// The `Retry-After` value in whole seconds, for `Busy` and `Full` only.
+    /// The `Retry-After` value in whole seconds: for `Busy`, `Full` and `ShuttingDown`,
+    /// and for `Unavailable` when a retry may succeed.
     ///
     /// ```
-    /// # use lockwarden::LockRejection;
-    /// # use std::time::Duration;
-    /// let busy = LockRejection::Busy { status: http::StatusCode::LOCKED, retry_after: Duration::ZERO };
+    /// use axum::http::StatusCode;
+    /// use lockwarden::LockRejection;
+    /// use std::time::Duration;
+    ///
+    /// let busy = LockRejection::Busy { status: StatusCode::LOCKED, retry_after: Duration::ZERO };
     /// assert_eq!(busy.retry_after_secs(), Some(1)); // never less than a second
+    /// assert_eq!(LockRejection::KeyReused.retry_after_secs(), None);
     /// ```
     pub fn retry_after_secs(&self) -> Option<u64> {
         match self {
             Self::Busy { retry_after, .. } | Self::Full { retry_after, .. } => {
                 Some(retry_after_secs(*retry_after))
             }
-            _ => None,
+            Self::Unavailable { retry_after, .. } => retry_after.map(retry_after_secs),
+            Self::ShuttingDown => Some(retry_after_secs(FLOOR)),
+            Self::MissingKey { .. }
+            | Self::InvalidKey { .. }
+            | Self::InvalidBody { .. }
+            | Self::BodyTooLarge { .. }
+            | Self::Lost
+            | Self::KeyReused
+            | Self::InvalidLimit { .. }
+            | Self::Internal { .. } => None,
         }
     }
 
@@ -246,7 +293,7 @@ impl LockRejection {
     ///
     /// ```
     /// # use lockwarden::LockRejection;
-    /// let response: http::Response<bytes::Bytes> = LockRejection::Lost.to_response();
+    /// let response: axum::http::Response<axum::body::Bytes> = LockRejection::Lost.to_response();
     /// assert_eq!(response.status(), 503);
     /// ```
     pub fn to_response<B: From<Bytes>>(&self) -> Response<B> {
@@ -260,9 +307,18 @@ impl LockRejection {
         response
     }
 
-    /// Maps a lock error: `Timeout` to `Busy` with `status` (to `Full`, if the request
-    /// was waiting for a `permit` of a limit), `InvalidKey` to `InvalidKey`, a capacity
-    /// that cannot be to `InvalidLimit`, anything else to `Unavailable`.
+    /// The answer to an acquisition that failed with `error`, each error on purpose:
+    ///
+    /// - `Timeout`: `Busy` with `status` (`Full`, if the request waited for a `permit`
+    ///   of a limit), its `Retry-After` the holder's remaining lease until the layer puts
+    ///   its estimate in ([`with_retry_after`](Self::with_retry_after));
+    /// - `InvalidKey`: `InvalidKey`; a capacity that cannot be: `InvalidLimit`;
+    /// - `Backend`: `Unavailable` (the only answer a layer that fails open lets through);
+    /// - `ShutDown`: `ShuttingDown`;
+    /// - `Lost`: `Lost`;
+    /// - what no acquisition answers (the errors of releases, upgrades, claims on a
+    ///   read-write lock, fenced writes, Redlock) and variants the engine may add later:
+    ///   `Internal`, never an outage, so never passed through unlocked.
     pub(crate) fn from_lock_error(error: &LockError, status: StatusCode, permit: bool) -> Self {
         match error {
             LockError::Timeout { retry_after, .. } if permit => Self::Full {
@@ -279,14 +335,112 @@ impl LockRejection {
                 }
             }
             LockError::InvalidKey(e) => Self::invalid_key(e),
-            LockError::Backend(BackendError::NotConfigured(_)) => Self::Unavailable {
+            LockError::Backend(e) => Self::unavailable(e),
+            LockError::ShutDown { .. } => Self::ShuttingDown,
+            LockError::Lost { .. } => Self::Lost,
+            LockError::NotHeld { .. }
+            | LockError::UpgradeRefused { .. }
+            | LockError::NotClaimable { .. }
+            | LockError::StaleToken { .. }
+            | LockError::NoFencingToken { .. }
+            | LockError::Redlock(_) => Self::Internal {
+                detail: error.to_string(),
+            },
+            // `LockError` is `non_exhaustive`, so this arm must be; a variant added later is
+            // no outage either until it is mapped above.
+            _ => Self::Internal {
+                detail: error.to_string(),
+            },
+        }
+    }
+
+    /// [`from_lock_error`](Self::from_lock_error), with the `Retry-After` of a busy lock
+    /// or full limit estimated from `times` (of the requests of `client` on `route`).
+    pub(crate) fn from_refusal(
+        error: &LockError,
+        status: StatusCode,
+        permit: bool,
+        (client, times, route): (&LockClient, &HoldTimes, Option<&str>),
+    ) -> Self {
+        let rejection = Self::from_lock_error(error, status, permit);
+        let LockError::Timeout { key, retry_after } = error else {
+            return rejection;
+        };
+        // The engine names the lock by the name it was given, which made a key before.
+        match client.key(key) {
+            Ok(key) => rejection.with_retry_after(times.retry_after(&key, route, *retry_after)),
+            Err(_) => rejection,
+        }
+    }
+
+    /// The answer to a store that failed: `Retry-After: 1` when a retry may find it back
+    /// (it could not be reached, answered too late, or too few replicas acknowledged).
+    fn unavailable(error: &BackendError) -> Self {
+        if let BackendError::NotConfigured(_) = error {
+            return Self::Unavailable {
                 detail: "The lock store is not configured; the request was not processed."
                     .to_owned(),
-            },
-            _ => Self::Unavailable {
-                detail: "The lock store could not be reached; the request was not processed."
-                    .to_owned(),
-            },
+                retry_after: None,
+            };
+        }
+        let may_pass = error.is_transient() || matches!(error, BackendError::NotReplicated { .. });
+        Self::Unavailable {
+            detail: "The lock store could not be reached; the request was not processed."
+                .to_owned(),
+            retry_after: may_pass.then_some(FLOOR),
+        }
+    }
+
+    /// The same answer with `estimate` as its `Retry-After`, if it is `Busy` or `Full`.
+    fn with_retry_after(mut self, estimate: Duration) -> Self {
+        if let Self::Busy { retry_after, .. } | Self::Full { retry_after, .. } = &mut self {
+            *retry_after = estimate;
+        }
+        self
+    }
+
+    /// Logs the answer, as loud as it is: an answer of the server's own failing (5xx) as
+    /// an error (a shutdown as a warning: it is expected), the client's (4xx) at debug.
+    /// `cause` is the engine's error behind it, `by` what answered.
+    pub(crate) fn log(&self, cause: Option<&LockError>, by: &'static str) {
+        let status = self.status().as_u16();
+        let outcome = self.outcome();
+        let cause = cause.map(tracing::field::display);
+        match self {
+            Self::ShuttingDown => {
+                tracing::warn!(
+                    status,
+                    outcome,
+                    error = cause,
+                    "{by}: the lock client is shut down; answering {status}"
+                )
+            }
+            Self::Unavailable { .. }
+            | Self::Lost
+            | Self::InvalidLimit { .. }
+            | Self::Internal { .. } => {
+                let detail = self.detail_for_logs();
+                tracing::error!(
+                    status,
+                    outcome,
+                    error = cause,
+                    "{by}: {detail}; answering {status}"
+                )
+            }
+            _ => tracing::debug!(
+                status,
+                outcome,
+                error = cause,
+                "{by} answered the request itself"
+            ),
+        }
+    }
+
+    /// What went wrong, with what the client is not told.
+    fn detail_for_logs(&self) -> String {
+        match self {
+            Self::InvalidLimit { detail } | Self::Internal { detail } => detail.clone(),
+            other => other.detail(),
         }
     }
 
@@ -305,10 +459,12 @@ impl LockRejection {
             Self::InvalidBody { .. } => "invalid body",
             Self::BodyTooLarge { .. } => "body too large",
             Self::Unavailable { .. } => "backend error",
+            Self::ShuttingDown => "shutting down",
             Self::Lost => "lost",
             Self::KeyReused => "key reused",
             Self::Full { .. } => "limit reached",
             Self::InvalidLimit { .. } => "invalid limit",
+            Self::Internal { .. } => "internal error",
         }
     }
 }

@@ -42,6 +42,8 @@ impl Stored {
                 );
                 Err(LockRejection::Unavailable {
                     detail: "The stored response for this key could not be read.".to_owned(),
+                    // Another version of the server may read it.
+                    retry_after: None,
                 })
             }
         }
