@@ -53,7 +53,7 @@ async fn main() -> Result<ExitCode, BoxError> {
         println!("serving on http://{addr} (POST /orders/{{id}}, GET /metrics)");
         // On SIGTERM or Ctrl-C: finish the requests in flight, then release what is left.
         axum::serve(listener, app)
-            .with_graceful_shutdown(graceful::signal())
+            .with_graceful_shutdown(lockwarden::shutdown_signal())
             .await?;
         let released = graceful::release_locks(&locks).await;
         return Ok(if released {

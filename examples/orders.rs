@@ -112,7 +112,7 @@ async fn main() -> ExitCode {
         println!("  curl -N -X POST http://{addr}/orders/42/ship   # in two terminals at once");
         // On SIGTERM or Ctrl-C: finish the shipments in flight, then release what is left.
         let served = axum::serve(listener, app(locks.clone()))
-            .with_graceful_shutdown(graceful::signal())
+            .with_graceful_shutdown(lockwarden::shutdown_signal())
             .await;
         let released = graceful::release_locks(&locks).await;
         return match (served, released) {

@@ -193,7 +193,7 @@ async fn main() -> ExitCode {
         println!("\nSend a payment twice to see the second answered from the store");
         println!("(Idempotency-Replayed: true); an event twice within 200 ms to see 409.");
         let served = axum::serve(listener, app(processed, locks.clone()))
-            .with_graceful_shutdown(graceful::signal())
+            .with_graceful_shutdown(lockwarden::shutdown_signal())
             .await;
         // Every request has ended: what the client still holds or has queued goes now.
         let released = graceful::release_locks(&locks).await;

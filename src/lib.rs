@@ -180,6 +180,9 @@
 pub use lockwarden_core::*;
 
 pub mod http;
+mod signal;
+
+pub use crate::signal::shutdown_signal;
 
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]

@@ -54,6 +54,33 @@ async fn killed_redis_is_503_within_the_budget() {
         took <= WAIT + COMMAND_TIMEOUT + Duration::from_millis(300),
         "took {took:?}"
     );
+    // A retry may find the store back: it says when to try.
+    assert_eq!(answer.retry_after(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_two_second_wait_is_answered_within_it_and_the_command_timeout() {
+    // The defaults: a 2 s command timeout.
+    let server = RedisServer::start().expect("redis-server");
+    let wait = Duration::from_secs(2);
+    let locks = LockClient::connect(&server.url()).await.expect("connect");
+    let app = app(LockLayer::by_header("Idempotency-Key")
+        .client(locks)
+        .wait(wait));
+    assert_eq!(call(&app).await.status, StatusCode::OK);
+    // SIGSTOP: every command waits out its timeout, the slowest way to fail.
+    server.pause();
+    let started = Instant::now();
+    let answer = call(&app).await;
+    let took = started.elapsed();
+    server.resume();
+    answer.assert_problem(503, "lock-unavailable");
+    assert_eq!(answer.retry_after(), 1);
+    let command_timeout = Duration::from_secs(2);
+    assert!(
+        took <= wait + command_timeout + Duration::from_millis(300),
+        "took {took:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -22,7 +22,57 @@ conformance!(
     extractor_waits_and_answers_423_as_configured,
     extractor_takes_the_client_from_the_state,
     state_locked_takes_the_client_with_from_ref,
+    locked_path_locks_on_its_parameters,
 );
+
+/// Path parameters that name a lock: `Locked<Path<Shipment>>` takes it.
+#[derive(serde::Deserialize)]
+struct Shipment {
+    order: u64,
+    parcel: u32,
+}
+
+impl LockKey for Shipment {
+    fn lock_key(&self) -> String {
+        format!("shipment:{}/{}", self.order, self.parcel)
+    }
+}
+
+async fn send_parcel(Locked(shipment): Locked<Path<Shipment>>) -> String {
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let Path(Shipment { order, parcel }) = &*shipment;
+    format!("sent {order}/{parcel}")
+}
+
+async fn locked_path_locks_on_its_parameters(env: Env) {
+    let client = env.client().await;
+    let app = Router::new()
+        .route("/orders/{order}/parcels/{parcel}", post(send_parcel))
+        .with_state(client.clone());
+    let (first, duplicate, other) = tokio::join!(
+        call(&app, "/orders/7/parcels/1"),
+        async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            assert!(client
+                .lock("shipment:7/1")
+                .is_locked()
+                .await
+                .expect("is_locked"));
+            call(&app, "/orders/7/parcels/1").await
+        },
+        async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            call(&app, "/orders/7/parcels/2").await
+        }
+    );
+    assert_eq!(first.text(), "sent 7/1");
+    assert_busy(&duplicate, 409);
+    assert_eq!(other.text(), "sent 7/2");
+    wait_free(&client, "shipment:7/1").await;
+    // Parameters that do not deserialize: the `Path` rejection, nothing locked.
+    let bad = call(&app, "/orders/x/parcels/1").await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+}
 
 struct OrderId(u64);
 

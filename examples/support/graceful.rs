@@ -1,6 +1,7 @@
-//! Graceful shutdown for the examples' servers: stop on SIGTERM (what an orchestrator
-//! sends at a deploy) or Ctrl-C, let the requests in flight finish, then shut the lock
-//! client down so that no lock it holds waits out its lease under the next replica.
+//! Graceful shutdown for the examples' servers: they stop on SIGTERM (what an
+//! orchestrator sends at a deploy) or Ctrl-C (`lockwarden::shutdown_signal`), let the
+//! requests in flight finish, then shut the lock client down so that no lock it holds
+//! waits out its lease under the next replica.
 
 use std::time::Duration;
 
@@ -8,27 +9,6 @@ use lockwarden::LockClient;
 
 /// How long the lock client's shutdown may take (a deploy's grace period is longer).
 pub const LOCKS_GRACE: Duration = Duration::from_secs(5);
-
-/// Resolves on SIGTERM or Ctrl-C: give it to `axum::serve(..).with_graceful_shutdown`.
-pub async fn signal() {
-    let ctrl_c = async {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    };
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut term) => {
-                term.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        () = ctrl_c => {}
-        () = term => {}
-    }
-}
 
 /// Once the server has stopped: sends the releases still queued and releases whatever
 /// `client` still holds (see `LockClient::shutdown`); says what it could not.

@@ -75,6 +75,10 @@ pub(crate) fn warn_if_unconfigured() {
     static WARNED: AtomicBool = AtomicBool::new(false);
     if redis_url().is_none() && !WARNED.swap(true, Ordering::Relaxed) {
         tracing::error!("lockwarden: {NOT_SET}; until then, every locked request is answered 503");
+        // A service that logs nothing yet (no tracing subscriber) must still be told.
+        if !tracing::dispatcher::has_been_set() {
+            eprintln!("lockwarden: {NOT_SET}; until then, every locked request is answered 503");
+        }
     }
 }
 

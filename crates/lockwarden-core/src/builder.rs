@@ -397,9 +397,11 @@ impl LockClientBuilder {
     /// ```
     ///
     /// # Errors
-    /// [`LockError::Backend`] if the URL is invalid or Redis cannot be reached within the
-    /// command timeout.
+    /// [`BackendError::InvalidUrl`] saying what is wrong with a URL that is not one,
+    /// [`BackendError::Connect`] naming the address if Redis cannot be reached within the
+    /// command timeout, or another [`LockError::Backend`] (TLS trust, ACL permissions).
     pub async fn connect(self, url: &str) -> Result<LockClient, LockError> {
+        check_url(url)?;
         let client = self.connect.tls.open(url)?;
         self.connect_to(Deployment::Server(client)).await
     }
@@ -535,7 +537,10 @@ impl LockClientBuilder {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        let nodes = nodes.into_iter().map(|n| n.as_ref().to_owned()).collect();
+        let nodes: Vec<String> = nodes.into_iter().map(|n| n.as_ref().to_owned()).collect();
+        for node in &nodes {
+            check_url(node)?;
+        }
         self.connect_to(Deployment::Cluster(nodes)).await
     }
 
@@ -572,10 +577,13 @@ impl LockClientBuilder {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        let sentinels = sentinels
+        let sentinels: Vec<String> = sentinels
             .into_iter()
             .map(|n| n.as_ref().to_owned())
             .collect();
+        for sentinel in &sentinels {
+            check_url(sentinel)?;
+        }
         let primary = self.primary.take();
         self.connect_to(Deployment::Sentinel {
             sentinels,
@@ -603,12 +611,79 @@ impl LockClientBuilder {
         // Boxed: the cluster and sentinel clients' connect futures are deep enough to
         // overflow the layout depth of the futures that embed this one.
         let connecting = Store::connect(&deployment, &self.connect, probe.as_ref());
-        let (store, waiters) = Box::pin(connecting).await?;
+        let (store, waiters) = Box::pin(connecting).await.map_err(|error| {
+            // Not reached (refused, no such host, no answer in time): say where it looked.
+            match error.is_transient() {
+                true => BackendError::Connect {
+                    address: deployment.address(),
+                    source: Box::new(error),
+                },
+                false => error,
+            }
+        })?;
         Ok(self.finish(store, waiters))
     }
 
     fn finish(self, store: Store, waiters: Arc<Waiters>) -> LockClient {
         let engine = Engine::new(self.keys, self.watchdog_lease, self.fenced, store, waiters);
         LockClient::from_engine(engine)
+    }
+}
+
+/// The schemes of the URLs Redis (or Valkey) answers on.
+const SCHEMES: [&str; 7] = [
+    "redis",
+    "rediss",
+    "valkey",
+    "valkeys",
+    "redis+unix",
+    "valkey+unix",
+    "unix",
+];
+
+/// Refuses a URL that is not a Redis URL, saying what is wrong with it (redis-rs says
+/// only a few words, and `InvalidClientConfig`).
+fn check_url(url: &str) -> Result<(), BackendError> {
+    use redis::IntoConnectionInfo;
+    let Err(error) = url.into_connection_info() else {
+        return Ok(());
+    };
+    let problem = match url.split_once("://") {
+        None => "it has no scheme: a Redis URL starts with redis://, rediss:// (TLS), \
+                 valkey:// or unix://"
+            .to_owned(),
+        Some((scheme, _)) if !SCHEMES.contains(&scheme.to_ascii_lowercase().as_str()) => {
+            format!("`{scheme}://` is not a scheme Redis answers on")
+        }
+        Some(_) if redis::parse_redis_url(url).is_none() => {
+            "it does not parse as a URL (a space, a stray character, a port that is not a \
+             number?)"
+                .to_owned()
+        }
+        Some(_) => reason(&error),
+    };
+    Err(BackendError::InvalidUrl {
+        url: without_password(url),
+        problem,
+    })
+}
+
+/// redis-rs's few words on a URL it refused (`Missing hostname`), without the kind.
+fn reason(error: &redis::RedisError) -> String {
+    let text = error.to_string().replacen(" - InvalidClientConfig", "", 1);
+    let mut chars = text.chars();
+    match chars.next() {
+        Some(first) => first.to_lowercase().chain(chars).collect(),
+        None => text,
+    }
+}
+
+/// `url` with anything between its scheme and host (a user and password) left out.
+fn without_password(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}://…@{}", &url[..scheme], &url[at + 1..])
+        }
+        _ => url.to_owned(),
     }
 }

@@ -224,6 +224,25 @@ pub enum BackendError {
     /// Redis could not be reached moments ago; the next attempt is not due yet.
     #[error("redis was unreachable moments ago; retrying in {0:?}")]
     Unreachable(Duration),
+    /// Connecting found no Redis at the address given, or it did not answer in time:
+    /// `address` says where it looked (host and port, never a password), `source` what
+    /// happened. Check that the server runs there and the address is the right one.
+    #[error("cannot reach Redis at {address}: {source}; check that it runs there and that the address is right")]
+    Connect {
+        /// Where the client looked: `host:port` (a cluster's or the sentinels' nodes).
+        address: String,
+        /// What failed.
+        source: Box<BackendError>,
+    },
+    /// A URL given to connect is not a Redis URL: `problem` says what is wrong with it.
+    /// Retrying does not help; fix the URL.
+    #[error("`{url}` is not a Redis URL ({problem}); write it as redis://[user:password@]host:port/[db], or rediss://… for TLS")]
+    InvalidUrl {
+        /// The URL, any password in it left out.
+        url: String,
+        /// What is wrong with it.
+        problem: String,
+    },
     /// A TLS connection to Redis could not be set up: the server's certificate is not
     /// trusted (signed by a CA the client does not trust, made for another host name,
     /// expired), or the server refused this client's certificate (or its lack of one).
@@ -284,7 +303,9 @@ impl BackendError {
                     )
             }
             BackendError::TimedOut(_) | BackendError::Unreachable(_) => true,
-            BackendError::Protocol(_)
+            BackendError::Connect { source, .. } => source.is_transient(),
+            BackendError::InvalidUrl { .. }
+            | BackendError::Protocol(_)
             | BackendError::NotReplicated { .. }
             | BackendError::Tls { .. }
             | BackendError::NotPermitted { .. }

@@ -273,7 +273,9 @@ pub(crate) fn backend_error(operation: Operation, error: &BackendError) {
         BackendError::Protocol(_) => 4,
         BackendError::Tls { .. } => 5,
         BackendError::NotPermitted { .. } => 6,
-        BackendError::NotConfigured(_) => 7,
+        // Only connecting answers these two: a URL is a setting too.
+        BackendError::NotConfigured(_) | BackendError::InvalidUrl { .. } => 7,
+        BackendError::Connect { source, .. } => return backend_error(operation, source),
     };
     counter(BACKEND_ERROR.get(operation as usize, kind), 1);
 }

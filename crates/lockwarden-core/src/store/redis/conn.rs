@@ -46,6 +46,32 @@ pub(crate) enum Deployment {
 }
 
 impl Deployment {
+    /// Where it connects, for an error that says it could not: `host:port` (a cluster's
+    /// nodes, a sentinel service's sentinels), never a password.
+    pub(crate) fn address(&self) -> String {
+        use redis::IntoConnectionInfo;
+        let of_urls = |urls: &[String]| {
+            let addresses: Vec<String> = urls
+                .iter()
+                .filter_map(|url| url.as_str().into_connection_info().ok())
+                .map(|info| info.addr().to_string())
+                .collect();
+            addresses.join(", ")
+        };
+        match self {
+            Deployment::Server(client) => client.get_connection_info().addr().to_string(),
+            Deployment::Cluster(nodes) => format!("the cluster nodes {}", of_urls(nodes)),
+            Deployment::Sentinel {
+                sentinels, service, ..
+            } => format!(
+                "the primary of `{service}` (sentinels {})",
+                of_urls(sentinels)
+            ),
+            #[cfg(feature = "deadpool")]
+            Deployment::Pool { notices, .. } => notices.get_connection_info().addr().to_string(),
+        }
+    }
+
     /// Checks the addresses without connecting.
     pub(crate) fn check(&self) -> Result<(), BackendError> {
         if let Deployment::Cluster(urls)
