@@ -33,11 +33,11 @@
 //! #[tokio::main]
 //! async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //!     // Every replica of the service must share this Redis.
-//!     let locks = LockClient::connect(&std::env::var("REDIS_URL")?).await?;
+//!     let locks = LockClient::connect("redis://127.0.0.1:6379/").await?;
 //!
 //!     let app = Router::new().route("/payments", post(charge)).layer(
 //!         LockLayer::by_header("Idempotency-Key")
-//!             .client(locks)
+//!             .client(locks.clone())
 //!             // One client's keys never block or collide with another's.
 //!             .scope(|req| req.extensions.get::<User>().map(|user| user.id.clone()))
 //!             // Duplicates in flight wait for the first...
@@ -49,7 +49,11 @@
 //!     // it runs first.
 //!
 //!     let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
-//!     axum::serve(listener, app).await?;
+//!     // On SIGTERM or Ctrl-C: finish the requests in flight, then release what is left.
+//!     axum::serve(listener, app)
+//!         .with_graceful_shutdown(lockwarden::shutdown_signal())
+//!         .await?;
+//!     locks.shutdown(std::time::Duration::from_secs(5)).await?;
 //!     Ok(())
 //! }
 //! ```
@@ -96,8 +100,9 @@
 //! [`by_path_param`](LockLayer::by_path_param), [`by_json_field`](LockLayer::by_json_field)
 //! or [`by`](LockLayer::by) (any [`http::KeySource`] with [`LockLayer::new`]). A request
 //! that finds the key busy (after [`wait`](LockLayer::wait), by default one attempt) is
-//! answered `409 Conflict` (or `423 Locked`) with `Retry-After` and an RFC 9457
-//! `application/problem+json` body, without reaching the handler; the other answers are
+//! answered `409 Conflict` (or `423 Locked`) and an RFC 9457 `application/problem+json`
+//! body, without reaching the handler, with a `Retry-After` estimated from how long the
+//! layer's holds have lasted (see [`LockLayer`]); the other answers are
 //! listed on [`LockRejection`]. Every behaviour (streaming bodies, disconnects, panics, a
 //! lock lost mid-request) is on [`LockLayer`].
 //!
@@ -156,8 +161,9 @@
 //! The repository's `examples/` show an idempotent webhook receiver (`webhook`), per-order
 //! serialization with [`Locked<T>`] and a streaming response (`orders`), a limit per
 //! tenant across two instances (`tenant_limit`), the metrics (`metrics`) and the engine
-//! alone (`quickstart`). The servers among them stop on SIGTERM and then shut their lock
-//! client down ([`LockClient::shutdown`]), so a deploy leaves no lock behind.
+//! alone (`quickstart`). The servers among them stop on SIGTERM or Ctrl-C
+//! ([`shutdown_signal`]) and then shut their lock client down ([`LockClient::shutdown`]),
+//! so a deploy leaves no lock behind.
 //!
 //! # Feature flags
 //!

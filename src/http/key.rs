@@ -39,7 +39,7 @@ impl<B> Extracted<B> {
     /// ```
     /// use lockwarden::http::Extracted;
     ///
-    /// let extracted = Extracted::new(http::Request::new(()), Some("order:42".to_owned()));
+    /// let extracted = Extracted::new(axum::http::Request::new(()), Some("order:42".to_owned()));
     /// assert_eq!(extracted.key.as_deref(), Some("order:42"));
     /// ```
     pub fn new(request: Request<B>, key: Option<String>) -> Self {
@@ -70,7 +70,7 @@ impl<B> Extracted<B> {
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let source = FromHeader::new("idempotency-key");
-/// let request = http::Request::builder().header("idempotency-key", "abc").body(()).unwrap();
+/// let request = axum::http::Request::builder().header("idempotency-key", "abc").body(()).unwrap();
 /// let extracted = KeySource::<()>::extract(&source, request).await.unwrap();
 /// assert_eq!(extracted.key.as_deref(), Some("abc"));
 /// # }
@@ -106,7 +106,7 @@ pub trait KeySource<B>: Clone {
 /// A key source that needs only the request head (method, URI, headers, extensions).
 ///
 /// ```
-/// use http::request::Parts;
+/// use axum::http::request::Parts;
 /// use lockwarden::{LockLayer, LockRejection, http::PartsKey};
 ///
 /// /// The tenant id from a header, lower-cased.
@@ -118,7 +118,7 @@ pub trait KeySource<B>: Clone {
 ///         Ok(parts.headers.get("x-tenant").and_then(|v| v.to_str().ok()).map(str::to_lowercase))
 ///     }
 ///     fn missing(&self) -> LockRejection {
-///         LockRejection::MissingKey { status: http::StatusCode::BAD_REQUEST, detail: "no x-tenant".into() }
+///         LockRejection::MissingKey { status: axum::http::StatusCode::BAD_REQUEST, detail: "no x-tenant".into() }
 ///     }
 /// }
 ///
@@ -179,7 +179,7 @@ fn non_empty(key: String, what: impl FnOnce() -> String) -> Result<String, LockR
 /// ```
 /// # use lockwarden::http::{FromHeader, PartsKey};
 /// let source = FromHeader::new("Idempotency-Key");
-/// let (mut parts, ()) = http::Request::builder().header("idempotency-key", "k1").body(()).unwrap().into_parts();
+/// let (mut parts, ()) = axum::http::Request::builder().header("idempotency-key", "k1").body(()).unwrap().into_parts();
 /// assert_eq!(source.key(&mut parts).unwrap().as_deref(), Some("k1"));
 /// ```
 #[derive(Debug, Clone)]
@@ -235,7 +235,7 @@ impl PartsKey for FromHeader {
 ///
 /// ```
 /// # use lockwarden::http::{Global, PartsKey};
-/// let (mut parts, ()) = http::Request::get("/reports").body(()).unwrap().into_parts();
+/// let (mut parts, ()) = axum::http::Request::get("/reports").body(()).unwrap().into_parts();
 /// assert_eq!(Global::new("reports").key(&mut parts).unwrap().as_deref(), Some("reports"));
 /// ```
 #[derive(Debug, Clone)]
@@ -264,7 +264,7 @@ impl PartsKey for Global {
 ///
 /// ```
 /// # use lockwarden::http::{FromPath, PartsKey};
-/// let (mut parts, ()) = http::Request::get("/orders/42?x=1").body(()).unwrap().into_parts();
+/// let (mut parts, ()) = axum::http::Request::get("/orders/42?x=1").body(()).unwrap().into_parts();
 /// assert_eq!(FromPath.key(&mut parts).unwrap().as_deref(), Some("/orders/42"));
 /// ```
 #[derive(Debug, Clone, Copy, Default)]
@@ -346,10 +346,10 @@ impl PartsKey for FromPathParam {
 ///
 /// ```
 /// # use lockwarden::http::{FromFn, PartsKey};
-/// let source = FromFn::new(|parts: &http::request::Parts| {
+/// let source = FromFn::new(|parts: &axum::http::request::Parts| {
 ///     Some(format!("{} {}", parts.method, parts.uri.path()))
 /// });
-/// let (mut parts, ()) = http::Request::post("/a").body(()).unwrap().into_parts();
+/// let (mut parts, ()) = axum::http::Request::post("/a").body(()).unwrap().into_parts();
 /// assert_eq!(source.key(&mut parts).unwrap().as_deref(), Some("POST /a"));
 /// ```
 #[derive(Clone)]
@@ -406,12 +406,13 @@ where
 ///
 /// ```
 /// # use lockwarden::http::{FromJsonField, KeySource};
-/// use http_body_util::Full;
+/// use axum::body::Body;
+/// use axum::http::Request;
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let source = FromJsonField::new("/data/id", 1024);
-/// let body = Full::new(bytes::Bytes::from_static(br#"{"data":{"id":"evt_1"}}"#));
-/// let extracted = source.extract(http::Request::new(body)).await.unwrap();
+/// let body = Body::from(r#"{"data":{"id":"evt_1"}}"#);
+/// let extracted = source.extract(Request::new(body)).await.unwrap();
 /// assert_eq!(extracted.key.as_deref(), Some("evt_1"));
 /// # }
 /// ```

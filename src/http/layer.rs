@@ -34,7 +34,7 @@ use super::settings::layer_settings;
 ///             .client(locks)
 ///             .scope(|parts| parts.headers.get("x-api-key")?.to_str().ok().map(str::to_owned))
 ///             .wait(Duration::from_millis(100))
-///             .conflict_status(http::StatusCode::LOCKED),
+///             .conflict_status(axum::http::StatusCode::LOCKED),
 ///     );
 /// ```
 ///
@@ -69,20 +69,44 @@ use super::settings::layer_settings;
 ///
 /// | request | status | problem `type` (`urn:lockwarden:problem:…`) |
 /// |---|---|---|
-/// | its key is held by another request for the whole [`wait`](Self::wait) (default: one attempt) | `409`, or `423` with [`conflict_status`](Self::conflict_status); `Retry-After`: the holder's remaining lease, in whole seconds rounded up, at least 1 | `lock-busy` |
+/// | its key is held by another request for the whole [`wait`](Self::wait) (default: one attempt) | `409`, or `423` with [`conflict_status`](Self::conflict_status); `Retry-After`: when a retry can succeed (see [below](#retry-after)) | `lock-busy` |
 /// | no key (no header, no field, a scope of `None`) | `400`; `422` for a JSON field absent or `null` in a well-formed body | `missing-lock-key` |
 /// | a key that is empty, too long, has control characters, is not UTF-8, or a key header sent more than once | `400` | `invalid-lock-key` |
 /// | [`by_json_field`](Self::by_json_field): a body that is not JSON, or unreadable | `400` | `invalid-body` |
 /// | [`by_json_field`](Self::by_json_field): a field that is not a string or a number (the body is valid but unusable, as axum's `Json` answers) | `422` | `invalid-body` |
 /// | a body over [`body_limit`](Self::body_limit) (JSON keys, or a remembering layer's fingerprint) | `413` | `body-too-large` |
-/// | the lock store cannot be reached | `503` (with [`fail_open`](Self::fail_open): passed through unlocked, with a warning) | `lock-unavailable` |
+/// | the lock store cannot be reached, within [`wait`](Self::wait) and one command timeout | `503` with `Retry-After: 1` (with [`fail_open`](Self::fail_open): passed through unlocked, with a warning) | `lock-unavailable` |
 /// | no client given and `REDIS_URL` not set ([`default_client`](super::default_client)) | `503`, also with `fail_open` | `lock-unavailable` |
+/// | the lock client was [shut down](crate::LockClient::shutdown) (the server is stopping) | `503` with `Retry-After: 1`, also with `fail_open`: never run unlocked | `shutting-down` |
+/// | the engine answers with an error no acquisition should get (a bug) | `500`, also with `fail_open` | `internal-error` |
 /// | the lock was lost while the handler ran, with [`abort_on_loss`](Self::abort_on_loss) | `503` | `lock-lost` |
 /// | [`remember`](Self::remember): the key of a stored response, with a different request | `422` | `idempotency-key-reused` |
 ///
 /// [`on_missing_key(MissingKey::PassUnlocked)`](Self::on_missing_key) lets requests
 /// without a key through unlocked instead. A layer without a client of its own waits up
 /// to 3 s for the default client to connect before answering `503`.
+///
+/// Answers of the server's own failing (`5xx`) are logged as errors (a shutdown as a
+/// warning), the client's (`4xx`) at debug level.
+///
+/// # Retry-After
+///
+/// A holder's remaining lease says when its hold *must* end, not when it will (with the
+/// watchdog it is 20 to 30 s for a hold of any length), so the layer says instead when a
+/// retry can succeed, from the holds it has seen end, per route (axum's matched path):
+///
+/// - the median of the route's recent holds (the last 32) that lasted longer than the
+///   current hold has run so far, less the time it has run: `1` for half-second work, a
+///   count-down for long work. A hold of another replica (or another layer) counts as
+///   just begun;
+/// - `1` while the route has seen fewer than 3 holds end, or when the current hold has
+///   outlasted every one of them: try again soon;
+/// - never more than the holder's remaining lease, never less than 1 s (whole seconds,
+///   rounded up).
+///
+/// A [`LimitLayer`](super::LimitLayer) does the same for the soonest of the key's
+/// permits in this layer to come back, and the [`Locked`](crate::Locked) and
+/// [`Limited`](crate::Limited) extractors for the holds of their type.
 ///
 /// # While the handler runs
 ///
@@ -134,7 +158,7 @@ impl<K> LockLayer<K> {
     ///
     /// ```
     /// use lockwarden::LockLayer;
-    /// let layer = LockLayer::by_path().conflict_status(http::StatusCode::LOCKED);
+    /// let layer = LockLayer::by_path().conflict_status(axum::http::StatusCode::LOCKED);
     /// # let _ = layer;
     /// ```
     pub fn conflict_status(mut self, status: StatusCode) -> Self {
@@ -302,7 +326,7 @@ impl<K> LockLayer<Remember<K>> {
     /// # use std::time::Duration;
     /// let layer = LockLayer::by_header("Idempotency-Key")
     ///     .remember(Duration::from_secs(3600))
-    ///     .replay_header(http::header::LOCATION);
+    ///     .replay_header(axum::http::header::LOCATION);
     /// # let _ = layer;
     /// ```
     pub fn replay_header(mut self, name: http::HeaderName) -> Self {

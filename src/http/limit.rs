@@ -38,6 +38,28 @@ use crate::{Key, LockGuard, LostSignal};
 /// `500` (`invalid-limit`) and logged, nothing is held. The request carries a
 /// [`PermitInfo`](super::PermitInfo) in its extensions.
 ///
+/// Each key's semaphore is named `<name prefix>[<scope>/]<key>`: the prefix is
+/// [`name_prefix`](Self::name_prefix), by default
+/// [`DEFAULT_LIMIT_PREFIX`](super::DEFAULT_LIMIT_PREFIX) (`http-limit:`, not the lock
+/// layer's `http:`, so a lock and a limit on one key never share a name), the scope is
+/// [`scope`](Self::scope)'s, escaped as the lock layer's is; a [`global`](Self::global)
+/// limit's is `<name prefix><name>`. The name goes under the client's Redis namespace
+/// like every lock name: with the defaults, a tenant `acme` limited by
+/// `by_header("X-Tenant")` holds permits of the semaphore `http-limit:acme`, the Redis
+/// hash `lockwarden:{http-limit:acme}`, which the inspector lists and
+/// [`LockClient::semaphore`](crate::LockClient::semaphore) reaches:
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden::LockError> {
+/// use lockwarden::LockClient;
+///
+/// let client = LockClient::in_memory();
+/// let acme = client.semaphore("http-limit:acme", 5);
+/// assert_eq!(acme.key()?.redis_key(), "lockwarden:{http-limit:acme}");
+/// assert_eq!(acme.state().await?, None); // idle: nobody holds a permit
+/// # Ok(()) }
+/// ```
+///
 /// The capacity is stored with the semaphore while it is in use, and the stored one counts
 /// for every replica (see [`Semaphore`](crate::Semaphore)): replicas that disagree for a
 /// while during a deploy never exceed it, and a new capacity applies once the key is
@@ -134,8 +156,10 @@ impl<K> LimitLayer<K> {
     /// Many Requests` (default) or `503 Service Unavailable`.
     ///
     /// ```
+    /// use axum::http::StatusCode;
     /// use lockwarden::LimitLayer;
-    /// let layer = LimitLayer::by_path().permits(8).full_status(http::StatusCode::SERVICE_UNAVAILABLE);
+    ///
+    /// let layer = LimitLayer::by_path().permits(8).full_status(StatusCode::SERVICE_UNAVAILABLE);
     /// # let _ = layer;
     /// ```
     pub fn full_status(mut self, status: StatusCode) -> Self {

@@ -111,8 +111,9 @@ pub enum LockRejection {
     Full {
         /// 429 Too Many Requests by default, 503 if so configured.
         status: StatusCode,
-        /// When a permit could come back at the latest (sent as `Retry-After`, at least
-        /// 1 s; one may be released sooner).
+        /// When a retry may find a permit free (sent as `Retry-After`, in whole seconds
+        /// rounded up, at least 1): the layer's estimate from the holds it has seen end,
+        /// at most the soonest remaining lease (see [`LockLayer`](super::LockLayer)).
         retry_after: Duration,
     },
     /// The limit's capacity cannot be: 0, or above [`MAX_PERMITS`](crate::MAX_PERMITS).

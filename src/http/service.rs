@@ -21,21 +21,21 @@ use super::rejection::LockRejection;
 /// yields data that can be made from [`Bytes`] (the problem bodies).
 ///
 /// ```
-/// use http::{Request, Response, StatusCode};
-/// use http_body_util::Full;
+/// use axum::body::Body;
+/// use axum::http::{Request, Response, StatusCode};
 /// use lockwarden::{LockClient, LockLayer};
 /// use tower::{service_fn, ServiceExt, Layer};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let locks = LockClient::in_memory();
 /// let service = LockLayer::by_path().client(locks.clone()).layer(service_fn(
-///     |_req: Request<Full<bytes::Bytes>>| async {
-///         Ok::<_, std::convert::Infallible>(Response::new(Full::new(bytes::Bytes::from("done"))))
+///     |_req: Request<Body>| async {
+///         Ok::<_, std::convert::Infallible>(Response::new(Body::from("done")))
 ///     },
 /// ));
 ///
 /// let _busy = locks.acquire("http:/jobs/7").await.unwrap(); // someone holds the path's lock
-/// let response = service.oneshot(Request::post("/jobs/7").body(Full::default()).unwrap()).await.unwrap();
+/// let response = service.oneshot(Request::post("/jobs/7").body(Body::empty()).unwrap()).await.unwrap();
 /// assert_eq!(response.status(), StatusCode::CONFLICT);
 /// assert!(response.headers().contains_key("retry-after"));
 /// # }

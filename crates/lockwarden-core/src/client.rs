@@ -77,6 +77,23 @@ impl LockClient {
         self.engine.holder()
     }
 
+    /// This client's id: random (a UUID v4) for each client made, shared by its clones.
+    /// Every holder id it makes is `<client id>:<number>`, and that is what Redis keeps
+    /// (a lock hash's fields, a fair lock's queue, a semaphore's holders) and what the
+    /// `lockwarden` inspector lists: log it at start-up to tell which process holds what.
+    ///
+    /// ```
+    /// # use lockwarden_core::LockClient;
+    /// let client = LockClient::in_memory();
+    /// let holder = client.holder();
+    /// assert!(holder.id().starts_with(&format!("{}:", client.id())));
+    /// assert_eq!(client.clone().id(), client.id());
+    /// assert_ne!(LockClient::in_memory().id(), client.id());
+    /// ```
+    pub fn id(&self) -> &str {
+        self.engine.waiters().client()
+    }
+
     /// A handle on the lock named `name`, to configure and then acquire or inspect it.
     /// An invalid name is reported by the operation that uses it.
     pub fn lock(&self, name: impl AsRef<str>) -> Lock {

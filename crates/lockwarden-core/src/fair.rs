@@ -71,7 +71,7 @@ pub const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(5);
 /// |---|---|
 /// | the queue: a list of holder ids, oldest first | `<lock key>:queue` |
 /// | each waiter's deadline: a zset of holder id to ms, server clock (a head handed the lock stays in it until it asks again or releases) | `<lock key>:deadlines` |
-/// | the channel on which a waiter hears its turn: `granted:<token>:<holder id>` | `<release channel>:<holder id>` |
+/// | the channel on which a waiter hears its turn, `granted:<token>:<holder id>`: one per client (every waiter of the client for this lock listens on it; the holder id says whose turn it is) | `<release channel>:<client id>` ([`LockClient::id`](crate::LockClient::id)) |
 ///
 /// ```
 /// # use lockwarden_core::LockClient;

@@ -189,6 +189,38 @@ impl RwLock {
             .await?
             .is_some())
     }
+
+    /// How many writers wait for the lock (and so hold back new readers), counting any
+    /// that died, or stopped waiting without withdrawing, while their registration runs
+    /// (they are dropped when someone next tries the lock after it, and all are gone
+    /// once the last registration has run out). As [`FairLock::queued`](crate::FairLock::queued)
+    /// and [`SemaphoreState::waiting`](crate::SemaphoreState::waiting) for the other kinds.
+    ///
+    /// ```
+    /// # use lockwarden_core::LockClient;
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden_core::LockError> {
+    /// let client = LockClient::in_memory();
+    /// let prices = client.rw_lock("prices");
+    /// let reader = prices.read().acquire().await?;
+    /// let writer = tokio::spawn({
+    ///     let prices = prices.clone();
+    ///     async move { prices.write().try_acquire(Duration::from_secs(5)).await }
+    /// });
+    /// while prices.waiting_writers().await? == 0 {
+    ///     tokio::task::yield_now().await; // the writer registers
+    /// }
+    /// reader.release().await?; // the writer gets it...
+    /// writer.await.unwrap()?.release().await?;
+    /// assert_eq!(prices.waiting_writers().await?, 0); // ...and waits no more
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`LockError::InvalidKey`] or [`LockError::Backend`].
+    pub async fn waiting_writers(&self) -> Result<usize, LockError> {
+        Ok(self.engine.store().waiting_writers(self.key()?).await?)
+    }
 }
 
 /// One side of an [`RwLock`], made by [`RwLock::read`] or [`RwLock::write`]. Set options as

@@ -90,10 +90,16 @@ pub const MAX_PERMITS: u32 = 1 << 20;
 /// The hash at [`Key::redis_key`] holds `permits` (the capacity), `used`, `fifo` (with
 /// [`fair`](Self::fair)) and one field per holder, `<holder id>` = `<permits>:<token>`;
 /// `<key>:leases` is a sorted set of each holder's deadline (server ms); `<key>:waiting`
-/// and `<key>:waiting-until` hold the line (`<permits>:<holder id>` by arrival and by
-/// registration deadline); grants are told `permits:<first token>:<holder id> ..` on
-/// `<key>:granted`. Scripts in `lua/permits_*.lua`. A name is a semaphore or a lock of
-/// another kind, not both: each keeps the other out, on both stores.
+/// and `<key>:waiting-until` hold the line, each waiter a member
+/// `<permits>:<lease ms>:<holder id>` (what it waits for, and the lease a grant gives
+/// it), scored by arrival (server µs) and by registration deadline (server ms); grants
+/// are told `permits:<first token>:<holder id> ..` on `<key>:granted`. `<key>:fence`
+/// keeps the last fencing token issued; it expires with the hash and leases, a lease
+/// after the latest hold's deadline (60 s after the last acquisition or renewal, with
+/// the default 30 s watchdog lease), and outlives them when the semaphore goes idle, so
+/// the tokens of its next use still grow. Scripts in `lua/permits_*.lua`. A name is a
+/// semaphore or a lock of another kind, not both: each keeps the other out, on both
+/// stores.
 ///
 /// ```
 /// use lockwarden_core::{LockClient, LockError};

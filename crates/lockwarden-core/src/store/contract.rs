@@ -104,6 +104,10 @@ pub(crate) trait LockStore {
     /// timeout ago.
     fn queued(&self, key: &Key) -> impl Future<Output = Result<usize>> + Send;
 
+    /// Writers registered as waiting for a read-write lock, counting any whose
+    /// registration ran out since the lock was last tried (until the last one has).
+    fn waiting_writers(&self, key: &Key) -> impl Future<Output = Result<usize>> + Send;
+
     /// A semaphore's state (its holds and registrations that ran out dropped first);
     /// `None` if it is idle (nothing stored).
     fn permits(&self, key: &Key) -> impl Future<Output = Result<Option<PermitsState>>> + Send;

@@ -126,6 +126,10 @@ impl LockStore for Store {
         dispatch!(self, s => s.queued(key).await)
     }
 
+    async fn waiting_writers(&self, key: &Key) -> Result<usize> {
+        dispatch!(self, s => s.waiting_writers(key).await)
+    }
+
     async fn permits(&self, key: &Key) -> Result<Option<PermitsState>> {
         dispatch!(self, s => s.permits(key).await)
     }

@@ -462,6 +462,10 @@ impl LockStore for MemoryStore {
         Ok(self.state().queues.len(key, Instant::now()))
     }
 
+    async fn waiting_writers(&self, key: &Key) -> Result<usize> {
+        Ok(self.state().rw.waiting_writers(key, Instant::now()))
+    }
+
     async fn permits(&self, key: &Key) -> Result<Option<PermitsState>> {
         Ok(self.state().permits.state(key, Instant::now()))
     }

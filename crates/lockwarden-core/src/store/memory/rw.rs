@@ -342,6 +342,15 @@ impl RwLocks {
     }
 
     /// How long the latest live hold has left, as the Redis keys live; `None`: nothing held.
+    /// As `ZCARD` of the Redis set: every writer's registration not yet pruned, until
+    /// the last one has run out (when the Redis key expires).
+    pub(super) fn waiting_writers(&self, key: &Key, now: Instant) -> usize {
+        match self.0.get(key) {
+            Some(entry) if entry.writers.values().any(|until| *until > now) => entry.writers.len(),
+            _ => 0,
+        }
+    }
+
     pub(super) fn remaining_ttl(&self, key: &Key, now: Instant) -> Option<Duration> {
         let entry = self.0.get(key)?;
         let last = entry.holds.values().map(|h| h.expires).max()?;

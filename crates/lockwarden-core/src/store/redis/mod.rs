@@ -312,6 +312,10 @@ impl LockStore for RedisStore {
         self.commands.run(scripts::queue_length(key)).await
     }
 
+    async fn waiting_writers(&self, key: &Key) -> Result<usize> {
+        self.commands.run(scripts::waiting_writers(key)).await
+    }
+
     async fn permits(&self, key: &Key) -> Result<Option<PermitsState>> {
         let call = scripts::permits(key, self.commands.variant());
         let reply: Vec<i64> = self.commands.run(call).await?;

@@ -833,6 +833,11 @@ pub(super) fn queue_length(key: &Key) -> Call {
     Call::command("LLEN", &key.names().queue)
 }
 
+/// How many writers a read-write lock's waiting writers' set holds.
+pub(super) fn waiting_writers(key: &Key) -> Call {
+    Call::command("ZCARD", &key.names().writers)
+}
+
 /// Writes a fenced value with `token` (`{1}` written, `{0, newest}` refused).
 pub(super) fn fenced_write(key: &Key, token: u64, value: &[u8], variant: Variant) -> Call {
     Call::script(&FENCED_WRITE, variant, &[&key.names().fenced])
