@@ -206,17 +206,22 @@ impl Events {
     }
 }
 
+/// A client that gives up on a command after 300 ms.
+async fn quick_client(server: &RedisServer) -> LockClient {
+    LockClient::builder()
+        .command_timeout(Duration::from_millis(300))
+        .connect(&server.url())
+        .await
+        .expect("connect")
+}
+
 // On one thread: the subscriber is this thread's default.
 #[tokio::test(flavor = "current_thread")]
 async fn an_extractors_503_is_logged_as_an_error() {
     let events = Events::default();
     let _logging = events.capture();
     let mut server = RedisServer::start().expect("redis-server");
-    let locks = LockClient::builder()
-        .command_timeout(Duration::from_millis(300))
-        .connect(&server.url())
-        .await
-        .expect("connect");
+    let locks = quick_client(&server).await;
     let app = Router::new()
         .route("/orders/{id}/ship", post(ship))
         .with_state(locks);
@@ -244,11 +249,7 @@ async fn a_response_that_could_not_be_stored_is_not_logged_as_remembered() {
     let events = Events::default();
     let _logging = events.capture();
     let mut server = RedisServer::start().expect("redis-server");
-    let locks = LockClient::builder()
-        .command_timeout(Duration::from_millis(300))
-        .connect(&server.url())
-        .await
-        .expect("connect");
+    let locks = quick_client(&server).await;
     let entered = Arc::new(Notify::new());
     let finish = Arc::new(Notify::new());
     let handler = {

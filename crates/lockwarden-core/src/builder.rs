@@ -7,7 +7,9 @@ use crate::client::LockClient;
 use crate::engine::Engine;
 use crate::error::{BackendError, LockError};
 use crate::key::{KeyLayout, KeySpace};
-use crate::store::redis::{ConnectOptions, Credentials, Deployment, ReleaseNotices, Tls, PROBE};
+use crate::store::redis::{
+    redact, ConnectOptions, Credentials, Deployment, ReleaseNotices, Tls, PROBE,
+};
 use crate::store::Store;
 use crate::waiters::Waiters;
 
@@ -613,7 +615,7 @@ impl LockClientBuilder {
         let connecting = Store::connect(&deployment, &self.connect, probe.as_ref());
         let (store, waiters) = Box::pin(connecting).await.map_err(|error| {
             // Not reached (refused, no such host, no answer in time): say where it looked.
-            match error.is_transient() {
+            match unreached(&error) {
                 true => BackendError::Connect {
                     address: deployment.address(),
                     source: Box::new(error),
@@ -627,6 +629,21 @@ impl LockClientBuilder {
     fn finish(self, store: Store, waiters: Arc<Waiters>) -> LockClient {
         let engine = Engine::new(self.keys, self.watchdog_lease, self.fenced, store, waiters);
         LockClient::from_engine(engine)
+    }
+}
+
+/// Whether `error` says the server was not reached: refused, no such host, a connection
+/// that broke, no answer in time (not a server that answered with an error).
+fn unreached(error: &BackendError) -> bool {
+    match error {
+        BackendError::TimedOut(_) | BackendError::Unreachable(_) => true,
+        BackendError::Redis(e) => {
+            e.is_io_error()
+                || e.is_connection_refusal()
+                || e.is_connection_dropped()
+                || e.is_timeout()
+        }
+        _ => false,
     }
 }
 
@@ -663,7 +680,7 @@ fn check_url(url: &str) -> Result<(), BackendError> {
         Some(_) => reason(&error),
     };
     Err(BackendError::InvalidUrl {
-        url: without_password(url),
+        url: redact(url),
         problem,
     })
 }
@@ -675,15 +692,5 @@ fn reason(error: &redis::RedisError) -> String {
     match chars.next() {
         Some(first) => first.to_lowercase().chain(chars).collect(),
         None => text,
-    }
-}
-
-/// `url` with anything between its scheme and host (a user and password) left out.
-fn without_password(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            format!("{}://…@{}", &url[..scheme], &url[at + 1..])
-        }
-        _ => url.to_owned(),
     }
 }

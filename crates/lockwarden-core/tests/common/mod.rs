@@ -97,6 +97,12 @@ where
     loop {
         match connect().await {
             Ok(client) => return client,
+            // Connecting names the address of a server it did not reach in time.
+            Err(LockError::Backend(BackendError::Connect { source, .. }))
+                if matches!(*source, BackendError::TimedOut(_)) && timeouts.len() < 2 =>
+            {
+                timeouts.push(*source);
+            }
             Err(LockError::Backend(e @ BackendError::TimedOut(_))) if timeouts.len() < 2 => {
                 timeouts.push(e);
             }

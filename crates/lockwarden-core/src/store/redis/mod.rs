@@ -61,7 +61,7 @@ pub(crate) use permissions::PROBE;
 use replicated::Replicated;
 use scripts::{Answer, NOT_REPLICATED};
 pub(crate) use timeout::bounded;
-pub(crate) use tls::Tls;
+pub(crate) use tls::{redact, Tls};
 
 /// How the store talks to Redis.
 #[derive(Debug, Clone)]

@@ -292,7 +292,7 @@ fn problem(error: &rustls::Error) -> Option<&'static str> {
 }
 
 /// `url` without its password, for error messages.
-fn redact(url: &str) -> String {
+pub(crate) fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => {
             format!("{}://…@{}", &url[..scheme], &url[at + 1..])
