@@ -128,7 +128,9 @@ use super::settings::layer_settings;
 /// last, as for most small responses), the release happens before the response head is
 /// handed on, so head and body go out in one write. Also when the body is dropped
 /// unfinished, when the client goes away (the response future is dropped) and when the
-/// handler panics (the panic unwinds through the future, which releases). The release is
+/// handler or the body panics: the panic is caught, the release finished, and then the
+/// panic goes on, so the `500` of a panic guard outside the layer (tower-http's
+/// `CatchPanicLayer`) comes after the lock is free. The release is
 /// driven by the response future or the body itself, not by a task; one abandoned
 /// mid-flight is finished in the background by the engine, and one that gets no answer
 /// is sent again once the store answers (the request's holder was made for it; see
