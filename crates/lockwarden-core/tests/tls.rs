@@ -225,7 +225,10 @@ async fn a_rate_limiter_decides_over_tls() {
     assert!(refused.retry_after().unwrap() > Duration::from_secs(25));
     api_b.refund("k", 1).await.unwrap();
     assert!(api_a.check("k").await.unwrap().is_allowed());
-    assert!(all_over_tls(&server).len() >= 2, "both clients' connections");
+    assert!(
+        all_over_tls(&server).len() >= 2,
+        "both clients' connections"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
