@@ -12,32 +12,35 @@
 -- number for one policy, else a table. Refused by any policy: nothing is written and
 -- each debt is returned as -debt - 1.
 -- Lean on purpose (every replica's every request runs it): the clock once, one GET per
--- policy, one SET per charged policy with its expiry, no table reply for one policy.
+-- policy, one SET per charged policy with its expiry, no table reply for one policy,
+-- KEYS and ARGV looked up once.
+local keys, argv = KEYS, ARGV
+local n = #keys
 local time = redis.call('TIME')
 local now = time[1] * 1000000 + time[2]
 local debts, refused = {}, false
-for i = 1, #KEYS do
+for i = 1, n do
   local debt = 0
-  local tat = redis.call('GET', KEYS[i])
+  local tat = redis.call('GET', keys[i])
   if tat then
     -- Fixed width: a TAT has 16 digits until the year 2286, so no pattern is needed.
     debt = string.sub(tat, 1, 16) - now
     if debt < 0 then
       debt = 0
+    -- A full bucket (none stored) admits every cost a client sends: no need to look.
+    elseif debt > tonumber(argv[3 * i - 1]) then
+      refused = true
     end
   end
   debts[i] = debt
-  if debt > tonumber(ARGV[3 * i - 1]) then
-    refused = true
-  end
 end
 if refused then
-  for i = 1, #KEYS do
+  for i = 1, n do
     debts[i] = -debts[i] - 1
   end
 else
-  for i = 1, #KEYS do
-    local increment = tonumber(ARGV[3 * i - 2])
+  for i = 1, n do
+    local increment = tonumber(argv[3 * i - 2])
     if increment ~= 0 then
       local debt = debts[i] + increment
       if debt > 0 then
@@ -46,11 +49,11 @@ else
         -- absolute time, so however late the SET reads the clock, never before it.
         -- Numbers go as text made by string.format: Redis would write a Lua number with
         -- '%.17g', which costs more.
-        redis.call('SET', KEYS[i], string.format('%016d:%s', tat, ARGV[3 * i]),
+        redis.call('SET', keys[i], string.format('%016d:%s', tat, argv[3 * i]),
           'PXAT', string.format('%d', math.floor(tat / 1000) + 1))
       else
         if debts[i] > 0 then
-          redis.call('DEL', KEYS[i])
+          redis.call('DEL', keys[i])
         end
         debt = 0
       end
@@ -58,7 +61,7 @@ else
     end
   end
 end
-if #KEYS == 1 then
+if n == 1 then
   return debts[1]
 end
 return debts
