@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use crate::inspect::{Kind, LockView, SemaphoreView};
-use crate::rate::RateView;
+use crate::rate::{BucketView, RateView};
 
 /// `850ms`, `12.3s`, `5m03s`, `2h05m`, `3d04h`; negative: `overdue`.
 pub fn duration_ms(ms: i64) -> String {
@@ -230,20 +230,27 @@ pub fn duration_us(us: u64) -> String {
     duration_ms(i64::try_from(us.div_ceil(1000)).unwrap_or(i64::MAX))
 }
 
+/// A bucket's cells in the rate-limit tables: its policy, what is left of its burst, when
+/// it is full again, what one unit costs; then `last` (the key, or the Redis key).
+fn bucket_row(b: &BucketView, last: &str) -> Vec<String> {
+    vec![
+        b.policy.clone(),
+        format!("{}/{}", b.remaining, b.burst),
+        duration_us(b.reset_us),
+        duration_us(b.interval_us),
+        last.to_owned(),
+    ]
+}
+
 /// The rate-limit table of `lockwarden list`: one row per bucket that is not full.
 pub fn rate_list(views: &[RateView]) -> String {
     let rows: Vec<Vec<String>> = views
         .iter()
         .flat_map(|v| {
             v.buckets.iter().map(|b| {
-                vec![
-                    v.limiter.clone(),
-                    b.policy.clone(),
-                    format!("{}/{}", b.remaining, b.burst),
-                    duration_us(b.reset_us),
-                    duration_us(b.interval_us),
-                    v.key.clone(),
-                ]
+                let mut row = vec![v.limiter.clone()];
+                row.extend(bucket_row(b, &v.key));
+                row
             })
         })
         .collect();
@@ -267,15 +274,7 @@ pub fn rate_show(v: &RateView) -> String {
     let rows: Vec<Vec<String>> = v
         .buckets
         .iter()
-        .map(|b| {
-            vec![
-                b.policy.clone(),
-                format!("{}/{}", b.remaining, b.burst),
-                duration_us(b.reset_us),
-                duration_us(b.interval_us),
-                b.redis_key.clone(),
-            ]
-        })
+        .map(|b| bucket_row(b, &b.redis_key))
         .collect();
     let header = ["POLICY", "LEFT", "FULL IN", "PER UNIT", "REDIS KEY"];
     for line in table(&header, &rows).lines() {
