@@ -250,7 +250,7 @@ def run(server, steps_of, cycles, before=None, subscribe=None):
 # The scripts as the client sends them to one server (see scripts.rs)
 
 SCRIPTS = {
-    "acquire": ("once.lua", "token.lua", "acquire.lua"),
+    "acquire": ("acquire.lua",),
     "release": ("once.lua", "release.lua"),
     "multi_acquire": ("once.lua", "token.lua", "multi_acquire.lua"),
     "read": ("clock.lua", "once.lua", "token.lua", "rw_prelude.lua", "rw_read_acquire.lua"),
@@ -294,11 +294,11 @@ class Lockwarden:
     # The plain lock and claims
     def acquire(self, k, holder, fenced=True, expect=None):
         sha = self.sha["acquire" if fenced else "unfenced"]
-        return Step(["EVALSHA", sha, 2, k["lock"], k["fence"], holder, LEASE, "1"], expect)
+        return Step(["EVALSHA", sha, 2, k["lock"], k["fence"], holder, LEASE], expect)
 
     def claim(self, k, holder, expect=None):
         return Step(["EVALSHA", self.sha["acquire"], 3, k["lock"], k["fence"], k["done"],
-                     holder, LEASE, "1"], expect)
+                     holder, LEASE], expect)
 
     def release_alone(self, k, holder):
         """A fresh holder's release: HDEL of its field, and the notice."""
@@ -369,7 +369,8 @@ def is_token(reply):
 
 
 def refused(reply):
-    return isinstance(reply, list) and reply[0] == 0
+    """A refused attempt: bare (-2 - pttl) or {0, ms}."""
+    return isinstance(reply, int) and reply < 0 or isinstance(reply, list) and reply[0] == 0
 
 
 class Rslock:
