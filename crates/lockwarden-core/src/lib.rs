@@ -71,7 +71,7 @@
 //! | at most N at once per key, across processes (N exports per account, N calls to a downstream that caps its connections) | [`client.semaphore(name, n)`](LockClient::semaphore)`.acquire()` / [`acquire_many(k)`](Semaphore::acquire_many) | at most the stored capacity held at once; each permit a lease of its own (watchdog or fixed), back by the server's clock when its holder dies; a waiter waits in line and a release grants it its permits in the same step, waking only the waiters it lets in; arrival order (strict with [`fair`](Semaphore::fair)); a fencing token per permit; not re-entrant |
 //! | a value only the newest holder may write | [`client.fenced(name)`](LockClient::fenced) | a write carrying a fencing token lower than one already seen is refused ([`StaleToken`](LockError::StaleToken)), in one atomic script |
 //! | a lock that survives a failover to a replica | [`LockClient::builder().wait_for_replicas(1, timeout)`](LockClientBuilder::wait_for_replicas) | an acquisition counts only once `n` replicas acknowledged it (else [`NotReplicated`](BackendError::NotReplicated), nothing held); costs the replication delay per acquisition |
-//! | the most locks per second from one Redis, for work that fences nothing | [`LockClient::builder().without_fencing_tokens()`](LockClientBuilder::without_fencing_tokens) | plain locks and claims as above but with token 0 ([`FencedValue::write`] refuses it): Redis neither reads its clock nor writes a fencing key, about a third less of its work per cycle; fair, read-write and multi locks keep their tokens |
+//! | the most locks per second from one Redis, for work that fences nothing | [`LockClient::builder().without_fencing_tokens()`](LockClientBuilder::without_fencing_tokens) | plain locks and claims as above but with token 0 ([`FencedValue::write`] refuses it): Redis does not touch a fencing key, about a twelfth less of its work per cycle; fair, read-write and multi locks keep their tokens |
 //! | share locks with a JVM service on Redisson | [`LockClient::builder().layout(KeyLayout::Redisson)`](LockClientBuilder::layout) | the `RLock` layout and unlock message: each side excludes and wakes the other |
 //! | Redis Cluster | [`LockClient::builder().connect_cluster([url, ..])`](LockClientBuilder::connect_cluster) | every lock above; each lock's keys and channel in one slot, on the master that owns it, followed as slots move; a multi-lock spanning slots is taken slot by slot with the earlier slots given back if a later one is busy |
 //! | Redis Sentinel | [`LockClient::builder().connect_sentinel([sentinel, ..], service)`](LockClientBuilder::connect_sentinel) | commands and notices follow the primary the sentinels name; after a failover a lock the new primary received is kept, one it did not is reported through `lost()` at its next renewal (add `wait_for_replicas` to make that rare) |
@@ -142,6 +142,7 @@ mod holder;
 mod key;
 mod lost;
 mod metrics;
+mod notice;
 mod waiters;
 
 mod store;

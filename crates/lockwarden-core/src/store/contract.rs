@@ -29,10 +29,9 @@ pub(crate) type Result<T, E = BackendError> = std::result::Result<T, E>;
 ///   permits are never re-entered (each acquisition is a holder of its own); a release
 ///   grants what it frees to as many waiters, in arrival order, as it lets in.
 /// - **Fencing tokens** strictly increase per lock, across holders, while the lock's last
-///   token is kept (Redis: its fencing key, which lives as long as the last hold's lease)
-///   or the store's clock is past it: a token is the clock, or one above the last token.
-///   With the key lost *and* the clock stepped back, Redis's can go backwards (see
-///   `LockGuard::fencing_token`).
+///   token is kept (Redis: its fencing key, see `LockGuard::fencing_token`) or the store's
+///   clock is past it: a token is one above the last token, or the clock when there is
+///   none. With the key lost *and* the clock stepped back, Redis's can go backwards.
 /// - **Leases** are kept by the store: a hold not renewed or released in time expires.
 ///   Re-entries share one expiry, which neither a re-entry nor a renewal ever shortens:
 ///   a hold lasts as long as the latest any of its guards asked for.
