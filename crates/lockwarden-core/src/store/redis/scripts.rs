@@ -1105,6 +1105,171 @@ mod tests {
         );
     }
 
+    /// One call of every operation that runs a script, as the store builds them.
+    fn every_call() -> Vec<Call> {
+        use crate::hold::RwMode;
+        use crate::store::contract::{Outcome, Renewal};
+        let key = crate::key::KeySpace::default().key("header").unwrap();
+        let holder = Holder::new("client", 1);
+        let variant = Variant {
+            notices: Notices::Classic,
+            cluster: false,
+        };
+        let lease = Duration::from_secs(30);
+        fn hold<K>(kind: K, key: &Key, holder: &Holder) -> Hold<K> {
+            Hold {
+                kind,
+                key: key.clone(),
+                holder: holder.clone(),
+            }
+        }
+        let kinds = [
+            HoldKind::PLAIN,
+            HoldKind::FAIR,
+            HoldKind::ReadWrite(RwMode::Read),
+            HoldKind::ReadWrite(RwMode::Write),
+            HoldKind::Permits,
+        ];
+        let asked = PermitsAsked {
+            permits: 2,
+            capacity: 5,
+            fifo: true,
+            register: lease,
+        };
+        let hows = [
+            How::Plain,
+            How::Claim,
+            How::Fair {
+                queue_timeout: lease,
+                join: true,
+                queued: false,
+            },
+            How::Read {
+                register: lease,
+                registered: false,
+            },
+            How::Write { register: lease },
+            How::Permits(asked),
+        ];
+        let mut calls = Vec::new();
+        for how in hows {
+            for (fresh, fenced) in [(true, true), (true, false), (false, true), (false, false)] {
+                let ask = Acquire {
+                    key: &key,
+                    holder: &holder,
+                    lease,
+                    how,
+                    fresh,
+                    fenced,
+                };
+                calls.push(acquire(&ask, variant));
+            }
+        }
+        let keys = [key.clone(), key.clone()];
+        calls.push(acquire_all(keys.iter(), &holder, lease, true, variant));
+        let outcome = Outcome {
+            bytes: b"done",
+            keep: lease,
+        };
+        for exclusive in [Exclusive::Plain, Exclusive::Fair] {
+            calls.push(complete(
+                &hold(exclusive, &key, &holder),
+                Some(7),
+                outcome,
+                variant,
+            ));
+        }
+        for kind in kinds {
+            calls.push(release(&hold(kind, &key, &holder), Some(7), variant));
+            let renewal = Renewal {
+                hold: hold(kind, &key, &holder),
+                lease,
+            };
+            calls.push(renew(&renewal, variant));
+        }
+        let waiters = [
+            Waiter::Queued,
+            Waiter::Writer,
+            Waiter::Reader,
+            Waiter::Permits { permits: 2, lease },
+        ];
+        for waiter in waiters {
+            calls.push(withdraw(waiter, &key, &holder, variant));
+        }
+        calls.push(force_unlock(&key, variant));
+        let read = HoldKind::ReadWrite(RwMode::Read);
+        calls.push(hold_count(&hold(read, &key, &holder), variant));
+        calls.push(permits(&key, variant));
+        calls.push(set_capacity(&key, 3, variant));
+        calls.push(fenced_write(&key, 7, b"value", variant));
+        calls.push(permissions("k", "c", &["get K"], variant));
+        calls
+    }
+
+    /// The highest `KEYS[n]` and `ARGV[n]` the leading comment of `text` names: of every
+    /// line, and of the lines before the optional ones (a claim's extra keys and
+    /// arguments: a line that says `optional`, and every line from `To complete a claim`).
+    fn declared(text: &str) -> ((usize, usize), (usize, usize)) {
+        let highest = |line: &str, what: &str| {
+            line.match_indices(what)
+                .filter_map(|(at, _)| {
+                    let rest = &line[at + what.len()..];
+                    rest.split(']').next()?.parse::<usize>().ok()
+                })
+                .max()
+                .unwrap_or(0)
+        };
+        let (mut base, mut all, mut claim) = ((0, 0), (0, 0), false);
+        for line in text.lines().take_while(|line| line.starts_with("--")) {
+            claim |= line.contains("To complete a claim");
+            let here = (highest(line, "KEYS["), highest(line, "ARGV["));
+            all = (all.0.max(here.0), all.1.max(here.1));
+            if !claim && !line.contains("optional") {
+                base = (base.0.max(here.0), base.1.max(here.1));
+            }
+        }
+        (base, all)
+    }
+
+    /// Every script call has the keys and arguments its script's header names, in number:
+    /// all of them, or all but the optional ones (a claim's).
+    #[test]
+    fn every_call_has_the_keys_and_arguments_its_header_names() {
+        let mut reached = std::collections::BTreeSet::new();
+        for call in every_call() {
+            let lua = call.script.expect("a script call");
+            reached.insert(lua.name());
+            let words = words(&call);
+            let keys: usize = words[1].parse().unwrap();
+            let args = words.len() - 2 - keys;
+            // Keys are named by the script's own file or its kind's prelude.
+            let (mut base, mut all) = ((0, 0), (0, 0));
+            for &(file, text) in lua.parts {
+                let own = file == lua.name();
+                if !(own || file.ends_with("_prelude.lua")) {
+                    continue;
+                }
+                let (b, a) = declared(text);
+                base = (base.0.max(b.0), if own { b.1 } else { base.1 });
+                all = (all.0.max(a.0), if own { a.1 } else { all.1 });
+            }
+            match lua.name() {
+                // Pairs of keys per lock; commands to check, one argument each.
+                "multi_acquire.lua" => assert_eq!((keys % 2, args), (0, all.1)),
+                "permissions.lua" => assert!(keys == 1 && args >= 2),
+                name => assert!(
+                    (keys, args) == base || (keys, args) == all,
+                    "{name}: {keys} keys and {args} arguments; its header names {base:?} \
+                     (without the optional ones) or {all:?}"
+                ),
+            }
+        }
+        // The connect-time check is no lock script (`every` lists those).
+        reached.remove("permissions.lua");
+        let every: std::collections::BTreeSet<_> = every().map(Lua::name).collect();
+        assert_eq!(reached, every, "a script no call reaches");
+    }
+
     /// Every variant a call may pick exists, differs from the script as written only on
     /// the lines that pick it, and keeps its line count (errors name lines).
     #[test]
