@@ -124,8 +124,8 @@
 //!
 //! # Supported servers and Rust versions
 //!
-//! Redis 6.2 or later (the acquire script writes the fencing token with `SET .. GET`;
-//! every test runs on Redis 7.0) and Valkey 8 (the conformance, semaphore, cluster,
+//! Redis 6.2 or later (the scripts call `SET .. PXAT`, `ZADD .. GT` and `COPY`; every test
+//! runs on Redis 7.0) and Valkey 8 (the conformance, semaphore, cluster,
 //! pub/sub and ACL tests run on Valkey 8.1). The checks of a user's
 //! ACL permissions at connect need Redis 7.0 or later, sharded notices on a cluster too.
 //! The minimum supported Rust version is 1.88.

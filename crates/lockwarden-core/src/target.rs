@@ -129,7 +129,7 @@ impl<'a> Target<'a> {
     }
 
     /// The guard of a `kind` hold a release handed to this waiter, told on `channel` (see
-    /// `Waiters::grant`), which holds until `expires` unless renewed. `None` if there is
+    /// `Waiters::deliver`), which holds until `expires` unless renewed. `None` if there is
     /// none, or if it must be taken up with an attempt instead: a holder the caller gave
     /// may wait in several tasks at once (each must count once), a fixed lease is set by
     /// the attempt, and a grant past `expires` (or of unknown age) may be gone.
