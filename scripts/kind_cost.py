@@ -23,7 +23,11 @@ sorted set, `ZREM` to release; a refused acquire polls).
 
 `--only` keeps the rows of some groups: `peer` (rslock, redis-semaphore), `lock`, `claim`,
 `multi`, `rw`, `fair`, `permit` (e.g. `--only peer,lock`; `scripts/script_cost.sh` runs
-those two).
+those two). The group `floor` (run only when asked for) measures prototypes that are not
+the library's, to show where a target's floor lies: the plain take written first
+(`HSETNX`, then `PEXPIRE .. NX`, Redis 7), `acquire.lua` as a Redis function (`FCALL`,
+Redis 7), and a semaphore whose holds live in its leases only (released with `ZREM` and
+`EXISTS`).
 Needs valgrind and callgrind_annotate (apt-get install valgrind). A full run takes a few
 minutes.
 """
@@ -589,6 +593,104 @@ def rows(server, n):
                    ("ph", i), lw.holder()), 1, 0, is_token)] if rnd == 0 else []))
 
 
+# ---------------------------------------------------------------------------------------
+# Prototypes (the group `floor`): not the library's scripts, each a way the library could
+# go, measured to show what it would cost.
+
+WRITE_FIRST = """
+if redis.call('HSETNX', KEYS[1], ARGV[1], '1') == 1 then
+  if redis.call('PEXPIRE', KEYS[1], ARGV[2], 'NX') == 1 then
+    local token = redis.call('INCR', KEYS[2])
+    if token ~= 1 then
+      return token
+    end
+    local clock = redis.call('TIME')
+    local text = clock[1] .. string.sub('000000', #clock[2] + 1) .. clock[2]
+    redis.call('SET', KEYS[2], text, 'PX', ARGV[2])
+    return tonumber(text)
+  end
+  redis.call('HDEL', KEYS[1], ARGV[1])
+  return -2 - redis.call('PTTL', KEYS[1])
+end
+return {2, 0}
+"""
+
+LEASES_ONLY = """
+local clock = redis.call('TIME')
+local now = clock[1] * 1000 + math.floor(clock[2] / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+local used = redis.call('ZCARD', KEYS[2])
+local capacity = tonumber(redis.call('HGET', KEYS[1], 'permits') or ARGV[4])
+if used == 0 then capacity = tonumber(ARGV[4]) end
+if redis.call('EXISTS', KEYS[4]) == 0 and used + 1 <= capacity then
+  local deadline = now + ARGV[2]
+  redis.call('ZADD', KEYS[2], deadline, ARGV[1])
+  if used == 0 then
+    redis.call('HSET', KEYS[1], 'permits', ARGV[4])
+    redis.call('PEXPIREAT', KEYS[1], deadline)
+    redis.call('PEXPIREAT', KEYS[2], deadline)
+  end
+  return redis.call('INCR', KEYS[3])
+end
+return -1
+"""
+
+
+def floors(server, n):
+    lw = Lockwarden(server)
+    held = {}
+    write_first = server.load(WRITE_FIRST)
+    acquire = source("acquire")
+    server.call("FUNCTION", "LOAD", "REPLACE",
+                "#!lua name=kindcost\nredis.register_function('acquire', function(KEYS, ARGV)\n"
+                + acquire + "\nend)\n")
+    leases_only = server.load(LEASES_ONLY)
+
+    def take(sha, k, holder, expect):
+        return Step(["EVALSHA", sha, 2, k["lock"], k["fence"], holder, LEASE], expect)
+
+    def cycle(i, rnd):
+        k, h = lw.key(f"fw{i}"), lw.holder()
+        return [take(write_first, k, h, is_token), *lw.release_alone(k, h)]
+
+    yield ("floor: a take written first (HSETNX, PEXPIRE NX): cycle", "floor",
+           lambda: run(server, cycle, n))
+
+    def handoff(i, rnd):
+        k = lw.key(f"fwh{i}")
+        old = held[i]
+        held[i] = new = lw.holder()
+        return [take(write_first, k, new, refused), *lw.release_alone(k, old),
+                take(write_first, k, new, is_token)]
+
+    def before(i, rnd):
+        if rnd:
+            return []
+        held[i] = lw.holder()
+        return [take(write_first, lw.key(f"fwh{i}"), held[i], is_token)]
+
+    yield ("floor: a take written first (HSETNX, PEXPIRE NX): handoff", "floor", lambda: run(
+        server, handoff, n, before=before, subscribe=lambda i: lw.key(f"fwh{i}")["channel"]))
+
+    def function(i, rnd):
+        k, h = lw.key(f"fc{i}"), lw.holder()
+        call = Step(["FCALL", "acquire", 2, k["lock"], k["fence"], h, LEASE], is_token)
+        return [call, *lw.release_alone(k, h)]
+
+    yield ("floor: acquire.lua as a function (FCALL): cycle", "floor",
+           lambda: run(server, function, n))
+
+    def permit(i, rnd):
+        k, h = lw.key(f"lo{i}"), lw.holder()
+        keys = lw.permits_keys(k)
+        return [Step(["EVALSHA", leases_only, *keys, h, LEASE, 1, 10, "0", 0, k["granted"]],
+                     is_token),
+                Step(["ZREM", k["leases"], h], 1), Step(["EXISTS", k["waiting"]], 0)]
+
+    yield ("floor: a permit held in the leases only: acquire + ZREM + EXISTS", "floor",
+           lambda: run(server, permit, n))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default="", help="comma-separated groups of rows to run")
@@ -604,7 +706,10 @@ def main():
               f"cycle, {args.cycles} pipelined cycles after a warm-up")
         print(f"| cycle | instructions | commands |")
         print(f"|---|---:|---:|")
-        for name, group, measure in rows(server, args.cycles):
+        every = list(rows(server, args.cycles))
+        if "floor" in only:
+            every += list(floors(server, args.cycles))
+        for name, group, measure in every:
             if only and group not in only:
                 continue
             instructions, commands = measure()
