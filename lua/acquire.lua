@@ -23,6 +23,12 @@ local fenced = true
 -- broke), not a re-entry. A holder the caller gave runs the variant in which this line
 -- reads `local fresh = false`: a variant costs nothing, an argument ~1,500 instructions.
 local fresh = true
+-- Whether this is the first send of a fresh holder's attempt on one server: then the
+-- holder cannot hold the lock yet (an earlier attempt of its acquisition that took it
+-- would have ended the acquisition, one that got no answer made a new holder), and a
+-- refused attempt skips looking for it. A send again after a broken connection runs the
+-- variant in which this line reads `local first = false`, which looks.
+local first = true
 if KEYS[3] then
   local outcome = redis.call('GET', KEYS[3])
   if outcome then
@@ -30,8 +36,9 @@ if KEYS[3] then
   end
 end
 -- PTTL, not EXISTS: -2 says the lock is free, and a busy lock's answer needs it anyway.
--- A refused attempt is one call (two with the holder's check): a waiter's attempt before
--- every handoff costs little, where a take that wrote first would have to undo its write.
+-- A refused attempt is one call (two where the holder may hold it already): a waiter's
+-- attempt before every handoff costs little, where a take that wrote first would have to
+-- undo its write.
 local ttl = redis.call('PTTL', KEYS[1])
 if ttl == -2 then
   if call == '' then
@@ -53,6 +60,9 @@ if ttl == -2 then
   local text = clock[1] .. string.sub('000000', #clock[2] + 1) .. clock[2]
   redis.call('SET', KEYS[2], text, 'PX', ARGV[2])
   return tonumber(text)
+end
+if first then
+  return -2 - ttl
 end
 -- The holder's count, and on a cluster the id of the last call that changed it.
 local count, last

@@ -104,7 +104,7 @@ impl Commands {
         call: Call,
     ) -> impl Future<Output = RedisResult<T>> + Send + 'static {
         let mut conn = self.conn.clone();
-        let load = call.script.map(|lua| lua.load(self.variant()));
+        let variant = self.variant();
         let mut resend_by = call.resend.then(|| Instant::now() + self.timeout);
         let mut call = self.prepare(call);
         async move {
@@ -134,12 +134,16 @@ impl Commands {
             loop {
                 match call.cmd.query_async(&mut conn).await {
                     Err(e) if is_noscript(&e) && loads > 0 => {
-                        if let Some(load) = load.clone() {
+                        // Made only now: a load carries the script's whole text.
+                        if let Some(lua) = call.script {
+                            let load = lua.load(variant);
                             conn.load_scripts([load], slot_of(&call.cmd)).await?;
                         }
                         loads -= 1;
                     }
-                    Err(e) if e.is_connection_dropped() && resend() => {}
+                    // Sent again: with the script a second run needs, if the first send
+                    // had one that skipped it (a fresh holder's acquire).
+                    Err(e) if e.is_connection_dropped() && resend() => call.again(variant),
                     other => return other,
                 }
             }

@@ -200,12 +200,19 @@ macro_rules! script {
     };
 }
 
-/// `acquire.lua` for a holder made for the acquisition, with fencing tokens.
+/// `acquire.lua` for the first send of an attempt of a holder made for the acquisition,
+/// on one server, with fencing tokens.
 static ACQUIRE: LazyLock<Lua> = script!("acquire.lua");
 /// `acquire.lua` for a client built without fencing tokens: no fencing key.
 static ACQUIRE_UNFENCED: LazyLock<Lua> = LazyLock::new(|| ACQUIRE.replaced(FENCED, UNFENCED));
+/// `acquire.lua` sent again (or on a cluster, which sends it again by itself): a refused
+/// attempt looks whether this very call took the lock before.
+static ACQUIRE_AGAIN: LazyLock<Lua> = LazyLock::new(|| ACQUIRE.replaced(FIRST, AGAIN));
+/// The same without fencing tokens.
+static ACQUIRE_AGAIN_UNFENCED: LazyLock<Lua> =
+    LazyLock::new(|| ACQUIRE_AGAIN.replaced(FENCED, UNFENCED));
 /// `acquire.lua` for a holder the caller gave, which may hold the lock already.
-static ACQUIRE_GIVEN: LazyLock<Lua> = LazyLock::new(|| ACQUIRE.replaced(FRESH, GIVEN));
+static ACQUIRE_GIVEN: LazyLock<Lua> = LazyLock::new(|| ACQUIRE_AGAIN.replaced(FRESH, GIVEN));
 /// The same without fencing tokens.
 static ACQUIRE_GIVEN_UNFENCED: LazyLock<Lua> =
     LazyLock::new(|| ACQUIRE_GIVEN.replaced(FENCED, UNFENCED));
@@ -215,6 +222,8 @@ const FENCED: &str = "\nlocal fenced = true\n";
 const UNFENCED: &str = "\nlocal fenced = false\n";
 const FRESH: &str = "\nlocal fresh = true\n";
 const GIVEN: &str = "\nlocal fresh = false\n";
+const FIRST: &str = "\nlocal first = true\n";
+const AGAIN: &str = "\nlocal first = false\n";
 static RENEW: LazyLock<Lua> = script!("renew.lua");
 static RELEASE: LazyLock<Lua> = script!("once.lua", "release.lua");
 static FORCE_RELEASE: LazyLock<Lua> = script!("force_release.lua");
@@ -340,6 +349,33 @@ impl Call {
         }
     }
 
+    /// The same call, sent again after its connection broke, as `variant`'s connection
+    /// sends it: with the script its first send left for a second run, if it has one
+    /// (the first send of a fresh holder's acquire skips looking for its own hold).
+    pub(super) fn again(&mut self, variant: Variant) {
+        // Found from the script, not kept in the call: every release's future carries a
+        // call, and must stay small (`guard::tests`).
+        let first = self
+            .script
+            .map_or(std::ptr::null(), |lua| lua as *const Lua);
+        let lua: &'static Lua = if std::ptr::eq(first, &*ACQUIRE) {
+            &ACQUIRE_AGAIN
+        } else if std::ptr::eq(first, &*ACQUIRE_UNFENCED) {
+            &ACQUIRE_AGAIN_UNFENCED
+        } else {
+            return;
+        };
+        let mut cmd = evalsha(0, 0);
+        cmd.arg(lua.with(variant).get_hash());
+        for arg in self.cmd.args_iter().skip(2) {
+            if let redis::Arg::Simple(bytes) = arg {
+                cmd.arg(bytes);
+            }
+        }
+        self.cmd = cmd;
+        self.script = Some(lua);
+    }
+
     /// This call as sent over a connection that may send a call twice (`resent`: a
     /// cluster's). There a counting call gets its id (`lua/once.lua`), unique in this
     /// process like the holders it is kept for, or `''` for a holder made for its
@@ -411,6 +447,8 @@ pub(super) fn named(file: &str) -> &'static Lua {
 static EVERY: &[&LazyLock<Lua>] = &[
     &ACQUIRE,
     &ACQUIRE_UNFENCED,
+    &ACQUIRE_AGAIN,
+    &ACQUIRE_AGAIN_UNFENCED,
     &ACQUIRE_GIVEN,
     &ACQUIRE_GIVEN_UNFENCED,
     &RENEW,
@@ -480,12 +518,16 @@ pub(super) fn acquire(ask: &Acquire<'_>, variant: Variant) -> Call {
     let lease = millis(ask.lease);
     let call = match ask.how {
         How::Plain | How::Claim => {
-            let plain = match (ask.fresh, ask.fenced) {
-                (true, true) => &ACQUIRE,
-                (true, false) => &ACQUIRE_UNFENCED,
-                (false, true) => &ACQUIRE_GIVEN,
-                (false, false) => &ACQUIRE_GIVEN_UNFENCED,
+            // A cluster client sends a call again by itself: there every send looks.
+            let first = ask.fresh && !variant.cluster;
+            // The first send's script knows the one a send again runs (`Call::again`).
+            let (plain, again) = match (ask.fresh, ask.fenced) {
+                (true, true) => (&ACQUIRE, &ACQUIRE_AGAIN),
+                (true, false) => (&ACQUIRE_UNFENCED, &ACQUIRE_AGAIN_UNFENCED),
+                (false, true) => (&ACQUIRE_GIVEN, &ACQUIRE_GIVEN),
+                (false, false) => (&ACQUIRE_GIVEN_UNFENCED, &ACQUIRE_GIVEN_UNFENCED),
             };
+            let plain = if first { plain } else { again };
             let (lock, fence) = (key.redis_key(), key.fence_key());
             let call = match ask.how {
                 How::Claim => Call::script(plain, variant, &[lock, fence, &key.names().outcome]),
@@ -1314,15 +1356,52 @@ mod tests {
         }
         let source = |lua: &Lua| lua.script.source.to_string();
         let acquire = source(&ACQUIRE);
-        for (lua, fenced, fresh) in [
-            (&*ACQUIRE_UNFENCED, UNFENCED, FRESH),
-            (&*ACQUIRE_GIVEN, FENCED, GIVEN),
-            (&*ACQUIRE_GIVEN_UNFENCED, UNFENCED, GIVEN),
+        for (lua, fenced, fresh, first) in [
+            (&*ACQUIRE_UNFENCED, UNFENCED, FRESH, FIRST),
+            (&*ACQUIRE_AGAIN, FENCED, FRESH, AGAIN),
+            (&*ACQUIRE_AGAIN_UNFENCED, UNFENCED, FRESH, AGAIN),
+            (&*ACQUIRE_GIVEN, FENCED, GIVEN, AGAIN),
+            (&*ACQUIRE_GIVEN_UNFENCED, UNFENCED, GIVEN, AGAIN),
         ] {
-            let picked = acquire.replace(FENCED, fenced).replace(FRESH, fresh);
+            let picked = acquire
+                .replace(FENCED, fenced)
+                .replace(FRESH, fresh)
+                .replace(FIRST, first);
             assert_eq!(source(lua), picked);
             assert_ne!(source(lua), acquire);
         }
+    }
+
+    /// A fresh holder's acquire looks for its own hold only when sent again: its first
+    /// send on one server cannot find it; a cluster client sends again by itself.
+    #[test]
+    fn only_a_fresh_holders_first_send_skips_looking_for_its_hold() {
+        let key = crate::key::KeySpace::default().key("first").unwrap();
+        let holder = Holder::new("client", 1);
+        let ask = |fresh| Acquire {
+            key: &key,
+            holder: &holder,
+            lease: Duration::from_secs(30),
+            how: How::Plain,
+            fresh,
+            fenced: true,
+        };
+        let variant = |cluster| Variant {
+            notices: Notices::Classic,
+            cluster,
+        };
+        let mut first = acquire(&ask(true), variant(false));
+        assert_eq!(words(&first)[0], ACQUIRE.get_hash());
+        let before = words(&first);
+        first.again(variant(false));
+        let again = words(&first);
+        assert_eq!(again[0], ACQUIRE_AGAIN.get_hash());
+        assert_eq!(again[1..], before[1..], "the same keys and arguments");
+        let cluster = acquire(&ask(true), variant(true)).sent(true);
+        let clustered = ACQUIRE_AGAIN.clustered.as_ref().unwrap();
+        assert_eq!(words(&cluster)[0], clustered.script.get_hash());
+        let given = acquire(&ask(false), variant(false));
+        assert_eq!(words(&given)[0], ACQUIRE_GIVEN.get_hash());
     }
 
     /// The words of `call` after `EVALSHA`: digest, key count, keys, arguments.
