@@ -22,7 +22,7 @@ use crate::key::Key;
 use crate::notice::{Holders, Notice};
 use crate::store::contract::{
     Acquire, AcquireAll, Attempt, How, LockStore, MultiAttempt, Outcome, PermitsState, Reentries,
-    Released, Renewal, Renewed, Result, Waiter,
+    Refusal, Released, Renewal, Renewed, Result, Waiter,
 };
 use crate::waiters::Waiters;
 use locks::Locks;
@@ -161,7 +161,7 @@ impl MemoryStore {
         state.sweep(now);
         if how == How::Claim {
             if let Some(outcome) = state.locks.outcome(key, now) {
-                return Attempt::Completed { outcome };
+                return Attempt::Refused(Refusal::Completed { outcome });
             }
         }
         let family = match how {

@@ -14,8 +14,8 @@ use crate::hold::{Exclusive, Hold, HoldKind};
 use crate::holder::Holder;
 use crate::key::Key;
 use crate::store::contract::{
-    Acquire, Attempt, How, Outcome, PermitsAsked, PermitsState, Reentries, Released, Renewal,
-    Waiter,
+    Acquire, Attempt, How, Outcome, PermitsAsked, PermitsState, Reentries, Refusal, Released,
+    Renewal, Waiter,
 };
 
 /// A script of `lua/`, compiled into the crate, with its source files (to say which of
@@ -660,12 +660,13 @@ pub(super) fn attempted(how: How, reply: Reply) -> Result<Attempt, BackendError>
         (Reply::Reentered(token), _) => Ok(Attempt::Reentered { token }),
         (Reply::Busy(ttl), _) => Ok(Attempt::Busy { ttl }),
         (Reply::Other(Value::BulkString(outcome)), How::Claim) => {
-            Ok(Attempt::Completed { outcome })
+            Ok(Attempt::Refused(Refusal::Completed { outcome }))
         }
-        (Reply::Other(Value::Int(_)), How::Write { .. }) => Ok(Attempt::Upgrade),
-        (Reply::Other(Value::Int(capacity)), How::Permits(_)) => Ok(Attempt::OverCapacity {
-            capacity: u32::try_from(capacity).unwrap_or(u32::MAX),
-        }),
+        (Reply::Other(Value::Int(_)), How::Write { .. }) => Ok(Attempt::Refused(Refusal::Upgrade)),
+        (Reply::Other(Value::Int(capacity)), How::Permits(_)) => {
+            let capacity = u32::try_from(capacity).unwrap_or(u32::MAX);
+            Ok(Attempt::Refused(Refusal::OverCapacity { capacity }))
+        }
         (Reply::NotReplicated(acknowledged), _) => Err(BackendError::NotReplicated {
             acknowledged,
             wanted: 0,
@@ -1082,7 +1083,7 @@ mod tests {
         let done = || reply(table(3, Value::BulkString(b"done".to_vec()))).unwrap();
         assert!(matches!(
             attempted(How::Claim, done()),
-            Ok(Attempt::Completed { outcome }) if outcome == b"done"
+            Ok(Attempt::Refused(Refusal::Completed { outcome })) if outcome == b"done"
         ));
         assert!(matches!(
             attempted(How::Plain, done()),
@@ -1092,7 +1093,10 @@ mod tests {
         let write = How::Write {
             register: Duration::ZERO,
         };
-        assert_eq!(attempted(write, upgrade).unwrap(), Attempt::Upgrade);
+        assert_eq!(
+            attempted(write, upgrade).unwrap(),
+            Attempt::Refused(Refusal::Upgrade)
+        );
     }
 
     #[test]
