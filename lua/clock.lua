@@ -8,8 +8,8 @@ local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 -- release used to pay that ten times; `scripts/kind_cost.py`).
 local now_text = clock[1] .. string.sub(string.sub('000000', #clock[2] + 1) .. clock[2], 1, 3)
 
--- %.0f: Lua's tostring would write large numbers as 1.7e+15; a third of what Redis pays
--- for a number argument.
+-- %d: Lua's tostring would write large numbers as 1.7e+15; '%d' costs Redis ~2,100
+-- instructions, '%.0f' ~4,700 and a number argument's snprintf ~3,500.
 local function int(n)
-  return string.format('%.0f', n)
+  return string.format('%d', n)
 end

@@ -47,7 +47,7 @@ if free then
       redis.call('LPOP', KEYS[3])
       redis.call('ZREM', KEYS[4], me)
     end
-    return (take(me, int(now + tonumber(ARGV[2])), call))
+    return take(me, int(now + tonumber(ARGV[2])), call)
   end
   -- Free, but another waiter's turn (the lock expired, or a waiter ahead was dropped):
   -- the head gets it now, as a release would have given it.

@@ -22,12 +22,13 @@ local function prune()
 end
 
 -- Takes the free lock for `holder` until `until_ms` (server clock, as text), for the call
--- `call` (see once.lua); returns its new fencing token as a number and as text (see
--- token.lua).
+-- `call` (see once.lua); returns its new fencing token (see token.lua).
 local function take(holder, until_ms, call)
   set_count(KEYS[1], holder, '1', call)
   redis.call('PEXPIREAT', KEYS[1], until_ms)
-  return issue_token(KEYS[2], clock, 'PXAT', until_ms)
+  local token = issue_token(KEYS[2], 'PXAT', until_ms)
+  redis.call('PEXPIREAT', KEYS[2], until_ms)
+  return token
 end
 
 -- The channel on which `holder` hears its turn: its client's (`prefix` and the holder id
@@ -47,7 +48,7 @@ local function grant_head(prefix)
     -- A score is written as an integer (see fair_acquire.lua), so its text is one.
     local until_ms = redis.call('ZSCORE', KEYS[4], head)
     if until_ms then
-      local text = select(2, take(head, until_ms, ''))
+      local text = int(take(head, until_ms, ''))
       redis.call('PUBLISH', wake_channel(prefix, head), 'granted:' .. text .. ':' .. head)
       return
     end

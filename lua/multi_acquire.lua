@@ -21,7 +21,6 @@ for i = 1, n do
     return {0, i, redis.call('PTTL', lock)}
   end
 end
-local clock = redis.call('TIME')
 local out = {1}
 for i = 1, n do
   local lock, fence = KEYS[2 * i - 1], KEYS[2 * i]
@@ -37,7 +36,7 @@ for i = 1, n do
     end
   end
   if count == 1 then
-    out[i + 1] = (issue_token(fence, clock, 'PX', ARGV[2]))
+    out[i + 1] = issue_token(fence, 'PX', ARGV[2])
     redis.call('PEXPIRE', lock, ARGV[2])
   else
     -- A re-entry (or a hold taken again) never shortens the hold (see acquire.lua).

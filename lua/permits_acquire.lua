@@ -17,7 +17,8 @@ if redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[4]) == 0 then
   local until_ms = now + tonumber(ARGV[2])
   local at = int(until_ms + (until_ms - now))
   redis.call('ZADD', KEYS[2], until_ms, me)
-  local token, text = issue_token(KEYS[3], clock, 'PXAT', at)
+  local token = issue_token(KEYS[3], 'PXAT', at)
+  local text = int(token)
   if ARGV[5] == '1' then
     redis.call('HSET', KEYS[1], 'permits', ARGV[4], 'used', ARGV[3], 'fifo', '1', me, ARGV[3] .. ':' .. text)
   else
@@ -25,6 +26,7 @@ if redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[4]) == 0 then
   end
   redis.call('PEXPIREAT', KEYS[1], at)
   redis.call('PEXPIREAT', KEYS[2], at)
+  redis.call('PEXPIREAT', KEYS[3], at)
   return token
 end
 -- Its place in line names what it waits for: the permits, and the lease a grant gives.
@@ -78,7 +80,8 @@ local behind = fifo and waiting and rank ~= 0
 if asked <= capacity - used and not behind then
   local until_ms = now + tonumber(ARGV[2])
   redis.call('ZADD', KEYS[2], until_ms, me)
-  local token, text = issue_token(KEYS[3], clock, 'PXAT', int(keep(until_ms)))
+  local token = issue_token(KEYS[3], 'PXAT', int(keep(until_ms)))
+  local text = int(token)
   redis.call('HSET', KEYS[1], me, ARGV[3] .. ':' .. text, 'used', used + asked)
   if rank then
     redis.call('ZREM', KEYS[4], member)

@@ -142,7 +142,8 @@ local function admit(capacity, used, fifo, channel, me, stored, waiting)
     redis.call('ZREM', KEYS[4], grant[1])
     redis.call('ZREM', KEYS[5], grant[1])
   end
-  local first, text = issue_token(KEYS[3], clock, 'PXAT', int(keep(latest)))
+  local first = issue_token(KEYS[3], 'PXAT', int(keep(latest)))
+  local text = int(first)
   local mine
   local fields = {}
   for i, grant in ipairs(granted) do

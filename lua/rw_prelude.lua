@@ -64,14 +64,15 @@ end
 -- Takes the free lock for the hold `field` in `mode` ('read' or 'write') with a lease of
 -- `ms`: the count, the mode and a new fencing token (see token.lua; kept in the hash for
 -- the holds of this phase) in one write; and, the hold being the only one, every key
--- expiring at its deadline, the fencing key with its write. Returns the token.
+-- expiring at its deadline. Returns the token.
 local function take_free(field, mode, ms)
   local deadline = int(now + tonumber(ms))
-  local token, text = issue_token(KEYS[3], clock, 'PXAT', deadline)
-  set_count(KEYS[1], field, '1', call, 'mode', mode, 'token', text)
+  local token = issue_token(KEYS[3], 'PXAT', deadline)
+  set_count(KEYS[1], field, '1', call, 'mode', mode, 'token', int(token))
   redis.call('ZADD', KEYS[2], deadline, field)
   redis.call('PEXPIREAT', KEYS[1], deadline)
   redis.call('PEXPIREAT', KEYS[2], deadline)
+  redis.call('PEXPIREAT', KEYS[3], deadline)
   return token
 end
 
@@ -190,10 +191,11 @@ local function admit_readers(channel, free)
     end
     redis.call('COPY', KEYS[5], KEYS[2], 'REPLACE')
     local last = latest()
-    text = select(2, issue_token(KEYS[3], clock, 'PXAT', last))
+    text = int(issue_token(KEYS[3], 'PXAT', last))
     in_batches('HSET', KEYS[1], read_counts(fields, text))
     redis.call('PEXPIREAT', KEYS[1], last)
     redis.call('PEXPIREAT', KEYS[2], last)
+    redis.call('PEXPIREAT', KEYS[3], last)
   else
     local waiting = redis.call('ZRANGE', KEYS[5], '0', '-1', 'WITHSCORES')
     local names = {}
@@ -217,7 +219,7 @@ local function admit_readers(channel, free)
     local phase = redis.call('HMGET', KEYS[1], 'mode', 'token')
     text = phase[1] and phase[2]
     if not text then
-      text = select(2, issue_token(KEYS[3], clock))
+      text = int(issue_token(KEYS[3]))
     end
     in_batches('HSET', KEYS[1], read_counts(fields, text))
     expire_with_latest()

@@ -1,224 +1,721 @@
 #!/usr/bin/env python3
-"""What the read-write and fair locks' and the semaphore's scripts cost Redis itself, in
-instructions.
+"""What each lock kind's cycle costs the Redis server, in instructions and commands, beside
+the peers' cycles measured in the same run.
 
-    python3 scripts/kind_cost.py [LUA_DIR]
+    python3 scripts/kind_cost.py [--only WORD,..] [--cycles N]
 
-A throw-away redis-server on a free loopback port runs under valgrind's callgrind, which
-counts the instructions it executes (the same on every run, unlike times on a shared
-machine). Each operation below runs 40 times on fresh keys, with the scripts as a client
-sends them to one server (the files of LUA_DIR, `lua/` by default, joined as
-store/redis/scripts.rs joins them, no call id); the count of `EVALSHA` (the scripts and
-the commands they call) is divided by 40. Each row's set-up runs outside the count. A
-granted holder releases as a hot fair lock's holders do: it took the lock up from the
-grant's notice, without a call.
+A throw-away redis-server (`$REDIS_SERVER`, else `redis-server` from PATH) on a free
+loopback port runs under valgrind's callgrind, which counts the instructions it executes
+(the same on every run, unlike times on a shared machine). Every figure is on one basis:
+the **whole server** (reading and parsing commands, scripts and the commands they call,
+replies, notices written to subscribers) **minus `serverCron`** (the timer that runs
+whatever the load), per cycle, over N pipelined cycles (256 by default) sent after a
+warm-up pass of the same cycles. Commands per cycle count every command Redis ran
+(`INFO commandstats`), the calls inside scripts included.
 
-Give LUA_DIR the `lua/` of an older checkout (`git worktree add /tmp/old <commit>`) to
-compare. `scripts/script_cost.sh --instructions` does the same for the plain lock.
-Needs valgrind and callgrind_control (apt-get install valgrind).
+Each row sends what a client sends to one server (no call ids), with the scripts of
+`lua/` joined as `crates/lockwarden-core/src/store/redis/scripts.rs` joins them. A row
+whose cycle wakes a waiter has a subscriber connection on the channels it publishes to,
+as a waiting client has. The peers are written as their public projects send them, for
+this measurement only: `hexcowboy/rslock` (`SET key value NX PX ttl`, its
+compare-and-delete script) and `swarthy/redis-semaphore` (its acquire script over a
+sorted set, `ZREM` to release; a refused acquire polls).
+
+`--only` keeps the rows of some groups: `peer` (rslock, redis-semaphore), `lock`, `claim`,
+`multi`, `rw`, `fair`, `permit` (e.g. `--only peer,lock`; `scripts/script_cost.sh` runs
+those two). The group `floor` (run only when asked for) measures prototypes that are not
+the library's, to show where a target's floor lies: the plain take written first
+(`HSETNX`, then `PEXPIRE .. NX`, Redis 7), `acquire.lua` as a Redis function (`FCALL`,
+Redis 7), and a semaphore whose holds live in its leases only (released with `ZREM` and
+`EXISTS`).
+Needs valgrind and callgrind_annotate (apt-get install valgrind). A full run takes a few
+minutes.
 """
-import glob
+import argparse
 import os
+import random
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
 
-ROUNDS = 40
-LUA = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "lua")
-RW = ("clock.lua", "once.lua", "token.lua", "rw_prelude.lua")
-FAIR = ("clock.lua", "once.lua", "token.lua", "fair_prelude.lua")
-PERMITS = ("clock.lua", "token.lua", "permits_prelude.lua")
-WRITER = "W" + "x" * 40
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+LUA = os.path.join(ROOT, "lua")
+LEASE = 30000
+# How long a waiter stays registered: long enough for a pass under callgrind, which runs
+# Redis some fifty times slower.
+WAIT = 600000
 
 
-def reader(r):
-    return f"R{r:02d}" + "y" * 38
+# ---------------------------------------------------------------------------------------
+# The server under callgrind
 
 
 class Server:
-    """redis-server under callgrind, spoken to over one connection."""
+    """redis-server under callgrind, spoken to over one connection (plus subscribers)."""
 
     def __init__(self):
         probe = socket.socket()
         probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+        self.port = probe.getsockname()[1]
         probe.close()
         self.dir = tempfile.mkdtemp()
+        binary = os.environ.get("REDIS_SERVER", "redis-server")
         self.proc = subprocess.Popen(
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={self.dir}/cg",
-             "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+             binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", self.dir],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.conn = self.connect()
+        self.dumps = 0
+        self.version = self.info_field("server", "redis_version")
+
+    def connect(self):
         deadline = time.monotonic() + 60
         while True:
             try:
-                self.sock = socket.create_connection(("127.0.0.1", port))
-                break
+                return Conn(socket.create_connection(("127.0.0.1", self.port)))
             except OSError:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
-        self.replies = self.sock.makefile("rb")
-        self.dumps = 0
 
     def call(self, *args):
-        out = b"*%d\r\n" % len(args)
-        for arg in args:
-            arg = str(arg).encode()
-            out += b"$%d\r\n%s\r\n" % (len(arg), arg)
-        self.sock.sendall(out)
-        return self.reply()
+        return self.conn.call(*args)
 
-    def reply(self):
-        line = self.replies.readline()
-        kind, rest = line[:1], line[1:-2]
-        if kind == b"-":
-            raise RuntimeError(rest.decode())
-        if kind in (b"+", b":"):
-            return rest
-        if kind == b"$":
-            n = int(rest)
-            return None if n < 0 else self.replies.read(n + 2)[:-2]
-        return [self.reply() for _ in range(int(rest))]
+    def info_field(self, section, name):
+        for line in self.call("INFO", section).decode().splitlines():
+            if line.startswith(name + ":"):
+                return line.split(":", 1)[1].strip()
+        return "?"
 
-    def load(self, *files):
-        source = "".join(open(os.path.join(LUA, f)).read() for f in files)
+    def load(self, source):
         return self.call("SCRIPT", "LOAD", source).decode()
 
-    def instructions(self, run):
-        """Instructions of EVALSHA while `run` runs."""
-        subprocess.run(["callgrind_control", "-z", str(self.proc.pid)], check=True, capture_output=True)
-        run()
-        subprocess.run(["callgrind_control", "-d", str(self.proc.pid)], check=True, capture_output=True)
+    def commands(self):
+        """Every command run since the last CONFIG RESETSTAT, the counters' own excluded."""
+        total = 0
+        for line in self.call("INFO", "commandstats").decode().splitlines():
+            if not line.startswith("cmdstat_"):
+                continue
+            name, rest = line[len("cmdstat_"):].split(":", 1)
+            if name in ("config|resetstat", "info"):
+                continue
+            total += int(dict(kv.split("=") for kv in rest.split(","))["calls"])
+        return total
+
+    def measured(self, send):
+        """Instructions (whole server minus serverCron) and commands while `send` runs."""
+        self.call("CONFIG", "RESETSTAT")
+        control = ["callgrind_control", "-z", str(self.proc.pid)]
+        subprocess.run(control, check=True, capture_output=True)
+        send()
+        control[1] = "-d"
+        subprocess.run(control, check=True, capture_output=True)
         self.dumps += 1
         dump = f"{self.dir}/cg.{self.dumps}"
-        for _ in range(50):
+        for _ in range(100):
             if os.path.exists(dump):
                 break
             time.sleep(0.1)
         out = subprocess.run(
             ["callgrind_annotate", "--inclusive=yes", "--threshold=100", "--auto=no", dump],
             check=True, capture_output=True, text=True).stdout
-        return next(int(line.split()[0].replace(",", "")) for line in out.splitlines()
-                    if ":evalShaCommand " in line)
+        total = cron = 0
+        for line in out.splitlines():
+            words = line.split()
+            if len(words) < 2 or not words[0][0].isdigit():
+                continue
+            if "PROGRAM TOTALS" in line:
+                total = int(words[0].replace(",", ""))
+            elif ":serverCron " in line:
+                cron = int(words[0].replace(",", ""))
+        return total - cron, self.commands()
 
     def close(self):
-        self.sock.sendall(b"*2\r\n$8\r\nSHUTDOWN\r\n$6\r\nNOSAVE\r\n")
+        try:
+            self.conn.sock.sendall(b"*2\r\n$8\r\nSHUTDOWN\r\n$6\r\nNOSAVE\r\n")
+        except OSError:
+            pass
         self.proc.wait()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+class Conn:
+    """One RESP2 connection."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.replies = sock.makefile("rb")
+
+    def call(self, *args):
+        return self.pipeline([args])[0]
+
+    def pipeline(self, commands):
+        self.sock.sendall(b"".join(encode(c) for c in commands))
+        return [self.reply() for _ in commands]
+
+    def reply(self):
+        line = self.replies.readline()
+        kind, rest = line[:1], line[1:-2]
+        if kind == b"-":
+            return Error(rest.decode())
+        if kind == b"+":
+            return rest
+        if kind == b":":
+            return int(rest)
+        if kind == b"$":
+            n = int(rest)
+            return None if n < 0 else self.replies.read(n + 2)[:-2]
+        if kind == b"*":
+            n = int(rest)
+            return None if n < 0 else [self.reply() for _ in range(n)]
+        raise RuntimeError(f"unreadable reply {line!r}")
+
+    def drain(self, messages):
+        for _ in range(messages):
+            self.reply()
+
+
+class Error(str):
+    pass
+
+
+def encode(args):
+    out = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        arg = arg if isinstance(arg, bytes) else str(arg).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(arg), arg))
+    return b"".join(out)
+
+
+# ---------------------------------------------------------------------------------------
+# Rows: a row sends, per cycle, a list of commands, each with what its reply must be.
+
+
+class Step:
+    """One command and a check of its reply (a value, or a function that says yes)."""
+
+    def __init__(self, args, expect=None):
+        self.args, self.expect = args, expect
+
+    def check(self, reply):
+        if isinstance(reply, Error):
+            raise RuntimeError(f"{self.args[0]} answered {reply}")
+        ok = self.expect is None or (
+            self.expect(reply) if callable(self.expect) else reply == self.expect)
+        if not ok:
+            raise RuntimeError(f"{' '.join(map(str, self.args[:2]))}: unexpected {reply!r}")
+
+
+def run(server, steps_of, cycles, before=None, subscribe=None):
+    """Measures `steps_of(i, round)` for i in range(cycles), after a warm-up round; `before`
+    (unmeasured) runs ahead of each round's cycles; `subscribe(i)` names a channel a
+    subscriber listens on. Returns (instructions, commands) per cycle."""
+    listener = None
+    if subscribe:
+        listener = server.connect()
+        channels = [subscribe(i) for i in range(cycles)]
+        listener.sock.sendall(encode(["SUBSCRIBE", *channels]))
+        listener.drain(len(channels))
+    result = None
+    for rnd in range(2):
+        if before:
+            steps = [s for i in range(cycles) for s in before(i, rnd)]
+            for step, reply in zip(steps, server.conn.pipeline([s.args for s in steps])):
+                step.check(reply)
+        steps = [s for i in range(cycles) for s in steps_of(i, rnd)]
+        replies = []
+
+        def send():
+            replies.extend(server.conn.pipeline([s.args for s in steps]))
+
+        if rnd == 0:
+            send()
+        else:
+            result = server.measured(send)
+        for step, reply in zip(steps, replies):
+            step.check(reply)
+        if listener:
+            listener.sock.settimeout(0.5)
+            try:
+                while True:
+                    listener.reply()
+            except (socket.timeout, OSError):
+                pass
+            listener.sock.settimeout(None)
+    if listener:
+        listener.sock.close()
+    instructions, commands = result
+    return instructions / cycles, commands / cycles
+
+
+# ---------------------------------------------------------------------------------------
+# The scripts as the client sends them to one server (see scripts.rs)
+
+SCRIPTS = {
+    "acquire": ("acquire.lua",),
+    "release": ("once.lua", "release.lua"),
+    "multi_acquire": ("once.lua", "token.lua", "multi_acquire.lua"),
+    "read": ("clock.lua", "once.lua", "token.lua", "rw_prelude.lua", "rw_read_acquire.lua"),
+    "write": ("clock.lua", "once.lua", "token.lua", "rw_prelude.lua", "rw_write_acquire.lua"),
+    "rw_release": ("clock.lua", "once.lua", "token.lua", "rw_prelude.lua", "rw_release.lua"),
+    "fair_acquire": ("clock.lua", "once.lua", "token.lua", "fair_prelude.lua", "fair_acquire.lua"),
+    "fair_release": ("clock.lua", "once.lua", "token.lua", "fair_prelude.lua", "fair_release.lua"),
+    "permits_acquire": ("clock.lua", "token.lua", "permits_prelude.lua", "permits_acquire.lua"),
+    "permits_release": ("clock.lua", "token.lua", "permits_prelude.lua", "permits_release.lua"),
+}
+
+
+def source(name):
+    return "".join(open(os.path.join(LUA, f)).read() for f in SCRIPTS[name])
+
+
+class Lockwarden:
+    """The calls of a lockwarden client to one server, by kind."""
+
+    def __init__(self, server):
+        self.sha = {name: server.load(source(name)) for name in SCRIPTS}
+        self.sha["unfenced"] = server.load(
+            source("acquire").replace("\nlocal fenced = true\n", "\nlocal fenced = false\n"))
+        self.client = str(uuid.uuid4())
+        self.holders = 0
+
+    def holder(self):
+        """A holder made for one acquisition, as the client names them."""
+        self.holders += 1
+        return f"{self.client}:{self.holders}"
+
+    @staticmethod
+    def key(name):
+        k = f"lockwarden:{{{name}}}"
+        return {"lock": k, "fence": k + ":fence", "channel": k + ":released",
+                "done": k + ":done", "queue": k + ":queue", "deadlines": k + ":deadlines",
+                "leases": k + ":leases", "writers": k + ":writers", "readers": k + ":readers",
+                "readable": k + ":readable", "waiting": k + ":waiting",
+                "waiting_until": k + ":waiting-until", "granted": k + ":granted"}
+
+    # The plain lock and claims
+    def acquire(self, k, holder, fenced=True, expect=None):
+        sha = self.sha["acquire" if fenced else "unfenced"]
+        return Step(["EVALSHA", sha, 2, k["lock"], k["fence"], holder, LEASE], expect)
+
+    def claim(self, k, holder, expect=None):
+        return Step(["EVALSHA", self.sha["acquire"], 3, k["lock"], k["fence"], k["done"],
+                     holder, LEASE], expect)
+
+    def release_alone(self, k, holder):
+        """A fresh holder's release: HDEL of its field, and the notice."""
+        return [Step(["HDEL", k["lock"], holder], 1), Step(["PUBLISH", k["channel"], "0"])]
+
+    def release(self, k, holder, expect=0):
+        return [Step(["EVALSHA", self.sha["release"], 2, k["lock"], k["fence"], holder,
+                      k["channel"], ""], expect)]
+
+    def complete(self, k, holder):
+        return [Step(["EVALSHA", self.sha["release"], 3, k["lock"], k["fence"], k["done"],
+                      holder, k["channel"], "", "done", 60000], 0)]
+
+    def multi(self, ks, holder):
+        keys = [name for k in ks for name in (k["lock"], k["fence"])]
+        return Step(["EVALSHA", self.sha["multi_acquire"], len(keys), *keys, holder, LEASE, "1"],
+                    lambda r: isinstance(r, list) and r[0] == 1)
+
+    # Read-write
+    @staticmethod
+    def rw_keys(k):
+        return [5, k["lock"], k["leases"], k["fence"], k["writers"], k["readers"]]
+
+    def read(self, k, holder, register=0, expect=None):
+        return Step(["EVALSHA", self.sha["read"], *self.rw_keys(k), holder, LEASE, "1",
+                     register, "0"], expect)
+
+    def write(self, k, holder, register=0, expect=None):
+        return Step(["EVALSHA", self.sha["write"], *self.rw_keys(k), holder, LEASE, register,
+                     "1"], expect)
+
+    def rw_release(self, k, holder, side):
+        return [Step(["EVALSHA", self.sha["rw_release"], *self.rw_keys(k), holder, side,
+                      k["channel"], k["readable"], ""], 0)]
+
+    # Fair
+    @staticmethod
+    def fair_keys(k):
+        return [4, k["lock"], k["fence"], k["queue"], k["deadlines"]]
+
+    def fair(self, k, holder, expect=None):
+        return Step(["EVALSHA", self.sha["fair_acquire"], *self.fair_keys(k), holder, LEASE,
+                     WAIT, k["channel"] + ":", "1", "0", "1"], expect)
+
+    def fair_release(self, k, holder):
+        return [Step(["EVALSHA", self.sha["fair_release"], *self.fair_keys(k), holder,
+                      k["channel"] + ":", ""], 0)]
+
+    def wake_channel(self, k):
+        return k["channel"] + ":" + self.client
+
+    # Semaphores
+    @staticmethod
+    def permits_keys(k):
+        return [5, k["lock"], k["leases"], k["fence"], k["waiting"], k["waiting_until"]]
+
+    def permit(self, k, holder, capacity, register=0, expect=None):
+        return Step(["EVALSHA", self.sha["permits_acquire"], *self.permits_keys(k), holder,
+                     LEASE, 1, capacity, "0", register, k["granted"]], expect)
+
+    def permit_release(self, k, holder):
+        return [Step(["EVALSHA", self.sha["permits_release"], *self.permits_keys(k), holder,
+                      k["granted"], ""], 0)]
+
+
+def is_token(reply):
+    return isinstance(reply, int) and reply > 0
+
+
+def refused(reply):
+    """A refused attempt: bare (-2 - pttl) or {0, ms}."""
+    return isinstance(reply, int) and reply < 0 or isinstance(reply, list) and reply[0] == 0
+
+
+class Rslock:
+    """hexcowboy/rslock's calls: SET NX PX with a random value, a compare-and-delete script."""
+
+    UNLOCK = ('\nif redis.call("GET", KEYS[1]) == ARGV[1] then\n'
+              '  return redis.call("DEL", KEYS[1])\nelse\n  return 0\nend\n')
+
+    def __init__(self, server):
+        self.unlock_sha = server.load(self.UNLOCK)
+
+    @staticmethod
+    def value():
+        # rslock's value: 20 random bytes.
+        return bytes(random.getrandbits(8) for _ in range(20))
+
+    @staticmethod
+    def lock(key, value, expect=b"OK"):
+        return Step(["SET", key, value, "NX", "PX", LEASE], expect)
+
+    def unlock(self, key, value):
+        return Step(["EVALSHA", self.unlock_sha, 1, key, value], 1)
+
+
+class RedisSemaphore:
+    """swarthy/redis-semaphore's calls: its acquire script over a sorted set of holders
+    scored by the client's clock, and ZREM to release."""
+
+    ACQUIRE = """
+  local key = KEYS[1]
+  local limit = tonumber(ARGV[1])
+  local identifier = ARGV[2]
+  local lockTimeout = tonumber(ARGV[3])
+  local now = tonumber(ARGV[4])
+  local expiredTimestamp = now - lockTimeout
+
+  redis.call('zremrangebyscore', key, '-inf', expiredTimestamp)
+
+  if redis.call('zcard', key) < limit then
+    redis.call('zadd', key, now, identifier)
+    redis.call('pexpire', key, lockTimeout)
+    return 1
+  else
+    return 0
+  end"""
+
+    def __init__(self, server):
+        self.sha = server.load(self.ACQUIRE)
+
+    def acquire(self, key, identifier, limit, expect=1):
+        now = int(time.time() * 1000)
+        return Step(["EVALSHA", self.sha, 1, key, limit, identifier, LEASE, now], expect)
+
+    @staticmethod
+    def release(key, identifier):
+        return Step(["ZREM", key, identifier], 1)
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def rows(server, n):
+    lw, rs, sem = Lockwarden(server), Rslock(server), RedisSemaphore(server)
+    def keys(prefix, i, rnd=None):
+        return lw.key(f"{prefix}{i}" if rnd is None else f"{prefix}{rnd}:{i}")
+
+    # Who holds each key of a handoff row: the cycle's waiter takes over from it.
+    held = {}
+
+    def handoff(row, i, take):
+        """The holder of key i of `row`, replaced by `take()`'s new one."""
+        before = held.get((row, i))
+        held[(row, i)] = take()
+        return before, held[(row, i)]
+
+    yield ("rslock: SET NX PX + compare-and-delete", "peer", lambda: run(
+        server, lambda i, rnd: (lambda v: [rs.lock(f"rs{i}", v), rs.unlock(f"rs{i}", v)])(
+            rs.value()), n))
+
+    def rslock_handoff(i, rnd):
+        old, new = handoff("rs", i, rs.value)
+        return [rs.lock(f"rsh{i}", new, None), rs.unlock(f"rsh{i}", old), rs.lock(f"rsh{i}", new)]
+
+    yield ("rslock handoff: refused SET NX, release, SET NX", "peer", lambda: run(
+        server, rslock_handoff, n,
+        before=lambda i, rnd: [rs.lock(f"rsh{i}", held.setdefault(("rs", i), rs.value()))]
+        if rnd == 0 else []))
+
+    yield ("redis-semaphore: acquire + ZREM (limit 10)", "peer", lambda: run(
+        server, lambda i, rnd: (lambda h: [sem.acquire(f"sem{i}", h, 10), sem.release(
+            f"sem{i}", h)])(lw.holder()), n))
+
+    def semaphore_handoff(i, rnd):
+        old, new = handoff("sem", i, lw.holder)
+        return [sem.acquire(f"semh{i}", new, 1, 0), sem.release(f"semh{i}", old),
+                sem.acquire(f"semh{i}", new, 1)]
+
+    yield ("redis-semaphore handoff: refused acquire, ZREM, acquire (limit 1)", "peer",
+           lambda: run(server, semaphore_handoff, n, before=lambda i, rnd: [
+               sem.acquire(f"semh{i}", held.setdefault(("sem", i), lw.holder()), 1)]
+               if rnd == 0 else []))
+
+    def lock_cycle(prefix, fenced=True, fresh=False):
+        def steps(i, rnd):
+            k, h = keys(prefix, i, rnd if fresh else None), lw.holder()
+            return [lw.acquire(k, h, fenced, is_token if fenced else 0), *lw.release_alone(k, h)]
+        return steps
+
+    yield ("lock: acquire + release (a fresh holder's)", "lock", lambda: run(
+        server, lock_cycle("l"), n))
+    yield ("lock on a key never taken before", "lock", lambda: run(
+        server, lock_cycle("lf", fresh=True), n))
+    yield ("lock without fencing tokens", "lock", lambda: run(
+        server, lock_cycle("lu", fenced=False), n))
+
+    def lock_reentrant(i, rnd):
+        k, h = keys("lr", i), lw.holder()
+        return [lw.acquire(k, h, True, is_token), *lw.release(k, h)]
+
+    yield ("lock, holder handed out: acquire + release script", "lock", lambda: run(
+        server, lock_reentrant, n))
+
+    def lock_handoff(i, rnd):
+        k = keys("lh", i)
+        old, new = handoff("lh", i, lw.holder)
+        return [lw.acquire(k, new, True, refused), *lw.release_alone(k, old),
+                lw.acquire(k, new, True, is_token)]
+
+    yield ("lock handoff: refused attempt, release, acquire", "lock", lambda: run(
+        server, lock_handoff, n, subscribe=lambda i: keys("lh", i)["channel"],
+        before=lambda i, rnd: [lw.acquire(keys("lh", i), held.setdefault(("lh", i), lw.holder()),
+                                          True, is_token)] if rnd == 0 else []))
+
+    def claim_cycle(i, rnd):
+        k, h = keys("c", i, rnd), lw.holder()
+        return [lw.claim(k, h, is_token), *lw.complete(k, h)]
+
+    yield ("claim: claim + complete (fresh keys)", "claim", lambda: run(
+        server, claim_cycle, n))
+
+    def multi_cycle(i, rnd):
+        ks, h = [keys(f"m{j}-", i) for j in range(3)], lw.holder()
+        return [lw.multi(ks, h)] + [s for k in ks for s in lw.release(k, h)]
+
+    yield ("multi-lock of 3: acquire + 3 releases", "multi", lambda: run(
+        server, multi_cycle, n))
+
+    def read_cycle(i, rnd):
+        k, h = keys("rw", i), lw.holder()
+        return [lw.read(k, h, 0, is_token), *lw.rw_release(k, h, "r")]
+
+    def write_cycle(i, rnd):
+        k, h = keys("ww", i), lw.holder()
+        return [lw.write(k, h, 0, is_token), *lw.rw_release(k, h, "w")]
+
+    yield ("read lock: read + release", "rw", lambda: run(server, read_cycle, n))
+    yield ("write lock: write + release", "rw", lambda: run(server, write_cycle, n))
+
+    def readers_waiting(count):
+        writers = {}
+
+        def before(i, rnd):
+            k = keys(f"ra{count}-", i, rnd)
+            writers[(i, rnd)] = w = lw.holder()
+            return [lw.write(k, w, 0, is_token)] + [
+                lw.read(k, lw.holder(), WAIT, refused) for _ in range(count)]
+
+        def release(i, rnd):
+            return lw.rw_release(keys(f"ra{count}-", i, rnd), writers[(i, rnd)], "w")
+        return before, release
+
+    for count in (1, 16):
+        before, release = readers_waiting(count)
+        yield (f"write release admitting {count} waiting reader{'s' if count > 1 else ''}",
+               "rw", lambda before=before, release=release, count=count: run(
+                   server, release, n, before=before,
+                   subscribe=lambda i: keys(f"ra{count}-", i, 1)["readable"]))
+
+    def fair_cycle(i, rnd):
+        k, h = keys("f", i), lw.holder()
+        return [lw.fair(k, h, is_token), *lw.fair_release(k, h)]
+
+    yield ("fair lock: acquire + release", "fair", lambda: run(server, fair_cycle, n))
+
+    def fair_handoff(i, rnd):
+        # The holder releases to the queue's head, which holds it from the grant's notice;
+        # then the next one queues behind it.
+        k = keys("fh", i)
+        old, new = handoff("fh", i, lw.holder)
+        return [lw.fair(k, new, refused), *lw.fair_release(k, old)]
+
+    yield ("fair handoff: the next one queues, the holder releases to it", "fair", lambda: run(
+        server, fair_handoff, n, subscribe=lambda i: lw.wake_channel(keys("fh", i)),
+        before=lambda i, rnd: [lw.fair(keys("fh", i), held.setdefault(("fh", i), lw.holder()),
+                                       is_token)] if rnd == 0 else []))
+
+    def permit_cycle(i, rnd):
+        k, h = keys("p", i), lw.holder()
+        return [lw.permit(k, h, 10, 0, is_token), *lw.permit_release(k, h)]
+
+    yield ("permit: acquire + release (semaphore of 10)", "permit", lambda: run(
+        server, permit_cycle, n))
+
+    def permit_handoff(i, rnd):
+        k = keys("ph", i)
+        old, new = handoff("ph", i, lw.holder)
+        return [lw.permit(k, new, 1, WAIT, refused), *lw.permit_release(k, old)]
+
+    yield ("permit handoff: the next one waits in line, the holder's release grants it",
+           "permit", lambda: run(
+               server, permit_handoff, n, subscribe=lambda i: keys("ph", i)["granted"],
+               before=lambda i, rnd: [lw.permit(keys("ph", i), held.setdefault(
+                   ("ph", i), lw.holder()), 1, 0, is_token)] if rnd == 0 else []))
+
+
+# ---------------------------------------------------------------------------------------
+# Prototypes (the group `floor`): not the library's scripts, each a way the library could
+# go, measured to show what it would cost.
+
+WRITE_FIRST = """
+if redis.call('HSETNX', KEYS[1], ARGV[1], '1') == 1 then
+  if redis.call('PEXPIRE', KEYS[1], ARGV[2], 'NX') == 1 then
+    local token = redis.call('INCR', KEYS[2])
+    if token ~= 1 then
+      return token
+    end
+    local clock = redis.call('TIME')
+    local text = clock[1] .. string.sub('000000', #clock[2] + 1) .. clock[2]
+    redis.call('SET', KEYS[2], text, 'PX', ARGV[2])
+    return tonumber(text)
+  end
+  redis.call('HDEL', KEYS[1], ARGV[1])
+  return -2 - redis.call('PTTL', KEYS[1])
+end
+return {2, 0}
+"""
+
+LEASES_ONLY = """
+local clock = redis.call('TIME')
+local now = clock[1] * 1000 + math.floor(clock[2] / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+local used = redis.call('ZCARD', KEYS[2])
+local capacity = tonumber(redis.call('HGET', KEYS[1], 'permits') or ARGV[4])
+if used == 0 then capacity = tonumber(ARGV[4]) end
+if redis.call('EXISTS', KEYS[4]) == 0 and used + 1 <= capacity then
+  local deadline = now + ARGV[2]
+  redis.call('ZADD', KEYS[2], deadline, ARGV[1])
+  if used == 0 then
+    redis.call('HSET', KEYS[1], 'permits', ARGV[4])
+    redis.call('PEXPIREAT', KEYS[1], deadline)
+    redis.call('PEXPIREAT', KEYS[2], deadline)
+  end
+  return redis.call('INCR', KEYS[3])
+end
+return -1
+"""
+
+
+def floors(server, n):
+    lw = Lockwarden(server)
+    held = {}
+    write_first = server.load(WRITE_FIRST)
+    acquire = source("acquire")
+    server.call("FUNCTION", "LOAD", "REPLACE",
+                "#!lua name=kindcost\nredis.register_function('acquire', function(KEYS, ARGV)\n"
+                + acquire + "\nend)\n")
+    leases_only = server.load(LEASES_ONLY)
+
+    def take(sha, k, holder, expect):
+        return Step(["EVALSHA", sha, 2, k["lock"], k["fence"], holder, LEASE], expect)
+
+    def cycle(i, rnd):
+        k, h = lw.key(f"fw{i}"), lw.holder()
+        return [take(write_first, k, h, is_token), *lw.release_alone(k, h)]
+
+    yield ("floor: a take written first (HSETNX, PEXPIRE NX): cycle", "floor",
+           lambda: run(server, cycle, n))
+
+    def handoff(i, rnd):
+        k = lw.key(f"fwh{i}")
+        old = held[i]
+        held[i] = new = lw.holder()
+        return [take(write_first, k, new, refused), *lw.release_alone(k, old),
+                take(write_first, k, new, is_token)]
+
+    def before(i, rnd):
+        if rnd:
+            return []
+        held[i] = lw.holder()
+        return [take(write_first, lw.key(f"fwh{i}"), held[i], is_token)]
+
+    yield ("floor: a take written first (HSETNX, PEXPIRE NX): handoff", "floor", lambda: run(
+        server, handoff, n, before=before, subscribe=lambda i: lw.key(f"fwh{i}")["channel"]))
+
+    def function(i, rnd):
+        k, h = lw.key(f"fc{i}"), lw.holder()
+        call = Step(["FCALL", "acquire", 2, k["lock"], k["fence"], h, LEASE], is_token)
+        return [call, *lw.release_alone(k, h)]
+
+    yield ("floor: acquire.lua as a function (FCALL): cycle", "floor",
+           lambda: run(server, function, n))
+
+    def permit(i, rnd):
+        k, h = lw.key(f"lo{i}"), lw.holder()
+        keys = lw.permits_keys(k)
+        return [Step(["EVALSHA", leases_only, *keys, h, LEASE, 1, 10, "0", 0, k["granted"]],
+                     is_token),
+                Step(["ZREM", k["leases"], h], 1), Step(["EXISTS", k["waiting"]], 0)]
+
+    yield ("floor: a permit held in the leases only: acquire + ZREM + EXISTS", "floor",
+           lambda: run(server, permit, n))
+
+
 def main():
-    if not shutil.which("valgrind"):
-        sys.exit("needs valgrind (apt-get install valgrind)")
-    redis = Server()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", default="", help="comma-separated groups of rows to run")
+    parser.add_argument("--cycles", type=int, default=256)
+    args = parser.parse_args()
+    for tool in ("valgrind", "callgrind_annotate", "callgrind_control"):
+        if not shutil.which(tool):
+            sys.exit(f"needs {tool} (apt-get install valgrind)")
+    only = [w for w in args.only.split(",") if w]
+    server = Server()
     try:
-        measure(redis)
+        print(f"Redis {server.version} under callgrind: whole server minus serverCron, per "
+              f"cycle, {args.cycles} pipelined cycles after a warm-up")
+        print(f"| cycle | instructions | commands |")
+        print(f"|---|---:|---:|")
+        every = list(rows(server, args.cycles))
+        if "floor" in only:
+            every += list(floors(server, args.cycles))
+        for name, group, measure in every:
+            if only and group not in only:
+                continue
+            instructions, commands = measure()
+            print(f"| {name} | {instructions / 1000:,.1f}k | {commands:.2f} |", flush=True)
     finally:
-        redis.close()
-
-
-def measure(redis):
-    wa, ra, rel = (redis.load(*RW, f) for f in ("rw_write_acquire.lua", "rw_read_acquire.lua", "rw_release.lua"))
-    fa, fr = (redis.load(*FAIR, f) for f in ("fair_acquire.lua", "fair_release.lua"))
-    pa, pr = (redis.load(*PERMITS, f) for f in ("permits_acquire.lua", "permits_release.lua"))
-    batch = [0]
-
-    def keys():
-        batch[0] += 1
-        return range(batch[0] * 1000, batch[0] * 1000 + ROUNDS)
-
-    def rw(i):
-        k = f"lockwarden:{{rw{i}}}"
-        return [5, k, k + ":leases", k + ":fence", k + ":writers", k + ":readers"]
-
-    def fair(i):
-        k = f"lockwarden:{{fair{i}}}"
-        return [4, k, k + ":fence", k + ":queue", k + ":deadlines"]
-
-    def sem(i):
-        k = f"lockwarden:{{sem{i}}}"
-        return [5, k, k + ":leases", k + ":fence", k + ":waiting", k + ":waiting-until"]
-
-    def expect(reply, wanted):
-        if reply != wanted:
-            raise RuntimeError(f"expected {wanted!r}, got {reply!r}")
-
-    def row(name, setup, op):
-        ks = keys()
-        for i in ks:
-            setup(i)
-        n = redis.instructions(lambda: [op(i) for i in ks])
-        print(f"  {name:<44} {n / ROUNDS:>9,.0f}")
-
-    def none(_):
-        pass
-
-    def read_cycle(i):
-        redis.call("EVALSHA", ra, *rw(i), reader(0), 30000, "1", 0, "0")
-        expect(redis.call("EVALSHA", rel, *rw(i), reader(0), "r", "w", "r", ""), b"0")
-
-    def write_cycle(i):
-        redis.call("EVALSHA", wa, *rw(i), WRITER, 30000, 0, "1")
-        expect(redis.call("EVALSHA", rel, *rw(i), WRITER, "w", "w", "r", ""), b"0")
-
-    def readers_waiting(n):
-        def setup(i):
-            redis.call("EVALSHA", wa, *rw(i), WRITER, 30000, 0, "1")
-            for r in range(n):
-                expect(redis.call("EVALSHA", ra, *rw(i), reader(r), 30000, "1", 10000, "0")[0], b"0")
-        return setup
-
-    def write_release(i):
-        expect(redis.call("EVALSHA", rel, *rw(i), WRITER, "w", "w", "r", ""), b"0")
-
-    def fair_cycle(i):
-        redis.call("EVALSHA", fa, *fair(i), WRITER, 30000, 5000, "wake:", "1", "0", "1")
-        expect(redis.call("EVALSHA", fr, *fair(i), WRITER, "wake:", ""), b"0")
-
-    def one_queued(i):
-        redis.call("EVALSHA", fa, *fair(i), WRITER, 30000, 5000, "wake:", "1", "0", "1")
-        expect(redis.call("EVALSHA", fa, *fair(i), reader(0), 30000, 5000, "wake:", "1", "0", "1")[0], b"0")
-
-    def fair_release(i):
-        expect(redis.call("EVALSHA", fr, *fair(i), WRITER, "wake:", ""), b"0")
-
-    def granted_then_one_queued(i):
-        one_queued(i)
-        fair_release(i)  # the head, reader(0), is granted the lock
-        expect(redis.call("EVALSHA", fa, *fair(i), reader(1), 30000, 5000, "wake:", "1", "0", "1")[0], b"0")
-
-    def granted_release(i):
-        expect(redis.call("EVALSHA", fr, *fair(i), reader(0), "wake:", ""), b"0")
-
-    def take_permit(i, holder, capacity, wait="0"):
-        k = sem(i)
-        return redis.call("EVALSHA", pa, *k, holder, 30000, 1, capacity, "0", wait, k[1] + ":granted")
-
-    def permit_cycle(i):
-        take_permit(i, WRITER, 10)
-        expect(redis.call("EVALSHA", pr, *sem(i), WRITER, sem(i)[1] + ":granted", ""), b"0")
-
-    def permit_waiting(i):
-        take_permit(i, WRITER, 1)
-        expect(take_permit(i, reader(0), 1, 10000)[0], b"0")
-
-    def permit_release(i):
-        expect(redis.call("EVALSHA", pr, *sem(i), WRITER, sem(i)[1] + ":granted", ""), b"0")
-
-    print(f"Redis instructions per operation (callgrind, {ROUNDS} rounds, scripts of {os.path.normpath(LUA)}):")
-    row("read take + release (read-write lock)", none, read_cycle)
-    row("write take + release (read-write lock)", none, write_cycle)
-    row("write release admitting 1 waiting reader", readers_waiting(1), write_release)
-    row("write release admitting 16 waiting readers", readers_waiting(16), write_release)
-    row("fair take + release", none, fair_cycle)
-    row("fair release granting the queue's head", one_queued, fair_release)
-    row("the same by a holder granted it (a hot lock)", granted_then_one_queued, granted_release)
-    row("permit take + release (semaphore of 10)", none, permit_cycle)
-    row("permit release granting a waiter (of 1)", permit_waiting, permit_release)
+        server.close()
 
 
 if __name__ == "__main__":

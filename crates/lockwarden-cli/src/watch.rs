@@ -4,11 +4,11 @@
 //! every frame:
 //! - **keyspace events**, when every node already publishes them for string commands
 //!   (`notify-keyspace-events` has `E` and `$` or `A`): every fresh acquisition of any
-//!   kind writes the lock's fencing key with `SET` (a re-entry does not; readers that
-//!   join a read phase share its token and do not either), so counting `set` events on
-//!   fencing keys counts acquisitions exactly, but for a semaphore's release that grants
-//!   three waiters or more at once: it writes the key twice, whatever their number. The
-//!   inspector never changes the server's configuration;
+//!   kind counts up the lock's fencing key with `INCR` (an `incrby` event; a re-entry
+//!   does not, nor do readers that join a read phase and share its token), so counting
+//!   `incrby` events on fencing keys counts acquisitions exactly, but for a semaphore's
+//!   release that grants several waiters at once: it counts the key up once, whatever
+//!   their number. The inspector never changes the server's configuration;
 //! - otherwise **fencing tokens**: a lock whose token changed between two refreshes was
 //!   acquired at least once in between, so the rate is a lower bound (shown with `≥`).
 
@@ -52,7 +52,7 @@ pub struct Options {
 
 /// Where the rates come from.
 enum Rates {
-    /// Counts of `set` events on fencing keys, per lock name, since subscribing.
+    /// Counts of `incrby` events on fencing keys, per lock name, since subscribing.
     Events {
         counts: Arc<Mutex<HashMap<String, u64>>>,
         tasks: Vec<JoinHandle<()>>,
@@ -80,7 +80,7 @@ impl Drop for Rates {
     }
 }
 
-/// Subscribes to `set` events on every node if all of them publish them.
+/// Subscribes to `incrby` events on every node if all of them publish them.
 async fn start_rates(target: &Target, space: &Space) -> Rates {
     let mut flags_seen = Vec::new();
     for node in target.nodes() {
@@ -116,7 +116,7 @@ async fn start_rates(target: &Target, space: &Space) -> Rates {
         flags_seen.push(flags);
     }
     let counts = Arc::new(Mutex::new(HashMap::new()));
-    let channel = format!("__keyevent@{}__:set", target.db());
+    let channel = format!("__keyevent@{}__:incrby", target.db());
     let mut tasks = Vec::new();
     for node in target.nodes() {
         let subscribed = bounded(target.timeout(), async {

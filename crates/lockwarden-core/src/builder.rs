@@ -167,12 +167,11 @@ impl LockClientBuilder {
     /// Takes plain locks (and claims, and the HTTP layer's locks) without fencing tokens,
     /// for an application that fences nothing: their guards' [fencing
     /// token](crate::LockGuard::fencing_token) is 0, which no hold ever gets otherwise
-    /// and [`FencedValue::write`](crate::FencedValue::write) refuses. Redis then neither
-    /// reads its clock nor writes the lock's fencing key on acquire, a third of what a
-    /// lock cycle costs it. Everything else stays: exclusion, re-entry, the watchdog,
-    /// notices. Fair, read-write and multi locks still get tokens (their scripts read the
-    /// clock anyway), and a client with tokens that takes the same lock later still gets
-    /// a token larger than any issued before.
+    /// and [`FencedValue::write`](crate::FencedValue::write) refuses. Redis then does not
+    /// touch the lock's fencing key on acquire, a twelfth of what a lock cycle costs it.
+    /// Everything else stays: exclusion, re-entry, the watchdog, notices. Fair,
+    /// read-write and multi locks still get tokens, and a client with tokens that takes
+    /// the same lock later still gets a token larger than any issued before.
     ///
     /// ```
     /// # use lockwarden_core::LockClient;

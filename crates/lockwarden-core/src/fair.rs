@@ -19,7 +19,7 @@ use crate::key::Key;
 use crate::lock::checked;
 use crate::metrics::Acquired;
 use crate::options::{hold_options, HoldOptions};
-use crate::store::contract::{How, LockStore, Waiter};
+use crate::store::contract::{How, LockStore, Refusal, Waiter};
 use crate::target::Target;
 
 /// How long a waiter that stopped trying keeps its place in the queue, by default.
@@ -258,7 +258,10 @@ impl Attempts for FairAttempts<'_> {
             queued: self.queued,
         };
         let sent = Instant::now();
-        let tried = self.target.try_once(how).await?;
+        let tried = self
+            .target
+            .try_once(how, Refusal::never, |never| match never {})
+            .await?;
         if matches!(tried, Tried::Busy(_)) {
             self.queued |= join;
             if join {

@@ -195,24 +195,27 @@ impl LockGuard {
     ///
     /// # When tokens strictly increase
     ///
-    /// On Redis a token is the server's clock (`TIME`, µs since 1970), or one above the
-    /// lock's last token when the clock is not past it. The last token is kept in the
-    /// lock's fencing key, which lives as long as the lock's last hold would have (the
-    /// lease of its last take, re-entry or renewal; a release leaves it). So a token is
-    /// strictly greater than every token issued for the key before it if, when it was
-    /// issued, **the fencing key still lived** (always so while the lock is held, and for
-    /// a lease after its release) **or the server's clock was past the last token**.
+    /// On Redis a token is one above the lock's last token, which its fencing key keeps
+    /// (`INCR`), or, when that key is missing, the server's clock (`TIME`, µs since
+    /// 1970). The key gets an expiry when it is written from the clock (the lease of that
+    /// take); renewals, re-entries and the takes of fair and read-write locks and
+    /// semaphores move it with their holds, a plain take (or claim, or multi-lock) does
+    /// not, so it may run out while the lock is used. Each token costs Redis more than a
+    /// microsecond to issue, so the clock is then past every token counted since the key
+    /// was written. So a token is strictly greater than every token issued for the key
+    /// before it if, when it was issued, **the fencing key still lived or the server's
+    /// clock was past the last token**.
     ///
-    /// Tokens can go backwards only when both fail: the key is gone (it ran out while the
-    /// lock stood free, or Redis lost it: a restart without persistence, a failover to a
-    /// replica it had not reached, `FLUSHALL`, eviction) *and* the server's clock reads
-    /// earlier than the last token (stepped back, or a new primary's clock behind the
-    /// old one's). Across a restart the key survives with `appendonly yes` and
-    /// `appendfsync always` (every token Redis answered); `everysec` may lose the last
-    /// second's tokens, and RDB snapshots alone keep the token of the last snapshot. The
-    /// in-process store keeps its last token for its whole life: its tokens always
-    /// increase. (`tests/fencing_clock.rs` runs each case against a server whose clock
-    /// is stepped back an hour.)
+    /// Tokens can go backwards (or repeat) only when both fail: the key is gone (it ran
+    /// out, or Redis lost it: a restart without persistence, a failover to a replica it
+    /// had not reached, `FLUSHALL`, eviction) *and* the server's clock reads earlier than
+    /// the last token (stepped back, or a new primary's clock behind the old one's).
+    /// Across a restart the key survives with `appendonly yes` and `appendfsync always`
+    /// (every token Redis answered); `everysec` may lose the last second's tokens, and
+    /// RDB snapshots alone keep the token of the last snapshot, so the tokens issued
+    /// after it are issued again. The in-process store keeps its last token for its whole
+    /// life: its tokens always increase. (`tests/fencing_clock.rs` runs each case against
+    /// a server whose clock is stepped back an hour.)
     pub fn fencing_token(&self) -> u64 {
         self.token
     }

@@ -72,7 +72,7 @@
 //! | requests per unit of time per key (a tenant, an API key, an IP), counted across every process | [`client.rate_limiter(name, policies)`](LockClient::rate_limiter)`?.check(key)` | GCRA by the server's clock, exact across replicas whatever their clocks; several [policies](RatePolicy) (10 per second and 1,000 a day) charged all or nothing in one round trip; a refusal's exact wait; costs in units ([`check_n`](RateLimiter::check_n)), looks, refunds; one small key per (policy, key) while its bucket is not full, nothing per request |
 //! | a value only the newest holder may write | [`client.fenced(name)`](LockClient::fenced) | a write carrying a fencing token lower than one already seen is refused ([`StaleToken`](LockError::StaleToken)), in one atomic script |
 //! | a lock that survives a failover to a replica | [`LockClient::builder().wait_for_replicas(1, timeout)`](LockClientBuilder::wait_for_replicas) | an acquisition counts only once `n` replicas acknowledged it (else [`NotReplicated`](BackendError::NotReplicated), nothing held); costs the replication delay per acquisition |
-//! | the most locks per second from one Redis, for work that fences nothing | [`LockClient::builder().without_fencing_tokens()`](LockClientBuilder::without_fencing_tokens) | plain locks and claims as above but with token 0 ([`FencedValue::write`] refuses it): Redis neither reads its clock nor writes a fencing key, about a third less of its work per cycle; fair, read-write and multi locks keep their tokens |
+//! | the most locks per second from one Redis, for work that fences nothing | [`LockClient::builder().without_fencing_tokens()`](LockClientBuilder::without_fencing_tokens) | plain locks and claims as above but with token 0 ([`FencedValue::write`] refuses it): Redis does not touch a fencing key, about a twelfth less of its work per cycle; fair, read-write and multi locks keep their tokens |
 //! | share locks with a JVM service on Redisson | [`LockClient::builder().layout(KeyLayout::Redisson)`](LockClientBuilder::layout) | the `RLock` layout and unlock message: each side excludes and wakes the other |
 //! | Redis Cluster | [`LockClient::builder().connect_cluster([url, ..])`](LockClientBuilder::connect_cluster) | every lock above; each lock's keys and channel in one slot, on the master that owns it, followed as slots move; a multi-lock spanning slots is taken slot by slot with the earlier slots given back if a later one is busy |
 //! | Redis Sentinel | [`LockClient::builder().connect_sentinel([sentinel, ..], service)`](LockClientBuilder::connect_sentinel) | commands and notices follow the primary the sentinels name; after a failover a lock the new primary received is kept, one it did not is reported through `lost()` at its next renewal (add `wait_for_replicas` to make that rare) |
@@ -125,8 +125,8 @@
 //!
 //! # Supported servers and Rust versions
 //!
-//! Redis 6.2 or later (the acquire script writes the fencing token with `SET .. GET`;
-//! every test runs on Redis 7.0) and Valkey 8 (the conformance, semaphore, cluster,
+//! Redis 6.2 or later (the scripts call `SET .. PXAT`, `ZADD .. GT` and `COPY`; every test
+//! runs on Redis 7.0) and Valkey 8 (the conformance, semaphore, cluster,
 //! pub/sub and ACL tests run on Valkey 8.1). The checks of a user's
 //! ACL permissions at connect need Redis 7.0 or later, sharded notices on a cluster too.
 //! The minimum supported Rust version is 1.88.
@@ -143,6 +143,7 @@ mod holder;
 mod key;
 mod lost;
 mod metrics;
+mod notice;
 mod policy;
 mod rate_key;
 mod waiters;

@@ -1,12 +1,13 @@
 //! [`Lock`], a handle on one named plain lock: configure it, acquire it (or claim the work
 //! it guards), inspect it; and its attempts for the acquire loop.
 
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::acquire::{self, Attempts, Tried};
+use crate::acquire::{self, Answer, Attempts, Tried};
 use crate::engine::Engine;
 use crate::error::{BackendError, KeyError, LockError};
 use crate::guard::LockGuard;
@@ -16,7 +17,7 @@ use crate::inspect::exclusive_inspection;
 use crate::key::Key;
 use crate::metrics::Acquired;
 use crate::options::{hold_options, HoldOptions};
-use crate::store::contract::{Attempt, How, LockStore, Reentries};
+use crate::store::contract::{Attempt, How, LockStore, Reentries, Refusal};
 use crate::target::Target;
 
 /// What [`Lock::try_claim`] found: the lock, to do the work, or the outcome of the work
@@ -169,22 +170,20 @@ impl Lock {
     /// # Errors
     /// As [`try_acquire`](Self::try_acquire).
     pub async fn try_claim(&self, wait: Duration) -> Result<Claim, LockError> {
-        self.run(How::Claim, Instant::now().checked_add(wait)).await
+        self.run(Instant::now().checked_add(wait)).await
     }
 
     async fn acquire_until(&self, deadline: Option<Instant>) -> Result<LockGuard, LockError> {
-        match self.run(How::Plain, deadline).await? {
-            Claim::Acquired(guard) => Ok(guard),
-            // A plain attempt is never answered with an outcome (see `tried`).
-            Claim::Completed(_) => Err(LockError::Backend(crate::error::BackendError::Protocol(
-                "the store answered a plain acquire with a stored outcome".to_owned(),
-            ))),
-        }
+        self.run(deadline).await
     }
 
-    async fn run(&self, how: How, deadline: Option<Instant>) -> Result<Claim, LockError> {
+    /// Acquires as `W` says: the lock (a guard), or a claim (a guard or the outcome).
+    async fn run<W: Won>(&self, deadline: Option<Instant>) -> Result<W, LockError> {
         let target = Target::new(&self.engine, self.key()?, &self.options);
-        let attempts = PlainAttempts { target, how };
+        let attempts = PlainAttempts {
+            target,
+            won: PhantomData,
+        };
         acquire::acquire(self.engine.waiters(), attempts, deadline).await
     }
 
@@ -207,21 +206,50 @@ pub(crate) fn checked(key: &Result<Key, KeyError>) -> Result<&Key, LockError> {
     key.as_ref().map_err(|e| LockError::InvalidKey(e.clone()))
 }
 
-/// A plain lock's (or a claim's) attempts.
-struct PlainAttempts<'a> {
-    target: Target<'a>,
-    how: How,
+/// What a plain lock's attempts yield: the lock, or for a claim the lock or the outcome
+/// its holder stored. Each asks its own way and reads only the answers it can get.
+trait Won: Sized + Send {
+    /// How its attempts ask.
+    const HOW: How;
+
+    /// One attempt's answer, narrowed to this way.
+    fn won(target: &Target<'_>, answer: (Attempt, Instant)) -> Result<Tried<Self>, BackendError>;
 }
 
-impl Attempts for PlainAttempts<'_> {
-    type Won = Claim;
+impl Won for LockGuard {
+    const HOW: How = How::Plain;
 
-    async fn attempt(&mut self, _deadline: Option<Instant>) -> Result<Tried<Claim>, BackendError> {
-        let answer = self.target.ask(self.how).await?;
-        if let (Attempt::Completed { outcome }, How::Claim) = (answer.0.clone(), self.how) {
-            return Ok(Tried::Won(Claim::Completed(outcome), Acquired::Completed));
-        }
-        Ok(self.target.tried(answer, self.how)?.map(Claim::Acquired))
+    fn won(target: &Target<'_>, (attempt, sent): (Attempt, Instant)) -> Answer<LockGuard> {
+        let attempt = attempt.narrowed(Self::HOW, Refusal::never)?;
+        let tried = target.tried((attempt, sent), HoldKind::PLAIN);
+        Ok(tried.unwrap_or_else(|never| match never {}))
+    }
+}
+
+impl Won for Claim {
+    const HOW: How = How::Claim;
+
+    fn won(target: &Target<'_>, (attempt, sent): (Attempt, Instant)) -> Answer<Claim> {
+        let attempt = attempt.narrowed(Self::HOW, Refusal::outcome)?;
+        Ok(match target.tried((attempt, sent), HoldKind::PLAIN) {
+            Ok(tried) => tried.map(Claim::Acquired),
+            Err(outcome) => Tried::Won(Claim::Completed(outcome), Acquired::Completed),
+        })
+    }
+}
+
+/// A plain lock's (or a claim's) attempts.
+struct PlainAttempts<'a, W> {
+    target: Target<'a>,
+    won: PhantomData<fn() -> W>,
+}
+
+impl<W: Won> Attempts for PlainAttempts<'_, W> {
+    type Won = W;
+
+    async fn attempt(&mut self, _deadline: Option<Instant>) -> Answer<W> {
+        let answer = self.target.ask(W::HOW).await?;
+        W::won(&self.target, answer)
     }
 
     fn key(&self, _lock: usize) -> &Key {
@@ -233,6 +261,6 @@ impl Attempts for PlainAttempts<'_> {
     }
 
     fn unanswered(&mut self) -> bool {
-        self.target.forget_holder(self.how.kind(), None)
+        self.target.forget_holder(W::HOW.kind(), None)
     }
 }

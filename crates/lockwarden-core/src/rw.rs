@@ -17,7 +17,7 @@ use crate::key::Key;
 use crate::lock::checked;
 use crate::metrics::Acquired;
 use crate::options::{hold_options, HoldOptions};
-use crate::store::contract::{How, LockStore, Waiter};
+use crate::store::contract::{How, LockStore, Refusal, Upgrade, Waiter};
 use crate::target::Target;
 
 /// One named read-write lock, made by [`LockClient::rw_lock`](crate::LockClient::rw_lock): pick a side with
@@ -355,7 +355,22 @@ impl Attempts for RwAttempts<'_> {
             },
             RwMode::Write => How::Write { register },
         };
-        let tried = self.target.try_once(how).await?;
+        let target = &self.target;
+        let tried = match self.mode {
+            RwMode::Read => {
+                target
+                    .try_once(how, Refusal::never, |never| match never {})
+                    .await?
+            }
+            // A write by a holder of the read side alone would wait for itself.
+            RwMode::Write => {
+                let key = target.key.name();
+                let upgrade = |Upgrade| LockError::UpgradeRefused {
+                    key: key.to_owned(),
+                };
+                target.try_once(how, Refusal::upgrade, upgrade).await?
+            }
+        };
         if matches!(tried, Tried::Busy(_)) && !register.is_zero() {
             self.registered = Some((sent, register));
         }

@@ -17,7 +17,7 @@ use crate::key::Key;
 use crate::lock::checked;
 use crate::metrics::{self, Acquired};
 use crate::options::{hold_options, HoldOptions};
-use crate::store::contract::{How, LockStore, PermitsAsked, Waiter};
+use crate::store::contract::{How, LockStore, PermitsAsked, Refusal, Waiter};
 use crate::target::Target;
 
 /// The largest capacity a semaphore may have: 2^20 (1,048,576) permits. Each permit may be
@@ -432,7 +432,16 @@ impl Attempts for PermitAttempts<'_> {
             register,
             ..self.asked
         });
-        let tried = self.target.try_once(how).await?;
+        let target = &self.target;
+        let tried = target
+            .try_once(how, Refusal::capacity, |capacity| {
+                LockError::TooManyPermits {
+                    key: target.key.name().to_owned(),
+                    asked: permits,
+                    capacity,
+                }
+            })
+            .await?;
         if matches!(tried, Tried::Busy(_)) && !register.is_zero() && self.registered.is_none() {
             metrics::permits_waiting(1.0);
         }

@@ -17,7 +17,7 @@ use crate::key::Key;
 use crate::metrics::Acquired;
 use crate::options::HoldOptions;
 use crate::settle::settle;
-use crate::store::contract::{Acquire, Attempt, How, LockStore, Waiter};
+use crate::store::contract::{Acquire, Attempt, How, LockStore, Refusal, Waiter};
 
 pub(crate) struct Target<'a> {
     pub(crate) engine: &'a Arc<Engine>,
@@ -91,45 +91,32 @@ impl<'a> Target<'a> {
         Ok((self.engine.store().acquire(&ask).await?, sent))
     }
 
-    /// The loop's view of an answer to `how`: a taken or re-entered lock is a guard. Only
-    /// claims are answered with an outcome, and they read it first.
-    pub(crate) fn tried(&self, (attempt, sent): (Attempt, Instant), how: How) -> Answer<LockGuard> {
-        match attempt {
-            Attempt::Taken { token } | Attempt::Reentered { token } => {
-                let how_won = match attempt {
-                    Attempt::Reentered { .. } => Acquired::Reentered,
-                    _ => Acquired::Taken,
-                };
-                let hold = Hold {
-                    kind: how.kind(),
-                    key: self.key.clone(),
-                    holder: self.holder.clone(),
-                };
-                let hold = (hold, self.fresh);
-                let guard = LockGuard::new(self.engine.clone(), hold, token, self.options, sent);
-                Ok(Tried::Won(guard, how_won))
-            }
-            Attempt::Busy { ttl } => Ok(Tried::Busy(Busy { lock: 0, ttl })),
-            Attempt::Upgrade => Ok(Tried::Refused(LockError::UpgradeRefused {
-                key: self.key.name().to_owned(),
-            })),
-            Attempt::Completed { .. } => Err(BackendError::Protocol(format!(
-                "the store answered a {} acquire with a stored outcome",
-                how.kind().name()
-            ))),
-            Attempt::OverCapacity { capacity } => Ok(Tried::Refused(LockError::TooManyPermits {
-                key: self.key.name().to_owned(),
-                asked: match how {
-                    How::Permits(asked) => asked.permits,
-                    _ => 0,
-                },
-                capacity,
-            })),
-        }
+    /// The loop's view of an answer narrowed to its kind (a `kind` hold): a taken or
+    /// re-entered lock is a guard, a refusal to wait is busy. The refusal only its kind
+    /// gets (`R`) is handed back for the kind to say what it means.
+    pub(crate) fn tried<R>(
+        &self,
+        (attempt, sent): (Attempt<R>, Instant),
+        kind: HoldKind,
+    ) -> Result<Tried<LockGuard>, R> {
+        let (token, how_won) = match attempt {
+            Attempt::Taken { token } => (token, Acquired::Taken),
+            Attempt::Reentered { token } => (token, Acquired::Reentered),
+            Attempt::Busy { ttl } => return Ok(Tried::Busy(Busy { lock: 0, ttl })),
+            Attempt::Refused(refused) => return Err(refused),
+        };
+        let hold = Hold {
+            kind,
+            key: self.key.clone(),
+            holder: self.holder.clone(),
+        };
+        let hold = (hold, self.fresh);
+        let guard = LockGuard::new(self.engine.clone(), hold, token, self.options, sent);
+        Ok(Tried::Won(guard, how_won))
     }
 
     /// The guard of a `kind` hold a release handed to this waiter, told on `channel` (see
-    /// `Waiters::grant`), which holds until `expires` unless renewed. `None` if there is
+    /// `Waiters::deliver`), which holds until `expires` unless renewed. `None` if there is
     /// none, or if it must be taken up with an attempt instead: a holder the caller gave
     /// may wait in several tasks at once (each must count once), a fixed lease is set by
     /// the attempt, and a grant past `expires` (or of unknown age) may be gone.
@@ -169,10 +156,19 @@ impl<'a> Target<'a> {
         self.lease
     }
 
-    /// Asks once in the way `how`.
-    pub(crate) async fn try_once(&self, how: How) -> Answer<LockGuard> {
-        let answer = self.ask(how).await?;
-        self.tried(answer, how)
+    /// Asks once in the way `how`, whose store answer `narrow` narrows to its kind (see
+    /// [`Attempt::narrowed`]); `refused` says what its kind's refusal means.
+    pub(crate) async fn try_once<R>(
+        &self,
+        how: How,
+        narrow: impl FnOnce(Refusal) -> Option<R>,
+        refused: impl FnOnce(R) -> LockError,
+    ) -> Answer<LockGuard> {
+        let (attempt, sent) = self.ask(how).await?;
+        let attempt = attempt.narrowed(how, narrow)?;
+        Ok(self
+            .tried((attempt, sent), how.kind())
+            .unwrap_or_else(|r| Tried::Refused(refused(r))))
     }
 
     /// Takes the waiter out of the store: what a fair or write waiter leaves behind.

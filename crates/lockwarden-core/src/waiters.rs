@@ -1,12 +1,13 @@
-//! Local waiters per release channel: who is waiting, and waking one of them.
+//! Local waiters per release channel: who is waiting, and waking them.
 //!
-//! The acquire loop registers its waiters here and sleeps on them; the store wakes them.
-//! The Redis store has one pub/sub connection per client (`store/redis/pubsub.rs`) that
-//! subscribes to a channel while it has waiters here and calls [`Waiters::notify_one`] for
-//! each release notice ([`Waiters::notify_all`] for a completed claim, whose outcome every
-//! waiter can use, and for a read-write lock opened by a force unlock, which all may try;
-//! [`Waiters::grant`] for a lock a release handed to named waiters: a fair lock's head, a
-//! read-write lock's waiting readers); the in-process store calls them directly.
+//! The acquire loop registers its waiters here and sleeps on them; the store wakes them
+//! with [`Waiters::deliver`], the one function that turns a [`Notice`] into wake-ups: the
+//! Redis store's pub/sub connection (`store/redis/pubsub.rs`, which subscribes to a channel
+//! while it has waiters here) for each notice it reads, the in-process store for each it
+//! makes. A release wakes one waiter; a completed claim (whose outcome every waiter can
+//! use) or a lock a force unlock opened, every waiter; a lock or permits a release handed
+//! to named waiters (a fair lock's head, a read-write lock's waiting readers, a
+//! semaphore's line), each of them alone, with its grant.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,6 +19,7 @@ use tokio::time::Instant;
 
 use crate::error::BackendError;
 use crate::metrics;
+use crate::notice::Notice;
 
 pub(crate) struct Waiters {
     channels: Mutex<HashMap<Arc<str>, Entry>>,
@@ -172,39 +174,29 @@ impl Waiters {
         (waiting, listened)
     }
 
+    /// Wakes the waiters of `channel` that `notice` is for.
+    pub(crate) fn deliver(&self, channel: &str, notice: Notice<'_>) {
+        match notice {
+            Notice::Released => self.notify_one(channel),
+            Notice::Completed | Notice::Open => self.notify_all(channel),
+            Notice::Granted { token, holders } => {
+                self.wake_named(channel, holders.ids().map(|holder| (holder, Some(token))));
+            }
+            Notice::Permits { first, holders } => {
+                let tokens = (first..).zip(holders.ids());
+                self.wake_named(channel, tokens.map(|(token, holder)| (holder, Some(token))));
+            }
+            Notice::Turn { holders } => {
+                self.wake_named(channel, holders.ids().map(|holder| (holder, None)));
+            }
+        }
+    }
+
     /// Wakes one local waiter of `channel`, if any (others wait for their own notice).
     pub(crate) fn notify_one(&self, channel: &str) {
         if let Some(entry) = self.channels().get(channel) {
             entry.shared.notify.notify_one();
         }
-    }
-
-    /// Hands a lock a release granted to `holders` (a fair lock's head; a read-write
-    /// lock's admitted readers) with its fencing `token`, and wakes each of them alone.
-    pub(crate) fn grant<'h>(
-        &self,
-        channel: &str,
-        token: u64,
-        holders: impl Iterator<Item = &'h str>,
-    ) {
-        self.wake_named(channel, holders.map(|holder| (holder, Some(token))));
-    }
-
-    /// Hands each of `grants` (a holder and its fencing token: a semaphore's permits a
-    /// release granted, each a hold of its own) to its waiters on `channel`, waking each
-    /// of them alone.
-    pub(crate) fn grant_each<'h>(
-        &self,
-        channel: &str,
-        grants: impl Iterator<Item = (&'h str, u64)>,
-    ) {
-        self.wake_named(channel, grants.map(|(holder, token)| (holder, Some(token))));
-    }
-
-    /// Wakes the waiters of `channel` that wait as one of `holders` (a fair lock's head,
-    /// whose turn a force unlock left to it), alone.
-    pub(crate) fn wake<'h>(&self, channel: &str, holders: impl Iterator<Item = &'h str>) {
-        self.wake_named(channel, holders.map(|holder| (holder, None)));
     }
 
     /// Wakes the waiters of `channel` that wait as each named holder, handing it its
@@ -422,6 +414,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::notice::Holders;
 
     #[tokio::test]
     async fn a_grant_waits_for_a_waiter_of_this_client_only() {
@@ -430,7 +423,9 @@ mod tests {
         let theirs = "another-client:7";
         // Someone here listens on the channel, so its notices are handled.
         let (_listener, _) = waiters.register("ch", None);
-        waiters.grant("ch", 42, [ours.as_str(), theirs].into_iter());
+        let named = [ours.as_str(), theirs];
+        let holders = Holders::Ids(&named);
+        waiters.deliver("ch", Notice::Granted { token: 42, holders });
         assert_eq!(
             waiters.take_grant("ch", theirs),
             None,
@@ -455,14 +450,18 @@ mod tests {
         );
         let (wa, _) = waiters.register("ch", Some(&a));
         let (wb, _) = waiters.register("ch", Some(&b));
-        waiters.grant("ch", 7, std::iter::once(a.as_str()));
+        fn granted(token: u64, holder: &str) -> Notice<'_> {
+            let holders = Holders::Listed(holder);
+            Notice::Granted { token, holders }
+        }
+        waiters.deliver("ch", granted(7, &a));
         tokio::time::timeout(Duration::from_secs(1), wa.notified())
             .await
             .expect("the granted holder is woken");
         let other = tokio::time::timeout(Duration::from_millis(50), wb.notified()).await;
         assert!(other.is_err(), "another holder was woken");
         // Its wake-up is used up with the grant taken: the next sleep waits.
-        waiters.grant("ch", 8, std::iter::once(b.as_str()));
+        waiters.deliver("ch", granted(8, &b));
         assert_eq!(waiters.take_grant("ch", &b), Some(8));
         let again = tokio::time::timeout(Duration::from_millis(50), wb.notified()).await;
         assert!(again.is_err(), "woken again by a grant already taken");

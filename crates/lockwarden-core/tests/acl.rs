@@ -37,7 +37,7 @@ const KINDS: [Kind; 5] = [
 /// The commands lockwarden sends or its scripts call, every lock kind included; see the
 /// guide's "ACL users" section (`src/guide/connecting.md`) for what each one is for.
 const COMMANDS: &str = "+evalsha +script|load +subscribe +unsubscribe +publish +time \
-+exists +get +set +del +pexpire +pexpireat +pttl +hget +hmget +hset +hexists +hincrby +hdel \
++exists +get +incr +set +del +pexpire +pexpireat +pttl +hget +hmget +hset +hexists +hincrby +hdel \
 +llen +lindex +lpop +lpos +lrem +rpush +zadd +zrem +zcard +zscore +zrank +zrange +zrangebyscore \
 +zremrangebyscore +copy";
 

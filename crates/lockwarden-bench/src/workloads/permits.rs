@@ -16,6 +16,9 @@
 //!   grants the next waiter, who takes the permit from the notice without a round trip),
 //!   holders named per grant notice (a release wakes only as many waiters as it freed),
 //!   and acquire attempts beyond each waiter's first.
+//! * **Contended**: 16 tasks of one client take turns at a semaphore of 3 permits, each
+//!   holding its permit ~1 ms; the Redis commands (script-inner calls included) a cycle
+//!   costs, counted over every cycle.
 //!
 //! Checked: never more holders inside a semaphore than its permits, no fencing token
 //! handed out twice, and afterwards nothing held, waiting or subscribed.
@@ -26,7 +29,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use lockwarden_core::LockClient;
+use lockwarden_core::{LockClient, Semaphore};
 use redis::aio::ConnectionManager;
 use tokio::task::JoinSet;
 
@@ -52,6 +55,7 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
     uncontended(ctx, report).await?;
     handoff(ctx, report).await?;
     waiters(ctx, report).await?;
+    contended(ctx, report).await?;
     left_behind(ctx).await
 }
 
@@ -136,6 +140,26 @@ fn command_stats(ctx: &Ctx) -> Result<(BTreeMap<String, u64>, u64), BoxError> {
     Ok((ctx.command_counts()?, usec))
 }
 
+/// The calls per command in `after` that were not in `before`, commands run since only.
+fn since(before: &BTreeMap<String, u64>, after: BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+    let run = after.into_iter().map(|(command, calls)| {
+        let was = before.get(&command).copied().unwrap_or(0);
+        (command, calls.saturating_sub(was))
+    });
+    run.filter(|(_, calls)| *calls > 0).collect()
+}
+
+/// Takes a permit of `semaphore` (waiting as long as it takes, within [`WAIT`]), holds it
+/// for [`HOLD`] inside `occupancy`, and releases it.
+async fn hold_once(semaphore: &Semaphore, occupancy: &Occupancy) -> Result<(), BoxError> {
+    let guard = semaphore.try_acquire(WAIT).await?;
+    occupancy.enter(guard.fencing_token());
+    tokio::time::sleep(HOLD).await;
+    occupancy.exit();
+    guard.release().await?;
+    Ok(())
+}
+
 /// Runs `cycles` cycles of `cycle` alone and counts what Redis ran for them.
 async fn count(
     ctx: &Ctx,
@@ -151,13 +175,7 @@ async fn count(
             .await?;
     }
     let (after, usec_after) = command_stats(ctx)?;
-    let calls = after
-        .into_iter()
-        .map(|(name, calls)| {
-            let was = before.get(&name).copied().unwrap_or(0);
-            (name, calls.saturating_sub(was))
-        })
-        .collect();
+    let calls = since(&before, after);
     Ok(Counted {
         calls,
         cycles: cycles as f64,
@@ -722,14 +740,7 @@ async fn waiters(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
     for w in 0..WAITERS {
         let semaphore = clients[w % CLIENTS].semaphore(name, CAPACITY);
         let occupancy = occupancy.clone();
-        set.spawn(async move {
-            let guard = semaphore.try_acquire(WAIT).await?;
-            occupancy.enter(guard.fencing_token());
-            tokio::time::sleep(HOLD).await;
-            occupancy.exit();
-            guard.release().await?;
-            Ok::<_, BoxError>(())
-        });
+        set.spawn(async move { hold_once(&semaphore, &occupancy).await });
     }
     // Every waiter in line, both clients and the listener subscribed, then a moment for
     // the attempts still in flight.
@@ -856,6 +867,53 @@ async fn waiters(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
             "{waiting_scripts} scripts while {WAITERS} lined up over {CLIENTS} clients \
              ({:.0} ms), {serving_scripts} while served",
             lined_up.as_secs_f64() * 1e3
+        )),
+    );
+    Ok(())
+}
+
+/// 16 tasks of one client take turns at a semaphore of 3 permits, each holding its permit
+/// ~1 ms: what Redis runs per cycle (an acquisition, waiting in line or not, and its
+/// release).
+async fn contended(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
+    const TASKS: usize = 16;
+    const PERMITS: u32 = 3;
+    let rounds = ctx.pick(10, 40);
+    let name = "w9:contended";
+    let client = LockClient::connect(&ctx.url).await?;
+    let occupancy = Arc::new(Occupancy::new(name, PERMITS as usize, &ctx.checks));
+    let before = ctx.command_counts()?;
+    let started = Instant::now();
+    let mut set = JoinSet::new();
+    for _ in 0..TASKS {
+        let semaphore = client.semaphore(name, PERMITS);
+        let occupancy = occupancy.clone();
+        set.spawn(async move {
+            for _ in 0..rounds {
+                hold_once(&semaphore, &occupancy).await?;
+            }
+            Ok::<_, BoxError>(())
+        });
+    }
+    join_all(set, WAIT + Duration::from_secs(10)).await?;
+    let elapsed = started.elapsed();
+    let calls = since(&before, ctx.command_counts()?);
+    let cycles = (TASKS * rounds) as f64;
+    let implementation = format!("lockwarden semaphore({PERMITS}), {TASKS} tasks");
+    report.push(
+        Row::new(
+            NAME,
+            &implementation,
+            "Redis commands per contended cycle",
+            "",
+        )
+        .value(calls.values().sum::<u64>() as f64 / cycles)
+        .note(format!(
+            "{cycles} cycles holding {} ms each in {:.0} ms, at most {} inside: {}",
+            HOLD.as_millis(),
+            elapsed.as_secs_f64() * 1e3,
+            occupancy.most(),
+            breakdown(&calls, cycles)
         )),
     );
     Ok(())

@@ -31,10 +31,9 @@ pub(crate) type Result<T, E = BackendError> = std::result::Result<T, E>;
 ///   permits are never re-entered (each acquisition is a holder of its own); a release
 ///   grants what it frees to as many waiters, in arrival order, as it lets in.
 /// - **Fencing tokens** strictly increase per lock, across holders, while the lock's last
-///   token is kept (Redis: its fencing key, which lives as long as the last hold's lease)
-///   or the store's clock is past it: a token is the clock, or one above the last token.
-///   With the key lost *and* the clock stepped back, Redis's can go backwards (see
-///   `LockGuard::fencing_token`).
+///   token is kept (Redis: its fencing key, see `LockGuard::fencing_token`) or the store's
+///   clock is past it: a token is one above the last token, or the clock when there is
+///   none. With the key lost *and* the clock stepped back, Redis's can go backwards.
 /// - **Leases** are kept by the store: a hold not renewed or released in time expires.
 ///   Re-entries share one expiry, which neither a re-entry nor a renewal ever shortens:
 ///   a hold lasts as long as the latest any of its guards asked for.
@@ -241,9 +240,12 @@ impl How {
     }
 }
 
-/// Answer of one acquire attempt.
+/// Answer of one acquire attempt. A store answers `Attempt<Refusal>`; the kind that
+/// asked narrows it ([`Attempt::narrowed`]) to `Attempt<R>`, `R` being what else that kind
+/// may be answered, so no caller meets an answer its kind cannot get (a plain lock's is
+/// `Attempt<Never>`), as `Hold<K>` narrows holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Attempt {
+pub(crate) enum Attempt<R = Refusal> {
     /// A new hold, with a fresh fencing token (a read phase's, for a reader joining one).
     Taken { token: u64 },
     /// The holder held it already; its count went up by one.
@@ -251,12 +253,84 @@ pub(crate) enum Attempt {
     /// Refused for now; retry on a notice or after `ttl` at the latest (`None`: the lock
     /// has no expiry, so it is not one of ours).
     Busy { ttl: Option<Duration> },
+    /// Refused in the way only its kind is.
+    Refused(R),
+}
+
+/// What a store may answer an attempt besides a take, a re-entry or a wait.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Refusal {
     /// A claim found the work done: the outcome its holder stored (no lock was taken).
     Completed { outcome: Vec<u8> },
     /// A write asked by a holder that holds only the read side: it would wait for itself.
     Upgrade,
     /// More permits asked than the semaphore has (its stored capacity): never granted.
     OverCapacity { capacity: u32 },
+}
+
+/// No answer but a take, a re-entry or a wait: what a plain, fair or read attempt gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Never {}
+
+/// A write's refused upgrade, narrowed (see [`Refusal::Upgrade`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Upgrade;
+
+impl Refusal {
+    /// For the kinds no store refuses (plain, fair, read).
+    pub(crate) fn never(self) -> Option<Never> {
+        None
+    }
+
+    /// A claim's: the stored outcome.
+    pub(crate) fn outcome(self) -> Option<Vec<u8>> {
+        match self {
+            Refusal::Completed { outcome } => Some(outcome),
+            _ => None,
+        }
+    }
+
+    /// A write's: an upgrade it would wait for itself in.
+    pub(crate) fn upgrade(self) -> Option<Upgrade> {
+        matches!(self, Refusal::Upgrade).then_some(Upgrade)
+    }
+
+    /// A semaphore's: the capacity the permits asked exceed.
+    pub(crate) fn capacity(self) -> Option<u32> {
+        match self {
+            Refusal::OverCapacity { capacity } => Some(capacity),
+            _ => None,
+        }
+    }
+}
+
+impl Attempt {
+    /// This answer as the attempt `how` may get it, its refusal kept by `narrow` (one of
+    /// [`Refusal`]'s methods): one the kind cannot get is the store breaking the
+    /// protocol, said here once rather than by every caller.
+    pub(crate) fn narrowed<R>(
+        self,
+        how: How,
+        narrow: impl FnOnce(Refusal) -> Option<R>,
+    ) -> Result<Attempt<R>, BackendError> {
+        Ok(match self {
+            Attempt::Taken { token } => Attempt::Taken { token },
+            Attempt::Reentered { token } => Attempt::Reentered { token },
+            Attempt::Busy { ttl } => Attempt::Busy { ttl },
+            Attempt::Refused(refusal) => {
+                let said = format!("{refusal:?}");
+                match narrow(refusal) {
+                    Some(refused) => Attempt::Refused(refused),
+                    None => {
+                        return Err(BackendError::Protocol(format!(
+                            "the store answered a {} acquire with {said}",
+                            how.kind().name()
+                        )))
+                    }
+                }
+            }
+        })
+    }
 }
 
 /// Answer of one attempt to take several locks at once.

@@ -20,9 +20,10 @@ use tokio::time::Instant;
 use crate::hold::{Exclusive, Hold, HoldKind, RwMode};
 use crate::holder::Holder;
 use crate::key::Key;
+use crate::notice::{Holders, Notice};
 use crate::store::contract::{
     Acquire, AcquireAll, Attempt, Debts, How, LockStore, MultiAttempt, Outcome, PermitsState,
-    RateAsk, Reentries, Released, Renewal, Renewed, Result, Waiter,
+    RateAsk, Reentries, Refusal, Released, Renewal, Renewed, Result, Waiter,
 };
 use crate::waiters::Waiters;
 use locks::Locks;
@@ -108,31 +109,41 @@ impl MemoryStore {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Tells a read-write lock's waiters what a release or withdrawal did, as the scripts
+    /// publish it.
     fn tell(&self, key: &Key, notices: Notices) {
         if notices.writer {
-            self.waiters.notify_one(key.channel());
+            self.waiters.deliver(key.channel(), Notice::Released);
         }
         if notices.readers {
-            self.waiters.notify_all(&key.names().readers);
+            self.waiters.deliver(&key.names().readers, Notice::Open);
         }
         if let Some((token, holders)) = notices.admitted {
-            let ids = holders.iter().map(Holder::id);
-            self.waiters.grant(&key.names().readers, token, ids);
+            let ids: Vec<&str> = holders.iter().map(Holder::id).collect();
+            let holders = Holders::Ids(&ids);
+            let notice = Notice::Granted { token, holders };
+            self.waiters.deliver(&key.names().readers, notice);
         }
     }
 
     fn wake_turn(&self, key: &Key, next: Option<Holder>) {
         if let Some(next) = next {
             let channel = key.wake_channel(&next);
-            self.waiters.wake(&channel, std::iter::once(next.id()));
+            let holders = Holders::Ids(&[next.id()]);
+            self.waiters.deliver(&channel, Notice::Turn { holders });
         }
     }
 
-    /// Tells the waiters a semaphore's permits were granted to, each with its token.
+    /// Tells the waiters a semaphore's permits were granted to, each with its token (a
+    /// notice each: in-process tokens of one release need not follow each other).
     fn tell_permits(&self, key: &Key, grants: Grants) {
-        if !grants.is_empty() {
-            let grants = grants.iter().map(|(holder, token)| (holder.id(), *token));
-            self.waiters.grant_each(&key.names().granted, grants);
+        for (holder, first) in &grants {
+            let holders = Holders::Ids(&[holder.id()]);
+            let notice = Notice::Permits {
+                first: *first,
+                holders,
+            };
+            self.waiters.deliver(&key.names().granted, notice);
         }
     }
 
@@ -140,8 +151,9 @@ impl MemoryStore {
     fn tell_grant(&self, key: &Key, grant: Option<Grant>) {
         if let Some((holder, token)) = grant {
             let channel = key.wake_channel(&holder);
+            let holders = Holders::Ids(&[holder.id()]);
             self.waiters
-                .grant(&channel, token, std::iter::once(holder.id()));
+                .deliver(&channel, Notice::Granted { token, holders });
         }
     }
 
@@ -152,7 +164,7 @@ impl MemoryStore {
         state.sweep(now);
         if how == How::Claim {
             if let Some(outcome) = state.locks.outcome(key, now) {
-                return Attempt::Completed { outcome };
+                return Attempt::Refused(Refusal::Completed { outcome });
             }
         }
         let family = match how {
@@ -259,9 +271,9 @@ impl MemoryStore {
                 drop(state);
                 if released != Released::NotHeld && outcome.is_some() {
                     // Every waiter can use the outcome.
-                    self.waiters.notify_all(key.channel());
+                    self.waiters.deliver(key.channel(), Notice::Completed);
                 } else if released == Released::Freed && kind == Exclusive::Plain {
-                    self.waiters.notify_one(key.channel());
+                    self.waiters.deliver(key.channel(), Notice::Released);
                 }
                 self.tell_grant(key, grant);
                 released
@@ -426,7 +438,7 @@ impl LockStore for MemoryStore {
         drop(state);
         if semaphore {
             // Every permit is free: its waiters try again, in their places in line.
-            self.waiters.notify_all(&key.names().granted);
+            self.waiters.deliver(&key.names().granted, Notice::Open);
         }
         if exclusive || read_write {
             self.tell(

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use super::tokens::fresh_token;
 use crate::holder::Holder;
 use crate::key::Key;
-use crate::store::contract::{Attempt, PermitsAsked, PermitsState, Released};
+use crate::store::contract::{Attempt, PermitsAsked, PermitsState, Refusal, Released};
 
 /// The semaphores in use, by key.
 #[derive(Default)]
@@ -195,7 +195,8 @@ impl Semaphores {
         };
         if asked.permits > capacity {
             self.tidy(key);
-            return (Attempt::OverCapacity { capacity }, Grants::new());
+            let refused = Refusal::OverCapacity { capacity };
+            return (Attempt::Refused(refused), Grants::new());
         }
         entry.stored = Some((capacity, fifo));
         let grants = entry.admit(now, last_token);

@@ -11,7 +11,7 @@ use super::tokens::fresh_token;
 use crate::hold::RwMode;
 use crate::holder::Holder;
 use crate::key::Key;
-use crate::store::contract::{Attempt, Released};
+use crate::store::contract::{Attempt, Refusal, Released};
 
 /// The read-write locks, by key.
 #[derive(Default)]
@@ -193,7 +193,7 @@ impl RwLocks {
                     entry.enter(holder, mode, lease, now);
                     Attempt::Taken { token: entry.token }
                 } else if entry.holds(holder, RwMode::Read) {
-                    Attempt::Upgrade
+                    Attempt::Refused(Refusal::Upgrade)
                 } else {
                     if !register.is_zero() {
                         entry.writers.insert(holder.clone(), now + register);

@@ -24,7 +24,7 @@ const BATCH: usize = 1024;
 /// Pipelines to one server sent before the first reply is awaited.
 const PIPELINES_IN_FLIGHT: usize = 4;
 /// How often one call may load its script after `NOSCRIPT`: once after a restart, once
-/// more after a failover that came between that load and the call.
+/// more (on every node) after a failover that came between that load and the call.
 const LOADS_PER_CALL: u8 = 2;
 
 /// What [`Commands::pipelined`] answers: each item's reply, `None` where its pipeline
@@ -104,7 +104,7 @@ impl Commands {
         call: Call,
     ) -> impl Future<Output = RedisResult<T>> + Send + 'static {
         let mut conn = self.conn.clone();
-        let load = call.script.map(|lua| lua.load(self.variant()));
+        let variant = self.variant();
         let mut resend_by = call.resend.then(|| Instant::now() + self.timeout);
         let mut call = self.prepare(call);
         async move {
@@ -134,12 +134,25 @@ impl Commands {
             loop {
                 match call.cmd.query_async(&mut conn).await {
                     Err(e) if is_noscript(&e) && loads > 0 => {
-                        if let Some(load) = load.clone() {
-                            conn.load_scripts([load], slot_of(&call.cmd)).await?;
+                        // Made only now: a load carries the script's whole text. The
+                        // second goes to every node: the first went where a failover may
+                        // have just moved the slot from.
+                        if let Some(lua) = call.script {
+                            let load = lua.load(variant);
+                            match loads {
+                                LOADS_PER_CALL => {
+                                    conn.load_scripts([load], slot_of(&call.cmd)).await?
+                                }
+                                // Boxed: rare, and its future would double the size of
+                                // every call's (`guard::tests`).
+                                _ => Box::pin(conn.load_everywhere(load)).await?,
+                            }
                         }
                         loads -= 1;
                     }
-                    Err(e) if e.is_connection_dropped() && resend() => {}
+                    // Sent again: with the script a second run needs, if the first send
+                    // had one that skipped it (a fresh holder's acquire).
+                    Err(e) if e.is_connection_dropped() && resend() => call.again(variant),
                     other => return other,
                 }
             }

@@ -242,10 +242,20 @@ impl Conn {
         self.is_cluster()
     }
 
-    /// Each master's address and its reply to `cmd` (a server's error as a
-    /// [`Value::ServerError`]); empty for anything but a cluster. Fails unless every
-    /// master of the slot map answered: redis-rs sends to the masters it holds a
-    /// connection to, and leaves out one it cannot reach.
+    /// Loads a script on every node of a cluster the client knows, replicas included
+    /// (elsewhere on the one server): for a call that met `NOSCRIPT` again after loading
+    /// its script on its slot's master, which a failover had just made a replica (the
+    /// client's slot map still named it; the call was redirected to the new master).
+    pub(super) async fn load_everywhere(&self, load: Cmd) -> RedisResult<()> {
+        match self {
+            Conn::Cluster(cluster) => {
+                let every = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllNodes, None));
+                cluster.clone().route_command(load, every).await.map(drop)
+            }
+            conn => load.query_async::<Value>(&mut conn.clone()).await.map(drop),
+        }
+    }
+
     /// Loads scripts (`SCRIPT LOAD` commands) where a call on `slot` runs: on a cluster,
     /// on the master that owns it only. redis-rs sends `SCRIPT LOAD` to every master and
     /// waits for all of them, so a master that does not answer would hold back (and fail)
@@ -275,6 +285,10 @@ impl Conn {
         futures_util::future::try_join_all(loads).await.map(drop)
     }
 
+    /// Each master's address and its reply to `cmd` (a server's error as a
+    /// [`Value::ServerError`]); empty for anything but a cluster. Fails unless every
+    /// master of the slot map answered: redis-rs sends to the masters it holds a
+    /// connection to, and leaves out one it cannot reach.
     pub(super) async fn on_every_master(&self, cmd: Cmd) -> RedisResult<Vec<(String, Value)>> {
         let Conn::Cluster(conn) = self else {
             return Ok(Vec::new());

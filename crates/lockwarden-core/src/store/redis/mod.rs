@@ -39,7 +39,6 @@ mod turns;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::Value;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
@@ -61,7 +60,7 @@ use notices::Notices;
 pub use notices::ReleaseNotices;
 pub(crate) use permissions::PROBE;
 use replicated::Replicated;
-use scripts::{Answer, NOT_REPLICATED};
+use scripts::Reply;
 pub(crate) use timeout::bounded;
 pub(crate) use tls::{redact, Tls};
 
@@ -190,7 +189,7 @@ impl LockStore for RedisStore {
         // up on (a cluster's) has no reply to come: the acquire loop settles it.
         let answer = match &self.replicated {
             None => {
-                let reply = self.commands.send::<Answer>(call);
+                let reply = self.commands.send::<Reply>(call);
                 let undo = orphan::give_back(self.commands.clone(), hold, ask.waiter());
                 self.commands.within(Finish::new(reply).or_undo(undo)).await
             }
@@ -202,12 +201,9 @@ impl LockStore for RedisStore {
             }
         }
         .map_err(|error| explain::naming(error, what))?;
-        if answer.state == NOT_REPLICATED {
+        if let Reply::NotReplicated(acknowledged) = answer {
             return Err(BackendError::NotReplicated {
-                acknowledged: match answer.value {
-                    Value::Int(n) => u32::try_from(n).unwrap_or(0),
-                    _ => 0,
-                },
+                acknowledged,
                 wanted: self.replicated.as_ref().map_or(0, Replicated::replicas),
             });
         }

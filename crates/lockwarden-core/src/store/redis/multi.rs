@@ -14,12 +14,11 @@
 use std::time::Duration;
 
 use redis::cluster_routing::Slot;
-use redis::Value;
 
 use super::commands::Commands;
 use super::explain::naming;
 use super::replicated::Replicated;
-use super::scripts::{self, NOT_REPLICATED};
+use super::scripts::{self, MultiReply};
 use super::timeout::bounded;
 use crate::error::BackendError;
 use crate::finish::{BoxFuture, Finish};
@@ -55,9 +54,9 @@ pub(super) async fn acquire_all(
     // If the caller goes away while a script is in flight, whatever was taken is
     // released once the replies are in.
     let undo_with = commands.clone();
-    let undo = Box::new(move |reply: redis::RedisResult<Vec<Value>>| -> BoxFuture {
+    let undo = Box::new(move |reply: redis::RedisResult<MultiReply>| -> BoxFuture {
         Box::pin(async move {
-            if matches!(reply.as_deref(), Ok([Value::Int(1), ..])) {
+            if matches!(reply, Ok(MultiReply::Taken(_))) {
                 give_back(&undo_with, &owned, &who).await;
             }
         })
@@ -66,29 +65,20 @@ pub(super) async fn acquire_all(
     let reply = bounded(limit, Finish::new(take).or_undo(undo))
         .await
         .map_err(|error| naming(error, scripts::What::Script("multi_acquire.lua")))?;
-    let ints = reply
-        .iter()
-        .map(|v| match v {
-            Value::Int(n) => Ok(*n),
-            other => Err(BackendError::Protocol(format!(
-                "multi-acquire script returned {other:?}"
-            ))),
-        })
-        .collect::<Result<Vec<i64>, _>>()?;
-    match ints.as_slice() {
-        [1, tokens @ ..] if tokens.len() == keys.len() => Ok(MultiAttempt::Taken {
-            tokens: tokens.iter().map(|&t| t as u64).collect(),
-        }),
-        [0, index, ttl] if (1..=keys.len() as i64).contains(index) => Ok(MultiAttempt::Busy {
-            index: (*index - 1) as usize,
-            ttl: scripts::pttl(*ttl),
-        }),
-        [NOT_REPLICATED, acknowledged] => Err(BackendError::NotReplicated {
-            acknowledged: u32::try_from(*acknowledged).unwrap_or(0),
+    match reply {
+        MultiReply::Taken(tokens) if tokens.len() == keys.len() => {
+            Ok(MultiAttempt::Taken { tokens })
+        }
+        MultiReply::Busy { index, ttl } if index < keys.len() => {
+            Ok(MultiAttempt::Busy { index, ttl })
+        }
+        MultiReply::NotReplicated(acknowledged) => Err(BackendError::NotReplicated {
+            acknowledged,
             wanted: replicated.map_or(0, Replicated::replicas),
         }),
         other => Err(BackendError::Protocol(format!(
-            "multi-acquire script returned {other:?}"
+            "multi-acquire of {} locks answered {other:?}",
+            keys.len()
         ))),
     }
 }
@@ -111,9 +101,9 @@ fn slot_groups(cluster: bool, keys: &[Key]) -> Vec<Vec<usize>> {
 }
 
 /// Runs the multi-acquire script for each group in turn (with `replicated`, each with its
-/// `WAIT`); answers as one script over all `keys` would: `{1, tokens...}` with everything
-/// taken, or `{0, i, pttl}` (lock `i`, 1-based, is busy) with nothing held; or
-/// `{NOT_REPLICATED, acknowledged}`, nothing held.
+/// `WAIT`); answers as one script over all `keys` would: every token, in the order of
+/// `keys`, or the first busy lock (its position in `keys`) with nothing held; or not
+/// replicated, nothing held.
 async fn take_groups(
     commands: Commands,
     keys: Vec<Key>,
@@ -122,8 +112,8 @@ async fn take_groups(
     lease: Duration,
     fresh: bool,
     replicated: Option<Replicated>,
-) -> redis::RedisResult<Vec<Value>> {
-    let mut out = vec![Value::Int(1); keys.len() + 1];
+) -> redis::RedisResult<MultiReply> {
+    let mut out = vec![0; keys.len()];
     let mut taken: Vec<Key> = Vec::new();
     for group in &groups {
         let call = scripts::acquire_all(
@@ -134,7 +124,7 @@ async fn take_groups(
             commands.variant(),
         );
         let (reply, acknowledged) = match &replicated {
-            None => (commands.send::<Vec<Value>>(call).await, None),
+            None => (commands.send::<MultiReply>(call).await, None),
             Some(replicated) => match replicated.send_waited(&commands, call).await {
                 Ok((reply, acknowledged)) => (Ok(reply), Some(acknowledged)),
                 Err(error) => {
@@ -145,31 +135,31 @@ async fn take_groups(
                 }
             },
         };
-        match reply.as_deref() {
-            Ok([Value::Int(1), tokens @ ..]) if tokens.len() == group.len() => {
+        match reply {
+            Ok(MultiReply::Taken(tokens)) if tokens.len() == group.len() => {
                 for (&at, token) in group.iter().zip(tokens) {
-                    out[at + 1] = token.clone();
+                    out[at] = token;
                     taken.push(keys[at].clone());
                 }
                 let wanted = replicated.as_ref().map_or(0, Replicated::replicas);
                 if let Some(acknowledged) = acknowledged.filter(|&n| n < i64::from(wanted)) {
                     give_back(&commands, &taken, &holder).await;
-                    return Ok(vec![Value::Int(NOT_REPLICATED), Value::Int(acknowledged)]);
+                    let acknowledged = u32::try_from(acknowledged).unwrap_or(0);
+                    return Ok(MultiReply::NotReplicated(acknowledged));
                 }
-                continue;
             }
-            Ok([Value::Int(0), Value::Int(i), ttl]) if (1..=group.len() as i64).contains(i) => {
+            Ok(MultiReply::Busy { index, ttl }) if index < group.len() => {
                 give_back(&commands, &taken, &holder).await;
-                let at = group[(*i - 1) as usize] + 1;
-                return Ok(vec![Value::Int(0), Value::Int(at as i64), ttl.clone()]);
+                let index = group[index];
+                return Ok(MultiReply::Busy { index, ttl });
             }
-            _ => {
+            other => {
                 give_back(&commands, &taken, &holder).await;
-                return reply;
+                return other;
             }
         }
     }
-    Ok(out)
+    Ok(MultiReply::Taken(out))
 }
 
 /// Releases what a multi-acquire took that nobody will hold: the earlier slots of one

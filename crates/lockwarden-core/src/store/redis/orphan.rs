@@ -5,7 +5,7 @@
 use redis::RedisResult;
 
 use super::commands::Commands;
-use super::scripts::{self, Answer};
+use super::scripts::{self, Reply};
 use crate::finish::{BoxFuture, Undo};
 use crate::hold::Hold;
 use crate::store::contract::Waiter;
@@ -16,19 +16,21 @@ pub(super) fn give_back(
     commands: Commands,
     hold: Hold,
     waiter: Option<Waiter>,
-) -> Undo<RedisResult<Answer>> {
+) -> Undo<RedisResult<Reply>> {
     Box::new(move |reply| -> BoxFuture {
         Box::pin(async move {
-            let Ok(Answer { state, .. }) = reply else {
+            let Ok(reply) = reply else {
                 return;
             };
             let variant = commands.variant();
-            // Taken or re-entered: one count is ours and nobody will release it.
-            let call = match (state, waiter) {
-                (1 | 2, _) => scripts::release(&hold, None, variant),
+            let call = match (reply, waiter) {
+                // Taken or re-entered: one count is ours and nobody will release it.
+                (reply, _) if reply.holds() => scripts::release(&hold, None, variant),
                 // Waiting in the store: nobody will wait for the turn, so leave now
                 // rather than make the others wait for the place to run out.
-                (0, Some(waiter)) => scripts::withdraw(waiter, &hold.key, &hold.holder, variant),
+                (Reply::Busy(_), Some(waiter)) => {
+                    scripts::withdraw(waiter, &hold.key, &hold.holder, variant)
+                }
                 _ => return,
             };
             match commands.run::<i64>(call).await {

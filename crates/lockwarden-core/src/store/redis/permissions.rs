@@ -30,6 +30,7 @@ const NEEDED: &[(&str, &str)] = &[
     ("time", "time"),
     ("exists", "exists K"),
     ("get", "get K"),
+    ("incr", "incr K"),
     ("set", "set K x"),
     ("del", "del K"),
     ("pexpire", "pexpire K 1"),

@@ -1,6 +1,9 @@
 //! The client's one pub/sub connection: subscribes to the release channels that have
 //! local waiters and turns release notices into wake-ups.
 //!
+//! Each notice is read as a [`Notice`] and handed to `Waiters::deliver`; a message that is
+//! no notice of ours is logged and wakes nobody.
+//!
 //! One task owns the connection and is the only one that sends SUBSCRIBE/UNSUBSCRIBE, so
 //! the order on the wire always follows the registry's latest state. When the connection
 //! drops it reconnects, resubscribes and wakes every waiter, since notices may have been
@@ -34,6 +37,7 @@ use super::scripts::What;
 use super::sentinel::Followed;
 use crate::error::BackendError;
 use crate::metrics;
+use crate::notice::Notice;
 use crate::waiters::{Refusal, Waiters};
 
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
@@ -243,21 +247,13 @@ impl Session<'_> {
             tokio::select! {
                 biased;
                 event = events.next() => match event {
-                    // A completed claim's outcome serves every waiter, and so does a
-                    // read-write lock a force unlock opened; a lock serves one.
-                    Some(Event::Notice { channel, payload }) if matches!(&payload[..], b"completed" | b"read") => {
-                        self.waiters.notify_all(&channel);
-                    }
-                    Some(Event::Notice { channel, payload }) => match named(&payload) {
-                        Some(Named::Granted(token, holders)) => {
-                            self.waiters.grant(&channel, token, holders.split(' ').map(holder_of));
+                    Some(Event::Notice { channel, payload }) => match Notice::read(&payload) {
+                        Ok(notice) => self.waiters.deliver(&channel, notice),
+                        // Not ours (another program publishing on the channel): no
+                        // wake-up, its waiters sleep until the holder's lease ends.
+                        Err(malformed) => {
+                            tracing::warn!(channel, %malformed, "ignored a message on a lock's channel");
                         }
-                        Some(Named::Permits(first, holders)) => {
-                            let tokens = (first..).zip(holders.split(' '));
-                            self.waiters.grant_each(&channel, tokens.map(|(token, holder)| (holder, token)));
-                        }
-                        Some(Named::Woken(holders)) => self.waiters.wake(&channel, holders.split(' ')),
-                        None => self.waiters.notify_one(&channel),
                     },
                     // A cluster node's connection dropped. redis-rs subscribes again only
                     // on a node that comes back, and this connection sends nothing that
@@ -488,77 +484,4 @@ fn cluster_event(push: PushInfo) -> Option<Event> {
 
 fn tokio_stream<T>(mut rx: mpsc::UnboundedReceiver<T>) -> impl Stream<Item = T> {
     futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
-}
-
-/// A notice for named waiters (holder ids, space-separated).
-enum Named<'a> {
-    /// A lock a release handed to them, with its fencing token:
-    /// `granted:<token>:<holder> <holder>..`, each a holder id (a fair lock's head, see
-    /// `fair_prelude.lua`) or a read hold's field, the id and `:r` (admitted readers, see
-    /// `rw_prelude.lua`): read with [`holder_of`].
-    Granted(u64, &'a str),
-    /// Their turn, to take by asking (a fair lock's head after a force unlock): `wake:<holder id>`.
-    Woken(&'a str),
-    /// A semaphore's permits a release granted them, each its own hold:
-    /// `permits:<token>:<holder> <holder>..`, the n-th named holding the token + n - 1
-    /// (see `permits_prelude.lua`).
-    Permits(u64, &'a str),
-}
-
-/// The holder id a grant names: an admitted reader's notice names its hold's field
-/// (`<holder id>:r`), which Redis sends as it stores it rather than cut each in Lua. A
-/// holder id ends in its number, never in `:r`.
-fn holder_of(named: &str) -> &str {
-    named.strip_suffix(":r").unwrap_or(named)
-}
-
-fn named(payload: &[u8]) -> Option<Named<'_>> {
-    let text = std::str::from_utf8(payload).ok()?;
-    if let Some(holders) = text.strip_prefix("wake:") {
-        return Some(Named::Woken(holders));
-    }
-    if let Some(grants) = text.strip_prefix("permits:") {
-        let (token, holders) = grants.split_once(':')?;
-        return Some(Named::Permits(token.parse().ok()?, holders));
-    }
-    let (token, holders) = text.strip_prefix("granted:")?.split_once(':')?;
-    Some(Named::Granted(token.parse().ok()?, holders))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn granted(payload: &str) -> Option<(u64, Vec<&str>)> {
-        match named(payload.as_bytes())? {
-            Named::Granted(token, holders) => {
-                Some((token, holders.split(' ').map(holder_of).collect()))
-            }
-            Named::Woken(_) | Named::Permits(..) => None,
-        }
-    }
-
-    #[test]
-    fn a_grant_names_holders_by_id_or_by_read_hold() {
-        assert_eq!(
-            granted("granted:1764089657123456:c1:7"),
-            Some((1764089657123456, vec!["c1:7"]))
-        );
-        assert_eq!(
-            granted("granted:42:c1:7:r c2:19:r"),
-            Some((42, vec!["c1:7", "c2:19"]))
-        );
-        assert_eq!(granted("granted:x:c1:7"), None, "a token is a number");
-        assert!(matches!(named(b"wake:c1:7"), Some(Named::Woken("c1:7"))));
-        assert!(named(b"0").is_none());
-    }
-
-    #[test]
-    fn a_grant_of_permits_names_each_holder_once() {
-        match named(b"permits:17:c1:7 c2:19") {
-            Some(Named::Permits(17, holders)) => assert_eq!(holders, "c1:7 c2:19"),
-            _ => panic!("not read as a grant of permits"),
-        }
-        assert!(named(b"permits:x:c1:7").is_none(), "a token is a number");
-    }
 }

@@ -10,11 +10,11 @@
 use std::future::Future;
 use std::time::Duration;
 
-use redis::{RedisResult, Value};
+use redis::RedisResult;
 
 use super::commands::{is_noscript, Commands};
 use super::conn::Conn;
-use super::scripts::{self, Answer, Call, NOT_REPLICATED};
+use super::scripts::{self, Call, Reply};
 use crate::hold::Hold;
 
 /// Whether `error` is a pipeline's error in which Redis answered the script and refused
@@ -87,17 +87,17 @@ impl Replicated {
 
     /// Runs the acquire `call`, then `WAIT`, in one round trip. A lock it took that too
     /// few replicas acknowledged is released (over `main`) before answering
-    /// [`NOT_REPLICATED`], so no caller ever holds a lock it was told it did not get.
+    /// [`Reply::NotReplicated`], so no caller ever holds a lock it was told it did not get.
     pub(super) fn acquire(
         &self,
         call: Call,
         main: Commands,
         hold: Hold,
-    ) -> impl Future<Output = RedisResult<Answer>> + Send + 'static {
+    ) -> impl Future<Output = RedisResult<Reply>> + Send + 'static {
         let this = self.clone();
         async move {
             let sent = this.send_waited(&main, call).await;
-            let (answer, acked): (Answer, i64) = match sent {
+            let (answer, acked): (Reply, i64) = match sent {
                 Ok(replies) => replies,
                 Err(error) if only_wait_failed(&error) => {
                     // The script ran (it may have taken the lock) and `WAIT` was refused
@@ -113,7 +113,7 @@ impl Replicated {
                 }
                 Err(error) => return Err(error),
             };
-            if matches!(answer.state, 1 | 2) && acked < i64::from(this.replicas) {
+            if answer.holds() && acked < i64::from(this.replicas) {
                 if let Err(error) = main
                     .run::<i64>(scripts::release(&hold, None, main.variant()))
                     .await
@@ -121,10 +121,7 @@ impl Replicated {
                     tracing::warn!(key = %hold.key, %error,
                         "could not release a lock that was not replicated; it expires with its lease");
                 }
-                return Ok(Answer {
-                    state: NOT_REPLICATED,
-                    value: Value::Int(acked),
-                });
+                return Ok(Reply::NotReplicated(u32::try_from(acked).unwrap_or(0)));
             }
             Ok(answer)
         }

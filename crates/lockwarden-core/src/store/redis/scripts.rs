@@ -14,8 +14,8 @@ use crate::hold::{Exclusive, Hold, HoldKind};
 use crate::holder::Holder;
 use crate::key::Key;
 use crate::store::contract::{
-    Acquire, Attempt, How, Outcome, PermitsAsked, PermitsState, Reentries, Released, Renewal,
-    Waiter,
+    Acquire, Attempt, How, Outcome, PermitsAsked, PermitsState, Reentries, Refusal, Released,
+    Renewal, Waiter,
 };
 
 /// A script of `lua/`, compiled into the crate, with its source files (to say which of
@@ -64,10 +64,30 @@ const NO_ID: &str = "\nlocal call = ''\n";
 /// ...and as a cluster's variant has it, where a call may be sent twice.
 const ID: &str = "\nlocal call = ARGV[#ARGV]\n";
 
+/// How every script calls `PUBLISH`: the sharded variant writes `SPUBLISH` there.
+const CLASSIC: &str = "redis.call('PUBLISH'";
+
 impl Lua {
+    /// The script of `parts` (their text joined as `source`) and its variants. One that
+    /// counts (with [`NO_ID`], `lua/once.lua`'s line) gets a cluster's variant; one that
+    /// publishes must write it as [`CLASSIC`]. A script that drifted from either is
+    /// refused here, at first use, rather than sent to a cluster in the wrong variant
+    /// (`tests::every_variant_exists` names those that count).
     fn new(parts: &'static [(&'static str, &'static str)], source: &str) -> Self {
-        const CLASSIC: &str = "redis.call('PUBLISH'";
-        let clustered = source.contains(NO_ID).then(|| source.replace(NO_ID, ID));
+        let counts = source.contains(NO_ID);
+        assert!(
+            counts || parts.iter().all(|&(file, _)| file != "once.lua"),
+            "{} runs after once.lua but has no `{}`",
+            parts[parts.len() - 1].0,
+            NO_ID.trim()
+        );
+        assert!(
+            source.matches("'PUBLISH'").count() == source.matches(CLASSIC).count()
+                && !source.contains("\"PUBLISH\""),
+            "{} publishes other than as `{CLASSIC}`",
+            parts[parts.len() - 1].0
+        );
+        let clustered = counts.then(|| source.replace(NO_ID, ID));
         let cluster_source = clustered.as_deref().unwrap_or(source);
         Lua {
             parts,
@@ -105,10 +125,11 @@ impl Lua {
     }
 
     /// The same script with `from` written as `to` in its text (a line that picks a
-    /// behaviour, as [`NO_ID`] does): a script of its own, with its own variants.
+    /// behaviour, as [`NO_ID`] does): a script of its own, with its own variants. Panics
+    /// if the text has no `from`, at first use (`tests::every_variant_exists`).
     fn replaced(&self, from: &str, to: &str) -> Self {
-        let source: String = self.parts.iter().map(|&(_, text)| text).collect();
-        debug_assert!(source.contains(from), "{} has no `{from}`", self.name());
+        let source = &self.script.source;
+        assert!(source.contains(from), "{} has no `{from}`", self.name());
         Lua::new(self.parts, &source.replace(from, to))
     }
 
@@ -179,10 +200,30 @@ macro_rules! script {
     };
 }
 
-static ACQUIRE: LazyLock<Lua> = script!("once.lua", "token.lua", "acquire.lua");
-/// `acquire.lua` for a client built without fencing tokens: no clock read, no fencing key.
-static ACQUIRE_UNFENCED: LazyLock<Lua> =
-    LazyLock::new(|| ACQUIRE.replaced("\nlocal fenced = true\n", "\nlocal fenced = false\n"));
+/// `acquire.lua` for the first send of an attempt of a holder made for the acquisition,
+/// on one server, with fencing tokens.
+static ACQUIRE: LazyLock<Lua> = script!("acquire.lua");
+/// `acquire.lua` for a client built without fencing tokens: no fencing key.
+static ACQUIRE_UNFENCED: LazyLock<Lua> = LazyLock::new(|| ACQUIRE.replaced(FENCED, UNFENCED));
+/// `acquire.lua` sent again (or on a cluster, which sends it again by itself): a refused
+/// attempt looks whether this very call took the lock before.
+static ACQUIRE_AGAIN: LazyLock<Lua> = LazyLock::new(|| ACQUIRE.replaced(FIRST, AGAIN));
+/// The same without fencing tokens.
+static ACQUIRE_AGAIN_UNFENCED: LazyLock<Lua> =
+    LazyLock::new(|| ACQUIRE_AGAIN.replaced(FENCED, UNFENCED));
+/// `acquire.lua` for a holder the caller gave, which may hold the lock already.
+static ACQUIRE_GIVEN: LazyLock<Lua> = LazyLock::new(|| ACQUIRE_AGAIN.replaced(FRESH, GIVEN));
+/// The same without fencing tokens.
+static ACQUIRE_GIVEN_UNFENCED: LazyLock<Lua> =
+    LazyLock::new(|| ACQUIRE_GIVEN.replaced(FENCED, UNFENCED));
+/// `acquire.lua`'s lines that pick a variant: fencing tokens or none, and whether the
+/// holder was made for the acquisition.
+const FENCED: &str = "\nlocal fenced = true\n";
+const UNFENCED: &str = "\nlocal fenced = false\n";
+const FRESH: &str = "\nlocal fresh = true\n";
+const GIVEN: &str = "\nlocal fresh = false\n";
+const FIRST: &str = "\nlocal first = true\n";
+const AGAIN: &str = "\nlocal first = false\n";
 static RENEW: LazyLock<Lua> = script!("renew.lua");
 static RELEASE: LazyLock<Lua> = script!("once.lua", "release.lua");
 static FORCE_RELEASE: LazyLock<Lua> = script!("force_release.lua");
@@ -207,10 +248,6 @@ static FENCED_WRITE: LazyLock<Lua> = script!("fenced_write.lua");
 pub(super) static RATE_LIMIT: LazyLock<Lua> = script!("rate_limit.lua");
 // Not a lock operation: the connect-time check of the user's permissions.
 static PERMISSIONS: LazyLock<Lua> = script!("permissions.lua");
-
-/// The synthetic acquire state of a lock taken but not acknowledged by enough replicas
-/// (and released again); its value is the number that acknowledged.
-pub(super) const NOT_REPLICATED: i64 = 4;
 
 /// One command for Redis: a script's `EVALSHA` (with the script, to load it if Redis lost
 /// it, e.g. after a restart) or a plain command.
@@ -314,6 +351,33 @@ impl Call {
         }
     }
 
+    /// The same call, sent again after its connection broke, as `variant`'s connection
+    /// sends it: with the script its first send left for a second run, if it has one
+    /// (the first send of a fresh holder's acquire skips looking for its own hold).
+    pub(super) fn again(&mut self, variant: Variant) {
+        // Found from the script, not kept in the call: every release's future carries a
+        // call, and must stay small (`guard::tests`).
+        let first = self
+            .script
+            .map_or(std::ptr::null(), |lua| lua as *const Lua);
+        let lua: &'static Lua = if std::ptr::eq(first, &*ACQUIRE) {
+            &ACQUIRE_AGAIN
+        } else if std::ptr::eq(first, &*ACQUIRE_UNFENCED) {
+            &ACQUIRE_AGAIN_UNFENCED
+        } else {
+            return;
+        };
+        let mut cmd = evalsha(0, 0);
+        cmd.arg(lua.with(variant).get_hash());
+        for arg in self.cmd.args_iter().skip(2) {
+            if let redis::Arg::Simple(bytes) = arg {
+                cmd.arg(bytes);
+            }
+        }
+        self.cmd = cmd;
+        self.script = Some(lua);
+    }
+
     /// This call as sent over a connection that may send a call twice (`resent`: a
     /// cluster's). There a counting call gets its id (`lua/once.lua`), unique in this
     /// process like the holders it is kept for, or `''` for a holder made for its
@@ -358,61 +422,62 @@ fn with_room(name: &'static str, args: usize, bytes: usize) -> Cmd {
 
 /// `SCRIPT LOAD` of every script a pipeline may send with `notices` over a connection
 /// that is a cluster's or not, to load them all when Redis lost them.
-pub(super) fn load_all(variant: Variant) -> [Cmd; 23] {
-    every().map(|lua| lua.load(variant))
+pub(super) fn load_all(variant: Variant) -> Vec<Cmd> {
+    every().map(|lua| lua.load(variant)).collect()
 }
 
 /// The script whose SHA1 digest is `sha` (as Redis names it in errors), any variant.
 pub(super) fn by_digest(sha: &str) -> Option<&'static Lua> {
-    every()
-        .into_iter()
-        .find(|lua| lua.variants().any(|script| script.get_hash() == sha))
+    every().find(|lua| lua.variants().any(|script| script.get_hash() == sha))
 }
 
 /// The text of every file of every lock script, for tests.
 #[cfg(test)]
 pub(super) fn sources() -> impl Iterator<Item = &'static str> {
-    every()
-        .into_iter()
-        .flat_map(|lua| lua.parts.iter().map(|&(_, text)| text))
+    every().flat_map(|lua| lua.parts.iter().map(|&(_, text)| text))
 }
 
 /// The script `file` (the last of its files), for tests.
 #[cfg(test)]
 pub(super) fn named(file: &str) -> &'static Lua {
     every()
-        .into_iter()
         .find(|lua| lua.name() == file)
         .unwrap_or_else(|| panic!("no script {file}"))
 }
 
-fn every() -> [&'static Lua; 23] {
-    [
-        &ACQUIRE,
-        &ACQUIRE_UNFENCED,
-        &RENEW,
-        &RELEASE,
-        &FORCE_RELEASE,
-        &MULTI_ACQUIRE,
-        &FAIR_ACQUIRE,
-        &FAIR_RELEASE,
-        &FAIR_LEAVE,
-        &READ_ACQUIRE,
-        &WRITE_ACQUIRE,
-        &RW_RELEASE,
-        &RW_RENEW,
-        &RW_WITHDRAW,
-        &RW_COUNT,
-        &PERMITS_ACQUIRE,
-        &PERMITS_RELEASE,
-        &PERMITS_RENEW,
-        &PERMITS_WITHDRAW,
-        &PERMITS_CAPACITY,
-        &PERMITS_STATE,
-        &FENCED_WRITE,
-        &RATE_LIMIT,
-    ]
-    .map(|lua| -> &'static Lua { lua })
+/// Every script, each variant of its own (the scripts of one file share its name).
+static EVERY: &[&LazyLock<Lua>] = &[
+    &ACQUIRE,
+    &ACQUIRE_UNFENCED,
+    &ACQUIRE_AGAIN,
+    &ACQUIRE_AGAIN_UNFENCED,
+    &ACQUIRE_GIVEN,
+    &ACQUIRE_GIVEN_UNFENCED,
+    &RENEW,
+    &RELEASE,
+    &FORCE_RELEASE,
+    &MULTI_ACQUIRE,
+    &FAIR_ACQUIRE,
+    &FAIR_RELEASE,
+    &FAIR_LEAVE,
+    &READ_ACQUIRE,
+    &WRITE_ACQUIRE,
+    &RW_RELEASE,
+    &RW_RENEW,
+    &RW_WITHDRAW,
+    &RW_COUNT,
+    &PERMITS_ACQUIRE,
+    &PERMITS_RELEASE,
+    &PERMITS_RENEW,
+    &PERMITS_WITHDRAW,
+    &PERMITS_CAPACITY,
+    &PERMITS_STATE,
+    &FENCED_WRITE,
+    &RATE_LIMIT,
+];
+
+fn every() -> impl Iterator<Item = &'static Lua> {
+    EVERY.iter().map(|lua| -> &'static Lua { lua })
 }
 
 /// The five keys of every read-write script, in the prelude's order.
@@ -449,49 +514,59 @@ fn fair_keys(key: &Key) -> [&str; 4] {
     ]
 }
 
-/// One acquire attempt (its reply is an [`Answer`], see [`attempted`]).
+/// One acquire attempt (its reply is a [`Reply`], see [`attempted`]): each kind's keys
+/// and arguments in one place, in the order its script's header gives them.
 pub(super) fn acquire(ask: &Acquire<'_>, variant: Variant) -> Call {
-    let (key, how) = (ask.key, ask.how);
-    if let How::Permits(asked) = how {
-        return acquire_permits(ask, asked, variant);
-    }
-    let (lock, fence) = (key.redis_key(), key.fence_key());
-    let plain = match ask.fenced {
-        true => &ACQUIRE,
-        false => &ACQUIRE_UNFENCED,
-    };
-    let call = match how {
-        How::Plain => Call::script(plain, variant, &[lock, fence]),
-        How::Claim => Call::script(plain, variant, &[lock, fence, &key.names().outcome]),
-        How::Fair { .. } => Call::script(&FAIR_ACQUIRE, variant, &fair_keys(key)),
-        How::Read { .. } => Call::script(&READ_ACQUIRE, variant, &rw_keys(key)),
-        How::Write { .. } => Call::script(&WRITE_ACQUIRE, variant, &rw_keys(key)),
-        How::Permits(asked) => return acquire_permits(ask, asked, variant),
-    };
-    let call = call.arg(ask.holder.id()).arg(millis(ask.lease));
-    let call = match how {
+    let (key, holder) = (ask.key, ask.holder.id());
+    let lease = millis(ask.lease);
+    let call = match ask.how {
+        How::Plain | How::Claim => {
+            // A cluster client sends a call again by itself: there every send looks.
+            let first = ask.fresh && !variant.cluster;
+            // The first send's script knows the one a send again runs (`Call::again`).
+            let (plain, again) = match (ask.fresh, ask.fenced) {
+                (true, true) => (&ACQUIRE, &ACQUIRE_AGAIN),
+                (true, false) => (&ACQUIRE_UNFENCED, &ACQUIRE_AGAIN_UNFENCED),
+                (false, true) => (&ACQUIRE_GIVEN, &ACQUIRE_GIVEN),
+                (false, false) => (&ACQUIRE_GIVEN_UNFENCED, &ACQUIRE_GIVEN_UNFENCED),
+            };
+            let plain = if first { plain } else { again };
+            let (lock, fence) = (key.redis_key(), key.fence_key());
+            let call = match ask.how {
+                How::Claim => Call::script(plain, variant, &[lock, fence, &key.names().outcome]),
+                _ => Call::script(plain, variant, &[lock, fence]),
+            };
+            call.arg(holder).arg(lease)
+        }
         How::Fair {
             queue_timeout,
             join,
             queued,
-        } => call
+        } => Call::script(&FAIR_ACQUIRE, variant, &fair_keys(key))
+            .arg(holder)
+            .arg(lease)
             .arg(millis(queue_timeout))
             .arg(&*key.names().wake_prefix)
-            .arg(if join { "1" } else { "0" })
-            .arg(if queued { "1" } else { "0" }),
-        How::Write { register } => call.arg(registration(register)),
-        How::Plain | How::Claim | How::Read { .. } | How::Permits(_) => call,
-    };
-    let call = call.arg(flag(ask.fresh));
-    match how {
+            .arg(flag(join))
+            .arg(flag(queued))
+            .arg(flag(ask.fresh)),
         How::Read {
             register,
             registered,
-        } => call.arg(registration(register)).arg(flag(registered)),
-        _ => call,
-    }
-    .counted(ask.fresh, ask.holder)
-    .resendable(ask.fresh)
+        } => Call::script(&READ_ACQUIRE, variant, &rw_keys(key))
+            .arg(holder)
+            .arg(lease)
+            .arg(flag(ask.fresh))
+            .arg(registration(register))
+            .arg(flag(registered)),
+        How::Write { register } => Call::script(&WRITE_ACQUIRE, variant, &rw_keys(key))
+            .arg(holder)
+            .arg(lease)
+            .arg(registration(register))
+            .arg(flag(ask.fresh)),
+        How::Permits(asked) => return acquire_permits(ask, asked, variant),
+    };
+    call.counted(ask.fresh, ask.holder).resendable(ask.fresh)
 }
 
 /// Permits of a semaphore. Its holder is always made for the acquisition, which the
@@ -529,50 +604,112 @@ fn flag(yes: bool) -> &'static str {
     }
 }
 
-/// An acquire script's reply: `{state, value}`, or for a take (of every kind) the bare
-/// token (a table costs Redis more to write, see `lua/acquire.lua`), read as `{1, token}`.
-pub(super) struct Answer {
-    pub(super) state: i64,
-    pub(super) value: Value,
+/// What an acquire script answered (every acquire script's header says the same), read
+/// here once: bare, the token taken (>= 0) or a refusal (`-2 - pttl`); in a table,
+/// `{1, token}` taken by this very call before, `{2, token}` re-entered, `{0, ms}`
+/// refused (a read-write, fair or semaphore script's wait), `{3, value}` what only some
+/// kinds answer (a claim's outcome, an upgrade refused, more permits than the capacity).
+/// Bare numbers are the common answers: Redis writes a table reply with ~5,000 more
+/// instructions.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Reply {
+    Taken(u64),
+    Reentered(u64),
+    /// Held by another: its remaining lease, if it has one (see [`pttl`]).
+    Busy(Option<Duration>),
+    /// `{3, value}`: read by [`attempted`] for the kind that asked.
+    Other(Value),
+    /// The lock was taken, but fewer replicas than asked acknowledged it, so it was
+    /// released again: how many did (`replicated.rs`; no script answers it).
+    NotReplicated(u32),
 }
 
-impl FromRedisValue for Answer {
-    fn from_redis_value(reply: Value) -> Result<Self, ParsingError> {
-        let (state, value) = match reply {
-            Value::Int(token) => (1, Value::Int(token)),
-            reply => FromRedisValue::from_redis_value(reply)?,
-        };
-        Ok(Answer { state, value })
+impl Reply {
+    /// Whether the attempt left a hold of its holder in the store (taken or re-entered).
+    pub(super) fn holds(&self) -> bool {
+        matches!(self, Reply::Taken(_) | Reply::Reentered(_))
     }
 }
 
-/// Reads an acquire script's answer: `{1, token}` taken, `{2, token}` re-entered, `{0,
-/// ms}` busy, `{3, outcome}` a claim's stored outcome (a write: `{3, 0}`, an upgrade
-/// refused).
-pub(super) fn attempted(
-    how: How,
-    Answer { state, value }: Answer,
-) -> Result<Attempt, BackendError> {
-    let claim = how == How::Claim;
-    let write = matches!(how, How::Write { .. });
-    let permits = matches!(how, How::Permits(_));
-    match (state, value) {
-        (1, Value::Int(token)) => Ok(Attempt::Taken {
-            token: token as u64,
+impl FromRedisValue for Reply {
+    fn from_redis_value(reply: Value) -> Result<Self, ParsingError> {
+        let int = |value: &Value| match value {
+            Value::Int(n) => Some(*n),
+            _ => None,
+        };
+        match reply {
+            Value::Int(token) if token >= 0 => Ok(Reply::Taken(token as u64)),
+            Value::Int(refused) => Ok(Reply::Busy(pttl(-2 - refused))),
+            Value::Array(items) => match <[Value; 2]>::try_from(items) {
+                Ok([state, value]) => match (int(&state), int(&value)) {
+                    (Some(1), Some(token)) => Ok(Reply::Taken(token as u64)),
+                    (Some(2), Some(token)) => Ok(Reply::Reentered(token as u64)),
+                    (Some(0), Some(ms)) => Ok(Reply::Busy(pttl(ms))),
+                    (Some(3), _) => Ok(Reply::Other(value)),
+                    _ => Err(format!("an acquire script answered {{{state:?}, {value:?}}}").into()),
+                },
+                Err(items) => Err(format!("an acquire script answered {items:?}").into()),
+            },
+            other => Err(format!("an acquire script answered {other:?}").into()),
+        }
+    }
+}
+
+/// Reads an acquire script's [`Reply`] as the answer to `how`: `{3, value}` is a claim's
+/// outcome, a write's refused upgrade or a semaphore's capacity, and nothing else.
+pub(super) fn attempted(how: How, reply: Reply) -> Result<Attempt, BackendError> {
+    match (reply, how) {
+        (Reply::Taken(token), _) => Ok(Attempt::Taken { token }),
+        (Reply::Reentered(token), _) => Ok(Attempt::Reentered { token }),
+        (Reply::Busy(ttl), _) => Ok(Attempt::Busy { ttl }),
+        (Reply::Other(Value::BulkString(outcome)), How::Claim) => {
+            Ok(Attempt::Refused(Refusal::Completed { outcome }))
+        }
+        (Reply::Other(Value::Int(_)), How::Write { .. }) => Ok(Attempt::Refused(Refusal::Upgrade)),
+        (Reply::Other(Value::Int(capacity)), How::Permits(_)) => {
+            let capacity = u32::try_from(capacity).unwrap_or(u32::MAX);
+            Ok(Attempt::Refused(Refusal::OverCapacity { capacity }))
+        }
+        (Reply::NotReplicated(acknowledged), _) => Err(BackendError::NotReplicated {
+            acknowledged,
+            wanted: 0,
         }),
-        (2, Value::Int(token)) => Ok(Attempt::Reentered {
-            token: token as u64,
-        }),
-        (0, Value::Int(ms)) => Ok(Attempt::Busy { ttl: pttl(ms) }),
-        (3, Value::BulkString(outcome)) if claim => Ok(Attempt::Completed { outcome }),
-        (3, Value::Int(_)) if write => Ok(Attempt::Upgrade),
-        (3, Value::Int(capacity)) if permits => Ok(Attempt::OverCapacity {
-            capacity: u32::try_from(capacity).unwrap_or(u32::MAX),
-        }),
-        (state, other) => Err(BackendError::Protocol(format!(
-            "the {} acquire script returned {{{state}, {other:?}}}",
+        (other, how) => Err(BackendError::Protocol(format!(
+            "the {} acquire script answered {other:?}",
             how.kind().name()
         ))),
+    }
+}
+
+/// What `multi_acquire.lua` answered, read here once: `{1, token..}` every lock is now
+/// held (each token as `acquire.lua` gives it), `{0, i, pttl}` lock `i` (1-based) is held
+/// by another and nothing was changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum MultiReply {
+    Taken(Vec<u64>),
+    /// The busy lock's position (0-based) and its remaining lease (see [`pttl`]).
+    Busy {
+        index: usize,
+        ttl: Option<Duration>,
+    },
+    /// Taken, but fewer replicas than asked acknowledged it, so released again: how
+    /// many did (`multi.rs`; no script answers it).
+    NotReplicated(u32),
+}
+
+impl FromRedisValue for MultiReply {
+    fn from_redis_value(reply: Value) -> Result<Self, ParsingError> {
+        let ints: Vec<i64> = FromRedisValue::from_redis_value(reply)?;
+        match ints.as_slice() {
+            [1, tokens @ ..] => Ok(MultiReply::Taken(
+                tokens.iter().map(|&t| t as u64).collect(),
+            )),
+            &[0, index, ms] if index >= 1 => Ok(MultiReply::Busy {
+                index: (index - 1) as usize,
+                ttl: pttl(ms),
+            }),
+            other => Err(format!("the multi-acquire script answered {other:?}").into()),
+        }
     }
 }
 
@@ -915,24 +1052,398 @@ pub(super) fn millis(d: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::contract::{Charge, RateAsk};
 
-    fn answer(reply: Value) -> Result<(i64, Value), ParsingError> {
-        Answer::from_redis_value(reply).map(|Answer { state, value }| (state, value))
+    fn reply(value: Value) -> Result<Reply, ParsingError> {
+        Reply::from_redis_value(value)
     }
 
     #[test]
-    fn a_bare_token_is_a_take_and_a_table_says_its_state() {
+    fn a_bare_number_is_a_take_or_a_refusal_and_a_table_says_its_state() {
         let token = 1_795_561_285_892_852;
-        assert_eq!(answer(Value::Int(token)).unwrap(), (1, Value::Int(token)));
-        let busy = Value::Array(vec![Value::Int(0), Value::Int(250)]);
-        assert_eq!(answer(busy).unwrap(), (0, Value::Int(250)));
-        let taken = answer(Value::Array(vec![Value::Int(1), Value::Int(token)])).unwrap();
+        let table = |state, value| Value::Array(vec![Value::Int(state), value]);
+        assert_eq!(
+            reply(Value::Int(token)).unwrap(),
+            Reply::Taken(token as u64)
+        );
+        assert_eq!(
+            reply(Value::Int(0)).unwrap(),
+            Reply::Taken(0),
+            "no fencing tokens"
+        );
+        // -2 - pttl: held for 250 ms, or by a hash without expiry (not one of ours).
+        let busy = |ms| Reply::Busy(pttl(ms));
+        assert_eq!(reply(Value::Int(-252)).unwrap(), busy(250));
+        assert_eq!(reply(Value::Int(-2)).unwrap(), busy(0));
+        assert_eq!(reply(Value::Int(-1)).unwrap(), Reply::Busy(None));
+        assert_eq!(reply(table(0, Value::Int(250))).unwrap(), busy(250));
+        assert_eq!(
+            reply(table(1, Value::Int(token))).unwrap(),
+            Reply::Taken(token as u64)
+        );
+        assert_eq!(
+            reply(table(2, Value::Int(token))).unwrap(),
+            Reply::Reentered(token as u64)
+        );
+        assert!(reply(Value::Nil).is_err());
+        assert!(reply(Value::BulkString(b"1".to_vec())).is_err());
+        assert!(reply(table(7, Value::Int(1))).is_err());
+        // `{3, value}` is a claim's outcome, a write's upgrade, a semaphore's capacity only.
+        let done = || reply(table(3, Value::BulkString(b"done".to_vec()))).unwrap();
         assert!(matches!(
-            attempted(How::Plain, Answer { state: taken.0, value: taken.1 }),
-            Ok(Attempt::Taken { token: t }) if t == token as u64
+            attempted(How::Claim, done()),
+            Ok(Attempt::Refused(Refusal::Completed { outcome })) if outcome == b"done"
         ));
-        assert!(answer(Value::Nil).is_err());
-        assert!(answer(Value::BulkString(b"1".to_vec())).is_err());
+        assert!(matches!(
+            attempted(How::Plain, done()),
+            Err(BackendError::Protocol(_))
+        ));
+        let upgrade = reply(table(3, Value::Int(0))).unwrap();
+        let write = How::Write {
+            register: Duration::ZERO,
+        };
+        assert_eq!(
+            attempted(write, upgrade).unwrap(),
+            Attempt::Refused(Refusal::Upgrade)
+        );
+    }
+
+    #[test]
+    fn a_multi_acquire_answers_every_token_or_the_busy_lock() {
+        let ints = |ns: &[i64]| Value::Array(ns.iter().map(|&n| Value::Int(n)).collect());
+        let read = |ns: &[i64]| MultiReply::from_redis_value(ints(ns));
+        assert_eq!(read(&[1, 7, 9]).unwrap(), MultiReply::Taken(vec![7, 9]));
+        assert_eq!(
+            read(&[0, 2, 120]).unwrap(),
+            MultiReply::Busy {
+                index: 1,
+                ttl: Some(Duration::from_millis(120))
+            }
+        );
+        assert!(read(&[0, 0, 120]).is_err(), "lock positions start at 1");
+        assert!(read(&[4, 1]).is_err());
+    }
+
+    /// `acquire.lua` writes out token.lua's `issue_token` (a function made on every call
+    /// costs a lock cycle ~1,000 instructions): the same lines, for its own key and expiry.
+    #[test]
+    fn acquire_issues_tokens_as_token_lua_does() {
+        let token = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/token.lua"));
+        let acquire = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/acquire.lua"));
+        let code = |text: &str| -> Vec<String> {
+            text.lines()
+                .map(str::trim)
+                .filter(|line| !line.is_empty() && !line.starts_with("--"))
+                .map(str::to_owned)
+                .collect()
+        };
+        let body = code(token);
+        let start = body
+            .iter()
+            .position(|l| l.starts_with("local token"))
+            .unwrap();
+        let end = body
+            .iter()
+            .rposition(|l| l.starts_with("return tonumber"))
+            .unwrap();
+        let written: Vec<String> = body[start..=end]
+            .iter()
+            .map(|line| {
+                line.replace("fence, text, ...", "KEYS[2], text, 'PX', ARGV[2]")
+                    .replace("'INCR', fence", "'INCR', KEYS[2]")
+            })
+            .collect();
+        let acquire = code(acquire);
+        assert!(
+            acquire.windows(written.len()).any(|lines| lines == written),
+            "acquire.lua no longer issues tokens as token.lua does: {written:#?}"
+        );
+    }
+
+    /// One call of every operation that runs a script, as the store builds them.
+    fn every_call() -> Vec<Call> {
+        use crate::hold::RwMode;
+        use crate::store::contract::{Outcome, Renewal};
+        let key = crate::key::KeySpace::default().key("header").unwrap();
+        let holder = Holder::new("client", 1);
+        let variant = Variant {
+            notices: Notices::Classic,
+            cluster: false,
+        };
+        let lease = Duration::from_secs(30);
+        fn hold<K>(kind: K, key: &Key, holder: &Holder) -> Hold<K> {
+            Hold {
+                kind,
+                key: key.clone(),
+                holder: holder.clone(),
+            }
+        }
+        let kinds = [
+            HoldKind::PLAIN,
+            HoldKind::FAIR,
+            HoldKind::ReadWrite(RwMode::Read),
+            HoldKind::ReadWrite(RwMode::Write),
+            HoldKind::Permits,
+        ];
+        let asked = PermitsAsked {
+            permits: 2,
+            capacity: 5,
+            fifo: true,
+            register: lease,
+        };
+        let hows = [
+            How::Plain,
+            How::Claim,
+            How::Fair {
+                queue_timeout: lease,
+                join: true,
+                queued: false,
+            },
+            How::Read {
+                register: lease,
+                registered: false,
+            },
+            How::Write { register: lease },
+            How::Permits(asked),
+        ];
+        let mut calls = Vec::new();
+        for how in hows {
+            for (fresh, fenced) in [(true, true), (true, false), (false, true), (false, false)] {
+                let ask = Acquire {
+                    key: &key,
+                    holder: &holder,
+                    lease,
+                    how,
+                    fresh,
+                    fenced,
+                };
+                calls.push(acquire(&ask, variant));
+            }
+        }
+        let keys = [key.clone(), key.clone()];
+        calls.push(acquire_all(keys.iter(), &holder, lease, true, variant));
+        let outcome = Outcome {
+            bytes: b"done",
+            keep: lease,
+        };
+        for exclusive in [Exclusive::Plain, Exclusive::Fair] {
+            calls.push(complete(
+                &hold(exclusive, &key, &holder),
+                Some(7),
+                outcome,
+                variant,
+            ));
+        }
+        for kind in kinds {
+            calls.push(release(&hold(kind, &key, &holder), Some(7), variant));
+            let renewal = Renewal {
+                hold: hold(kind, &key, &holder),
+                lease,
+            };
+            calls.push(renew(&renewal, variant));
+        }
+        let waiters = [
+            Waiter::Queued,
+            Waiter::Writer,
+            Waiter::Reader,
+            Waiter::Permits { permits: 2, lease },
+        ];
+        for waiter in waiters {
+            calls.push(withdraw(waiter, &key, &holder, variant));
+        }
+        calls.push(force_unlock(&key, variant));
+        let read = HoldKind::ReadWrite(RwMode::Read);
+        calls.push(hold_count(&hold(read, &key, &holder), variant));
+        calls.push(permits(&key, variant));
+        calls.push(set_capacity(&key, 3, variant));
+        calls.push(fenced_write(&key, 7, b"value", variant));
+        calls.push(permissions("k", "c", &["get K"], variant));
+        // A rate decision under one policy and under two, for each charge.
+        let prefix = crate::rate_key::RatePrefix::new(&crate::key::KeySpace::default(), "api");
+        let policies = [
+            crate::RatePolicy::new("burst", 10, Duration::from_secs(1)),
+            crate::RatePolicy::new("daily", 1_000, Duration::from_secs(86_400)),
+        ];
+        let gcra: Vec<_> = policies.iter().map(|p| p.checked().unwrap()).collect();
+        for n in [1, 2] {
+            let names = policies[..n].iter().map(crate::RatePolicy::name);
+            let buckets = prefix.buckets("tenant", names).unwrap();
+            for charge in [
+                Charge::Take(1),
+                Charge::Peek,
+                Charge::Refund(1),
+                Charge::Reset,
+            ] {
+                let ask = RateAsk {
+                    buckets: &buckets,
+                    policies: &gcra[..n],
+                    charge,
+                };
+                calls.push(super::super::rate::decide(&ask, variant));
+            }
+        }
+        calls
+    }
+
+    /// The highest `KEYS[n]` and `ARGV[n]` the leading comment of `text` names: of every
+    /// line, and of the lines before the optional ones (a claim's extra keys and
+    /// arguments: a line that says `optional`, and every line from `To complete a claim`).
+    fn declared(text: &str) -> ((usize, usize), (usize, usize)) {
+        let highest = |line: &str, what: &str| {
+            line.match_indices(what)
+                .filter_map(|(at, _)| {
+                    let rest = &line[at + what.len()..];
+                    rest.split(']').next()?.parse::<usize>().ok()
+                })
+                .max()
+                .unwrap_or(0)
+        };
+        let (mut base, mut all, mut claim) = ((0, 0), (0, 0), false);
+        for line in text.lines().take_while(|line| line.starts_with("--")) {
+            claim |= line.contains("To complete a claim");
+            let here = (highest(line, "KEYS["), highest(line, "ARGV["));
+            all = (all.0.max(here.0), all.1.max(here.1));
+            if !claim && !line.contains("optional") {
+                base = (base.0.max(here.0), base.1.max(here.1));
+            }
+        }
+        (base, all)
+    }
+
+    /// Every script call has the keys and arguments its script's header names, in number:
+    /// all of them, or all but the optional ones (a claim's).
+    #[test]
+    fn every_call_has_the_keys_and_arguments_its_header_names() {
+        let mut reached = std::collections::BTreeSet::new();
+        for call in every_call() {
+            let lua = call.script.expect("a script call");
+            reached.insert(lua.name());
+            let words = words(&call);
+            let keys: usize = words[1].parse().unwrap();
+            let args = words.len() - 2 - keys;
+            // Keys are named by the script's own file or its kind's prelude.
+            let (mut base, mut all) = ((0, 0), (0, 0));
+            for &(file, text) in lua.parts {
+                let own = file == lua.name();
+                if !(own || file.ends_with("_prelude.lua")) {
+                    continue;
+                }
+                let (b, a) = declared(text);
+                base = (base.0.max(b.0), if own { b.1 } else { base.1 });
+                all = (all.0.max(a.0), if own { a.1 } else { all.1 });
+            }
+            match lua.name() {
+                // Pairs of keys per lock; commands to check, one argument each.
+                "multi_acquire.lua" => assert_eq!((keys % 2, args), (0, all.1)),
+                "permissions.lua" => assert!(keys == 1 && args >= 2),
+                // A bucket per policy, three arguments per policy.
+                "rate_limit.lua" => assert!(
+                    keys >= 1 && args == 3 * keys,
+                    "rate_limit.lua: {keys} keys and {args} arguments"
+                ),
+                name => assert!(
+                    (keys, args) == base || (keys, args) == all,
+                    "{name}: {keys} keys and {args} arguments; its header names {base:?} \
+                     (without the optional ones) or {all:?}"
+                ),
+            }
+        }
+        // The connect-time check is no lock script (`every` lists those).
+        reached.remove("permissions.lua");
+        let every: std::collections::BTreeSet<_> = every().map(Lua::name).collect();
+        assert_eq!(reached, every, "a script no call reaches");
+    }
+
+    /// Every variant a call may pick exists, differs from the script as written only on
+    /// the lines that pick it, and keeps its line count (errors name lines).
+    #[test]
+    fn every_variant_exists() {
+        let text = |lua: &Lua, variant: Option<&Compiled>| match variant {
+            Some(compiled) => compiled.source.to_string(),
+            None => lua.script.source.to_string(),
+        };
+        // The scripts that change a hold's count, so that a call sent twice counts once.
+        const COUNTING: &[&str] = &[
+            "acquire.lua",
+            "release.lua",
+            "multi_acquire.lua",
+            "fair_acquire.lua",
+            "fair_release.lua",
+            "fair_leave.lua",
+            "rw_read_acquire.lua",
+            "rw_write_acquire.lua",
+            "rw_release.lua",
+            "rw_renew.lua",
+            "rw_withdraw.lua",
+            "rw_count.lua",
+        ];
+        for lua in every() {
+            let written = text(lua, None);
+            let counts = COUNTING.contains(&lua.name());
+            assert_eq!(lua.clustered.is_some(), counts, "{}", lua.name());
+            assert_eq!(
+                lua.sharded.is_some(),
+                written.contains(CLASSIC),
+                "{}",
+                lua.name()
+            );
+            for variant in [lua.clustered.as_ref(), lua.sharded.as_ref()]
+                .into_iter()
+                .flatten()
+            {
+                let variant = text(lua, Some(variant));
+                assert_ne!(variant, written, "{}", lua.name());
+                assert_eq!(variant.lines().count(), written.lines().count());
+            }
+        }
+        let source = |lua: &Lua| lua.script.source.to_string();
+        let acquire = source(&ACQUIRE);
+        for (lua, fenced, fresh, first) in [
+            (&*ACQUIRE_UNFENCED, UNFENCED, FRESH, FIRST),
+            (&*ACQUIRE_AGAIN, FENCED, FRESH, AGAIN),
+            (&*ACQUIRE_AGAIN_UNFENCED, UNFENCED, FRESH, AGAIN),
+            (&*ACQUIRE_GIVEN, FENCED, GIVEN, AGAIN),
+            (&*ACQUIRE_GIVEN_UNFENCED, UNFENCED, GIVEN, AGAIN),
+        ] {
+            let picked = acquire
+                .replace(FENCED, fenced)
+                .replace(FRESH, fresh)
+                .replace(FIRST, first);
+            assert_eq!(source(lua), picked);
+            assert_ne!(source(lua), acquire);
+        }
+    }
+
+    /// A fresh holder's acquire looks for its own hold only when sent again: its first
+    /// send on one server cannot find it; a cluster client sends again by itself.
+    #[test]
+    fn only_a_fresh_holders_first_send_skips_looking_for_its_hold() {
+        let key = crate::key::KeySpace::default().key("first").unwrap();
+        let holder = Holder::new("client", 1);
+        let ask = |fresh| Acquire {
+            key: &key,
+            holder: &holder,
+            lease: Duration::from_secs(30),
+            how: How::Plain,
+            fresh,
+            fenced: true,
+        };
+        let variant = |cluster| Variant {
+            notices: Notices::Classic,
+            cluster,
+        };
+        let mut first = acquire(&ask(true), variant(false));
+        assert_eq!(words(&first)[0], ACQUIRE.get_hash());
+        let before = words(&first);
+        first.again(variant(false));
+        let again = words(&first);
+        assert_eq!(again[0], ACQUIRE_AGAIN.get_hash());
+        assert_eq!(again[1..], before[1..], "the same keys and arguments");
+        let cluster = acquire(&ask(true), variant(true)).sent(true);
+        let clustered = ACQUIRE_AGAIN.clustered.as_ref().unwrap();
+        assert_eq!(words(&cluster)[0], clustered.script.get_hash());
+        let given = acquire(&ask(false), variant(false));
+        assert_eq!(words(&given)[0], ACQUIRE_GIVEN.get_hash());
     }
 
     /// The words of `call` after `EVALSHA`: digest, key count, keys, arguments.
