@@ -436,11 +436,30 @@ pub async fn evalsha_throughput(
             Ok::<_, BoxError>(done)
         });
     }
-    let total: u64 = crate::workloads::join_all(set, run + Duration::from_secs(30))
+    let total: u64 = join_all(set, run + Duration::from_secs(30))
         .await?
         .into_iter()
         .sum();
     Ok((windows, total as f64 / start.elapsed().as_secs_f64()))
+}
+
+/// Waits for every task, failing on the first error or after `limit` (the rest are
+/// aborted when the set is dropped).
+pub async fn join_all<T: 'static>(
+    mut set: JoinSet<Result<T, BoxError>>,
+    limit: Duration,
+) -> Result<Vec<T>, BoxError> {
+    let mut out = Vec::with_capacity(set.len());
+    let all = async {
+        while let Some(joined) = set.join_next().await {
+            out.push(joined??);
+        }
+        Ok::<_, BoxError>(())
+    };
+    match tokio::time::timeout(limit, all).await {
+        Ok(result) => result.map(|()| out),
+        Err(_) => Err(format!("tasks did not finish within {limit:?}").into()),
+    }
 }
 
 #[cfg(test)]

@@ -252,7 +252,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             let (limits, rate_report) =
                 rate::list(&target, &space, pattern, common.bounds()).await?;
             if common.json {
-                print_json(&ListJson {
+                render::print_json(&ListJson {
                     namespace: space.namespace(),
                     layout: space.layout_name(),
                     pattern,
@@ -302,7 +302,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             let target = Target::connect(&endpoint).await?;
             let view = rate_view(common, &space, &target, limiter, name).await?;
             if common.json {
-                print_json(&view)
+                render::print_json(&view)
             } else {
                 print!("{}", render::rate_show(&view));
                 Ok(())
@@ -330,7 +330,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             let client = connect_client(common, &space, &endpoint).await?;
             rate::reset(&client, &before).await?;
             if common.json {
-                print_json(&ResetJson {
+                render::print_json(&ResetJson {
                     limiter,
                     key,
                     before: &before,
@@ -352,7 +352,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
                 .await?
                 .ok_or_else(|| not_found(&space, name))?;
             if common.json {
-                print_json(&view)
+                render::print_json(&view)
             } else {
                 print!("{}", render::show(&view));
                 Ok(())
@@ -509,7 +509,7 @@ async fn unlock(
     }
     .map_err(|e| CliError::Redis(format!("force-unlock of {name:?} failed: {e}")))?;
     if common.json {
-        print_json(&UnlockJson {
+        render::print_json(&UnlockJson {
             name,
             unlocked,
             before: &before,
@@ -551,17 +551,6 @@ async fn connect_client(
     };
     client
         .map_err(|e| CliError::Redis(format!("cannot reach Redis at {}: {e}", endpoint.display())))
-}
-
-/// Prints `value` as one line of JSON.
-///
-/// # Errors
-/// Never in practice (the views serialize).
-pub fn print_json(value: &impl Serialize) -> Result<(), CliError> {
-    let text = serde_json::to_string(value)
-        .map_err(|e| CliError::Redis(format!("cannot write JSON: {e}")))?;
-    println!("{text}");
-    Ok(())
 }
 
 #[cfg(test)]

@@ -1,9 +1,23 @@
-//! Text for people: durations, tables, one lock in full.
+//! Output: JSON lines for programs; for people, durations, tables, one lock in full.
 
 use std::fmt::Write as _;
 
+use serde::Serialize;
+
+use crate::error::CliError;
 use crate::inspect::{Kind, LockView, SemaphoreView};
 use crate::rate::{BucketView, RateView};
+
+/// Prints `value` as one line of JSON.
+///
+/// # Errors
+/// Never in practice (the views serialize).
+pub fn print_json(value: &impl Serialize) -> Result<(), CliError> {
+    let text = serde_json::to_string(value)
+        .map_err(|e| CliError::Redis(format!("cannot write JSON: {e}")))?;
+    println!("{text}");
+    Ok(())
+}
 
 /// `850ms`, `12.3s`, `5m03s`, `2h05m`, `3d04h`; negative: `overdue`.
 pub fn duration_ms(ms: i64) -> String {

@@ -23,10 +23,10 @@ use lockwarden_core::redis::{self, Value};
 use serde::Serialize;
 use tokio::task::JoinHandle;
 
-use crate::cli::print_json;
 use crate::error::CliError;
 use crate::inspect::{self, pairs, Kind, LockView};
 use crate::names::{Part, Space};
+use crate::render::print_json;
 use crate::render::{self, duration_ms, table};
 use crate::scan::{self, Bounds, ScanReport};
 use crate::target::{bounded, Target};

@@ -18,8 +18,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lockwarden_testkit::RedisServer;
-use tokio::task::JoinSet;
 
+pub use crate::baselines::join_all;
 use crate::baselines::{round_trips, BoxError, Guard, Kind, Locker, Released};
 use crate::check::Checks;
 use crate::stats::{Report, Row, Summary};
@@ -186,25 +186,6 @@ pub async fn release(
         checks.problem(format!("{}: lock lost in {what}", kind.name()));
     }
     Ok(())
-}
-
-/// Waits for every task, failing on the first error or after `limit` (the rest are
-/// aborted when the set is dropped).
-pub async fn join_all<T: 'static>(
-    mut set: JoinSet<Result<T, BoxError>>,
-    limit: Duration,
-) -> Result<Vec<T>, BoxError> {
-    let mut out = Vec::with_capacity(set.len());
-    let all = async {
-        while let Some(joined) = set.join_next().await {
-            out.push(joined??);
-        }
-        Ok::<_, BoxError>(())
-    };
-    match tokio::time::timeout(limit, all).await {
-        Ok(result) => result.map(|()| out),
-        Err(_) => Err(format!("tasks did not finish within {limit:?}").into()),
-    }
 }
 
 /// CPU time (user + system) this process has used.
