@@ -103,7 +103,7 @@
 //! answered `409 Conflict` (or `423 Locked`) and an RFC 9457 `application/problem+json`
 //! body, without reaching the handler, with a `Retry-After` estimated from how long the
 //! layer's holds have lasted (see [`LockLayer`]); the other answers are
-//! listed on [`LockRejection`]. Every behaviour (streaming bodies, disconnects, panics, a
+//! listed on [`Rejection`]. Every behaviour (streaming bodies, disconnects, panics, a
 //! lock lost mid-request) is on [`LockLayer`].
 //!
 //! **Scope your keys.** Without [`scope`](LockLayer::scope) a key is global: a client that
@@ -169,7 +169,7 @@
 //!
 //! | feature | default | what it adds |
 //! |---|---|---|
-//! | `axum` | yes | the [`Locked<T>`] and [`Limited<T>`] extractors, [`LockLayer::by_path_param`] (and [`LimitLayer`]'s), and `IntoResponse` for [`LockRejection`] and [`LockedRejection`] |
+//! | `axum` | yes | the [`Locked<T>`] and [`Limited<T>`] extractors, [`LockLayer::by_path_param`] (and [`LimitLayer`]'s), and `IntoResponse` for [`Rejection`] and [`LockedRejection`] |
 //! | `tls` | yes | `rediss://` URLs (TLS through rustls) and [`LockClientBuilder::tls_root_certificate`] / [`tls_client_identity`](LockClientBuilder::tls_client_identity) |
 //! | `deadpool` | no | `LockClientBuilder::connect_pool` / `connect_deadpool`: commands through a `deadpool_redis::Pool` you already have |
 //!
@@ -195,8 +195,8 @@ pub use crate::signal::shutdown_signal;
 pub use crate::http::{Guarded, LimitKey, Limited, LockKey, Locked, LockedRejection, StateLocked};
 
 pub use crate::http::{
-    default_client, Fingerprint, LimitLayer, LockLayer, LockRejection, LockService, LockedBody,
-    MissingKey, PermitInfo,
+    default_client, Fingerprint, HeldBody, KeyedLayer, KeyedService, LimitLayer, LockLayer,
+    MissingKey, PermitInfo, Rejection,
 };
 
 // Compiles the Rust blocks of README.md as doctests (the crate's own docs are above).

@@ -125,9 +125,9 @@ fn app(layer: LimitLayer<lockwarden::http::FromHeader>, witness: &Witness) -> Ro
 }
 
 fn limit(client: &LockClient, permits: u32) -> LimitLayer<lockwarden::http::FromHeader> {
-    LimitLayer::by_header("X-Tenant")
+    LimitLayer::permits(permits)
+        .by_header("X-Tenant")
         .client(client.clone())
-        .permits(permits)
 }
 
 fn tenant_req(path: &str, tenant: &str) -> Request<Body> {
@@ -193,9 +193,9 @@ async fn the_limit_holds_across_two_servers(env: Env) {
     let mut addrs = Vec::new();
     for _ in 0..2 {
         let client = env.client().await;
-        let layer = LimitLayer::by_header("X-Tenant")
+        let layer = LimitLayer::permits_by(tiers)
+            .by_header("X-Tenant")
             .client(client)
-            .permits_by(tiers)
             .wait(Duration::from_millis(20));
         addrs.push(serve(app(layer, &witness)).await);
     }
@@ -385,15 +385,15 @@ async fn the_permit_goes_back_when_the_handler_panics(env: Env) {
 async fn capacity_by_request(env: Env) {
     let client = env.client().await;
     let witness = Witness::default();
-    let layer = LimitLayer::by_header("X-Tenant")
-        .client(client.clone())
-        .permits_by(|parts| {
-            if parts.headers.contains_key("x-paid") {
-                2
-            } else {
-                1
-            }
-        });
+    let layer = LimitLayer::permits_by(|parts| {
+        if parts.headers.contains_key("x-paid") {
+            2
+        } else {
+            1
+        }
+    })
+    .by_header("X-Tenant")
+    .client(client.clone());
     let app = app(layer, &witness);
     let paid = |path| {
         Request::post(path)
@@ -438,9 +438,9 @@ async fn a_global_limit_counts_every_request(env: Env) {
         .route("/forever", post(forever))
         .route("/work", post(work))
         .layer(
-            LimitLayer::global("rendering")
-                .client(client.clone())
-                .permits(1),
+            LimitLayer::permits(1)
+                .global("rendering")
+                .client(client.clone()),
         )
         .with_state(witness.clone());
     let first = tokio::spawn({
@@ -480,8 +480,11 @@ async fn bad_capacities_are_500_and_hold_nothing(env: Env) {
             .to_owned();
         assert!(!detail.contains("capacity of"), "internals shown: {detail}");
     }
+    // A capacity chosen per request is checked per request.
     let app = app(
-        LimitLayer::by_header("X-Tenant").client(client.clone()),
+        LimitLayer::permits_by(|_| 0)
+            .by_header("X-Tenant")
+            .client(client.clone()),
         &witness,
     );
     send(&app, tenant_req("/work", "acme"))

@@ -1,6 +1,6 @@
 //! Workload 7: HTTP. One small axum app (`POST /orders`, a JSON order in, a JSON order
 //! out) with and without `LockLayer::by_header("Idempotency-Key")`, and with
-//! `LimitLayer::by_header("Idempotency-Key").permits(5)` in its place (a permit per
+//! `LimitLayer::permits(5).by_header("Idempotency-Key")` in its place (a permit per
 //! request, held as the lock layer holds its lock), every request with a fresh key (so no
 //! request can conflict or wait), each app served by hyper on its own
 //! 127.0.0.1:0 listener in this process and driven by hyper HTTP/1.1 keep-alive client
@@ -192,9 +192,9 @@ impl App {
             App::Limit => Router::new()
                 .route("/orders", post(create_order_limited))
                 .layer(
-                    LimitLayer::by_header("Idempotency-Key")
-                        .client(client.clone())
-                        .permits(LIMIT),
+                    LimitLayer::permits(LIMIT)
+                        .by_header("Idempotency-Key")
+                        .client(client.clone()),
                 ),
             App::PermitEngine => Router::new()
                 .route("/orders", post(create_order_under_permit))
