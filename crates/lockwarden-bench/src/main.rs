@@ -32,10 +32,11 @@ use crate::baselines::BoxError;
 use crate::check::Checks;
 use crate::stats::{Report, Row, Summary};
 use crate::workloads::{
-    family, handoff, held, http, many_keys, permits, soak, uncontended, waiters, watchdog, Ctx,
+    family, handoff, held, http, many_keys, permits, rate, soak, uncontended, waiters, watchdog,
+    Ctx,
 };
 
-const WORKLOADS: [&str; 9] = [
+const WORKLOADS: [&str; 10] = [
     "uncontended",
     "hot key handoff",
     "held then released",
@@ -45,6 +46,7 @@ const WORKLOADS: [&str; 9] = [
     "HTTP (LockLayer, LimitLayer)",
     "lock family handoffs (fair, read-write)",
     "semaphore permits",
+    "rate limiter",
 ];
 
 /// How long `--soak` runs when given no number of seconds.
@@ -194,7 +196,8 @@ async fn main() -> Result<ExitCode, BoxError> {
             6 => waiters::run(&ctx, &mut report).await,
             7 => http::run(&ctx, &mut report).await,
             8 => family::run(&ctx, &mut report).await,
-            _ => permits::run(&ctx, &mut report).await,
+            9 => permits::run(&ctx, &mut report).await,
+            _ => rate::run(&ctx, &mut report).await,
         };
         if let Err(e) = result {
             ctx.checks

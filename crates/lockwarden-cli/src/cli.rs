@@ -10,6 +10,7 @@ use serde::Serialize;
 use crate::error::{CliError, EXIT_CODES};
 use crate::inspect::{self, Kind, LockView};
 use crate::names::Space;
+use crate::rate::{self, RateView};
 use crate::render;
 use crate::scan::{self, Bounds, ScanReport};
 use crate::target::{Endpoint, Target};
@@ -84,9 +85,11 @@ pub enum LayoutArg {
 /// The commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Every lock under the namespace (optionally only names matching a glob).
+    /// Every lock under the namespace (optionally only names matching a glob), then every
+    /// rate limiter's key whose buckets are not full.
     List {
-        /// A glob over lock names (`*`, `?`, `[a-z]`, `\` quotes).
+        /// A glob over lock names, and over rate limits' `<limiter>:<key>` (`*`, `?`,
+        /// `[a-z]`, `\` quotes).
         #[arg(default_value = "*")]
         pattern: String,
         /// Also list released locks whose fencing key is still there.
@@ -94,15 +97,29 @@ pub enum Command {
         all: bool,
     },
     /// One lock in full: holders and leases, queue order and deadlines, a semaphore's
-    /// capacity and line, outcome.
+    /// capacity and line, outcome; with --limiter, one key of a rate limiter: what each
+    /// policy's bucket has left and when it is full again.
     Show {
-        /// The lock name, as the application gives it.
+        /// The lock name, as the application gives it (with --limiter: the limited key).
         name: String,
+        /// Show the rate limiter of this name's buckets for the key NAME.
+        #[arg(long)]
+        limiter: Option<String>,
     },
     /// Force-release a lock of any kind (every permit of a semaphore), waking its waiters.
     Unlock {
         /// The lock name.
         name: String,
+        /// Do not ask for confirmation (needed when stdin is not a terminal).
+        #[arg(long, short = 'y')]
+        yes: bool,
+    },
+    /// Empty a rate limiter's buckets for one key: its next request finds them full.
+    Reset {
+        /// The rate limiter's name.
+        limiter: String,
+        /// The limited key, as the application gives it.
+        key: String,
         /// Do not ask for confirmation (needed when stdin is not a terminal).
         #[arg(long, short = 'y')]
         yes: bool,
@@ -187,6 +204,21 @@ pub struct ListJson<'a> {
     pub scan: &'a ScanReport,
     /// The locks, by name.
     pub locks: &'a [LockView],
+    /// How the scan for rate limiters' buckets went.
+    pub rate_scan: &'a ScanReport,
+    /// Every rate limiter's key whose buckets are not full, by limiter and key.
+    pub rate_limits: &'a [RateView],
+}
+
+/// `reset --json`.
+#[derive(Debug, Serialize)]
+pub struct ResetJson<'a> {
+    /// The limiter's name.
+    pub limiter: &'a str,
+    /// The key.
+    pub key: &'a str,
+    /// What its buckets had left, just before.
+    pub before: &'a RateView,
 }
 
 /// `unlock --json`.
@@ -217,6 +249,8 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             if !all {
                 views.retain(|v| v.kind != Kind::Free);
             }
+            let (limits, rate_report) =
+                rate::list(&target, &space, pattern, common.bounds()).await?;
             if common.json {
                 print_json(&ListJson {
                     namespace: space.namespace(),
@@ -224,6 +258,8 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
                     pattern,
                     scan: &report,
                     locks: &views,
+                    rate_scan: &rate_report,
+                    rate_limits: &limits,
                 })?;
             } else {
                 let held = views.iter().filter(|v| v.is_held()).count();
@@ -242,13 +278,72 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
                     if views.len() == 1 { "" } else { "s" },
                     report.describe()
                 );
+                if !limits.is_empty() {
+                    print!("\n{}", render::rate_list(&limits));
+                    println!(
+                        "{} rate-limited key{}; {}",
+                        limits.len(),
+                        if limits.len() == 1 { "" } else { "s" },
+                        rate_report.describe()
+                    );
+                }
             }
-            if !report.complete {
-                eprintln!("lockwarden: warning: {}", report.describe());
+            for report in [&report, &rate_report] {
+                if !report.complete {
+                    eprintln!("lockwarden: warning: {}", report.describe());
+                }
             }
             Ok(())
         }
-        Command::Show { name } => {
+        Command::Show {
+            name,
+            limiter: Some(limiter),
+        } => {
+            let target = Target::connect(&endpoint).await?;
+            let view = rate_view(common, &space, &target, limiter, name).await?;
+            if common.json {
+                print_json(&view)
+            } else {
+                print!("{}", render::rate_show(&view));
+                Ok(())
+            }
+        }
+        Command::Reset { limiter, key, yes } => {
+            let target = Target::connect(&endpoint).await?;
+            let before = rate_view(common, &space, &target, limiter, key).await?;
+            let summary = format!(
+                "{key:?} of rate limiter {limiter:?} ({} bucket(s) not full: {})",
+                before.buckets.len(),
+                before
+                    .buckets
+                    .iter()
+                    .map(|b| format!("{} {}/{} left", b.policy, b.remaining, b.burst))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            confirm(
+                *yes,
+                ["Reset", "resetting"],
+                &summary,
+                "Its next request finds every bucket full.",
+            )?;
+            let client = connect_client(common, &space, &endpoint).await?;
+            rate::reset(&client, &before).await?;
+            if common.json {
+                print_json(&ResetJson {
+                    limiter,
+                    key,
+                    before: &before,
+                })
+            } else {
+                println!("reset {summary}");
+                Ok(())
+            }
+        }
+        Command::Show {
+            name,
+            limiter: None,
+        } => {
             space
                 .keys(name)
                 .map_err(|e| CliError::Usage(format!("bad lock name {name:?}: {e}")))?;
@@ -286,6 +381,59 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             )
             .await
         }
+    }
+}
+
+/// `key`'s buckets under `limiter`, or why there are none to show.
+async fn rate_view(
+    common: &Common,
+    space: &Space,
+    target: &Target,
+    limiter: &str,
+    key: &str,
+) -> Result<RateView, CliError> {
+    let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
+    if limiter.is_empty() || !limiter.chars().all(valid) || key.is_empty() {
+        return Err(CliError::Usage(format!(
+            "bad rate limit {limiter:?} / {key:?}: a limiter is named with ASCII letters, \
+             digits, `_`, `-` and `.`, and a key is not empty"
+        )));
+    }
+    rate::show(target, space, limiter, key, common.bounds())
+        .await?
+        .ok_or_else(|| {
+            CliError::NotFound(format!(
+                "rate limiter {limiter:?} stores nothing for {key:?}: every bucket is full \
+                 (namespace {:?}; keys {}*)",
+                space.namespace(),
+                space.bucket_prefix(limiter, key)
+            ))
+        })
+}
+
+/// Passes with `yes` given; else asks for `yes` on a terminal whether to do `act`
+/// (`["Force-unlock", "force-unlocking"]`) to `what`, saying `consequence`, and refuses
+/// without a terminal.
+fn confirm(yes: bool, act: [&str; 2], what: &str, consequence: &str) -> Result<(), CliError> {
+    let [ask, doing] = act;
+    if yes {
+        return Ok(());
+    }
+    if !std::io::stdin().is_terminal() {
+        return Err(CliError::Refused(format!(
+            "not {doing} {what}: confirmation needed and stdin is not a terminal; pass --yes"
+        )));
+    }
+    eprint!("{ask} {what}?\n{consequence} Type 'yes' to confirm: ");
+    let _ = std::io::stderr().flush();
+    let mut answer = String::new();
+    std::io::stdin()
+        .lock()
+        .read_line(&mut answer)
+        .map_err(|e| CliError::Refused(format!("no confirmation read: {e}")))?;
+    match matches!(answer.trim(), "y" | "yes" | "Y" | "YES" | "Yes") {
+        true => Ok(()),
+        false => Err(CliError::Refused(format!("not {doing} {what}"))),
     }
 }
 
@@ -342,27 +490,12 @@ async fn unlock(
         render::holders_cell(&before),
         before.subscribers
     );
-    if !yes {
-        if !std::io::stdin().is_terminal() {
-            return Err(CliError::Refused(format!(
-                "not force-unlocking {summary}: confirmation needed and stdin is not a \
-                 terminal; pass --yes"
-            )));
-        }
-        eprint!(
-            "Force-unlock {summary}?\nThe holder keeps running until its next renewal finds \
-             the lock gone. Type 'yes' to confirm: "
-        );
-        let _ = std::io::stderr().flush();
-        let mut answer = String::new();
-        std::io::stdin()
-            .lock()
-            .read_line(&mut answer)
-            .map_err(|e| CliError::Refused(format!("no confirmation read: {e}")))?;
-        if !matches!(answer.trim(), "y" | "yes" | "Y" | "YES" | "Yes") {
-            return Err(CliError::Refused(format!("not force-unlocking {name:?}")));
-        }
-    }
+    confirm(
+        yes,
+        ["Force-unlock", "force-unlocking"],
+        &summary,
+        "The holder keeps running until its next renewal finds the lock gone.",
+    )?;
     let client = connect_client(common, space, endpoint).await?;
     let unlocked = match &before.semaphore {
         // Through the semaphore's own handle, so the CLI does whatever the core does for

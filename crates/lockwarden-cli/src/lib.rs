@@ -5,7 +5,8 @@
 //! The binary is a thin `main` over [`main_exit_code`] and [`cli::run`]. The modules are
 //! public for the inspector's tests, not as a stable API: [`names`] (lock names and Redis
 //! keys, both layouts), [`target`] (one server or every master of a cluster), [`scan`],
-//! [`inspect`] (one lock in full), [`render`], [`watch`] and [`cli`].
+//! [`inspect`] (one lock in full), [`rate`] (rate limiters' buckets), [`render`],
+//! [`watch`] and [`cli`].
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
@@ -14,6 +15,7 @@ pub mod cli;
 pub mod error;
 pub mod inspect;
 pub mod names;
+pub mod rate;
 pub mod render;
 pub mod scan;
 pub mod target;

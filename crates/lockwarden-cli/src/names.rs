@@ -12,6 +12,9 @@
 //!
 //! Escaping (tagged layout only): `%` → `%25`, `{` → `%7B`, `}` → `%7D`, in the namespace
 //! and in the name. Decoding is strict: a key the core could not have made is not a lock.
+//!
+//! A rate limiter's bucket is `<namespace>rate:{<limiter>:<key>}:<policy>` in either
+//! layout, the namespace and the key escaped as above ([`BucketName`]).
 
 use lockwarden_core::{KeyLayout, LockClient, LockError};
 
@@ -269,6 +272,70 @@ impl Space {
             }
         }
     }
+}
+
+/// A rate limiter's bucket, named by its key: `<namespace>rate:{<limiter>:<key>}:<policy>`
+/// (the namespace and the key escaped as in the tagged layout, whatever the layout).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct BucketName {
+    /// The limiter's name.
+    pub limiter: String,
+    /// The key it limits, unescaped.
+    pub key: String,
+    /// The policy's name.
+    pub policy: String,
+}
+
+impl Space {
+    /// `<escaped namespace>rate:{`: where every bucket of this space starts.
+    fn rate_start(&self) -> String {
+        format!("{}rate:{{", escape(&self.namespace))
+    }
+
+    /// The prefix of every bucket of `key` under `limiter`, before the policy's name.
+    pub fn bucket_prefix(&self, limiter: &str, key: &str) -> String {
+        format!("{}{limiter}:{}}}:", self.rate_start(), escape(key))
+    }
+
+    /// The `SCAN MATCH` pattern of every bucket whose `<limiter>:<key>` matches the glob
+    /// `names` (a superset: check what is found with [`glob_match`]).
+    pub fn rate_pattern(&self, names: &str) -> ScanPattern {
+        let inner = server_glob(names, escape_char);
+        ScanPattern {
+            pattern: collapse_stars(&format!("{}{inner}}}:*", glob_escape(&self.rate_start()))),
+            hashes_only: false,
+        }
+    }
+
+    /// The `SCAN MATCH` pattern of the buckets of `key` under `limiter`.
+    pub fn buckets_pattern(&self, limiter: &str, key: &str) -> ScanPattern {
+        ScanPattern {
+            pattern: format!("{}*", glob_escape(&self.bucket_prefix(limiter, key))),
+            hashes_only: false,
+        }
+    }
+
+    /// The bucket a scanned key is, `None` if the core would not have made it in this
+    /// space.
+    pub fn decode_bucket(&self, redis_key: &str) -> Option<BucketName> {
+        let rest = redis_key.strip_prefix(&self.rate_start())?;
+        let (inner, policy) = rest.split_once('}')?;
+        let policy = policy.strip_prefix(':')?;
+        let (limiter, key) = inner.split_once(':')?;
+        let key = unescape(key)?;
+        let ok = rate_name(limiter) && rate_name(policy) && valid_name(&key);
+        ok.then(|| BucketName {
+            limiter: limiter.to_owned(),
+            key,
+            policy: policy.to_owned(),
+        })
+    }
+}
+
+/// Whether the core accepts `name` for a limiter or a policy.
+fn rate_name(name: &str) -> bool {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
+    !name.is_empty() && name.len() <= lockwarden_core::MAX_RATE_NAME && name.chars().all(allowed)
 }
 
 /// One `SCAN` to run: its `MATCH` pattern, and whether only hashes are wanted.

@@ -3,6 +3,7 @@
 use std::fmt::Write as _;
 
 use crate::inspect::{Kind, LockView, SemaphoreView};
+use crate::rate::{BucketView, RateView};
 
 /// `850ms`, `12.3s`, `5m03s`, `2h05m`, `3d04h`; negative: `overdue`.
 pub fn duration_ms(ms: i64) -> String {
@@ -220,6 +221,65 @@ pub fn show(v: &LockView) -> String {
             )
         )
     );
+    out
+}
+
+/// A duration in µs as [`duration_ms`] writes it, rounded up to the ms (`0ms` only when
+/// it is zero).
+pub fn duration_us(us: u64) -> String {
+    duration_ms(i64::try_from(us.div_ceil(1000)).unwrap_or(i64::MAX))
+}
+
+/// A bucket's cells in the rate-limit tables: its policy, what is left of its burst, when
+/// it is full again, what one unit costs; then `last` (the key, or the Redis key).
+fn bucket_row(b: &BucketView, last: &str) -> Vec<String> {
+    vec![
+        b.policy.clone(),
+        format!("{}/{}", b.remaining, b.burst),
+        duration_us(b.reset_us),
+        duration_us(b.interval_us),
+        last.to_owned(),
+    ]
+}
+
+/// The rate-limit table of `lockwarden list`: one row per bucket that is not full.
+pub fn rate_list(views: &[RateView]) -> String {
+    let rows: Vec<Vec<String>> = views
+        .iter()
+        .flat_map(|v| {
+            v.buckets.iter().map(|b| {
+                let mut row = vec![v.limiter.clone()];
+                row.extend(bucket_row(b, &v.key));
+                row
+            })
+        })
+        .collect();
+    table(
+        &["LIMITER", "POLICY", "LEFT", "FULL IN", "PER UNIT", "KEY"],
+        &rows,
+    )
+}
+
+/// One key of a rate limiter, for `lockwarden show --limiter`.
+pub fn rate_show(v: &RateView) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{:<12}{}", "limiter", v.limiter);
+    let _ = writeln!(out, "{:<12}{}", "key", v.key);
+    let _ = writeln!(
+        out,
+        "{:<12}{} not full (a full bucket stores nothing)",
+        "buckets",
+        v.buckets.len()
+    );
+    let rows: Vec<Vec<String>> = v
+        .buckets
+        .iter()
+        .map(|b| bucket_row(b, &b.redis_key))
+        .collect();
+    let header = ["POLICY", "LEFT", "FULL IN", "PER UNIT", "REDIS KEY"];
+    for line in table(&header, &rows).lines() {
+        let _ = writeln!(out, "  {line}");
+    }
     out
 }
 

@@ -7,7 +7,7 @@ use lockwarden_core::redis::{self, Value};
 use serde::Serialize;
 
 use crate::error::CliError;
-use crate::names::{glob_match, Part, Space};
+use crate::names::{glob_match, Part, ScanPattern, Space};
 use crate::target::{bounded, Target};
 
 /// How far one scan may go.
@@ -87,8 +87,32 @@ pub async fn scan(
     names: &str,
     bounds: Bounds,
 ) -> Result<(Found, ScanReport), CliError> {
-    let started = Instant::now();
     let mut found = Found::new();
+    let patterns = space.scan_patterns(names);
+    let report = scan_keys(target, &patterns, bounds, |_, key| {
+        if let Some((name, part)) = space.decode(key) {
+            if glob_match(names, &name) {
+                found.entry(name).or_default().insert(part);
+            }
+        }
+    })
+    .await?;
+    Ok((found, report))
+}
+
+/// Runs `SCAN` with each of `patterns` on every node until every cursor is back at 0 or
+/// a bound is hit, handing each key found (UTF-8 only: the core's keys are) to `each`
+/// with the index of the node it is on.
+///
+/// # Errors
+/// [`CliError::Redis`] if a `SCAN` fails.
+pub async fn scan_keys(
+    target: &Target,
+    patterns: &[ScanPattern],
+    bounds: Bounds,
+    mut each: impl FnMut(usize, &str),
+) -> Result<ScanReport, CliError> {
+    let started = Instant::now();
     let mut report = ScanReport {
         complete: true,
         stopped_by: None,
@@ -98,8 +122,8 @@ pub async fn scan(
         max_keys: bounds.max_keys,
         max_time_ms: u64::try_from(bounds.max_time.as_millis()).unwrap_or(u64::MAX),
     };
-    'nodes: for node in target.nodes() {
-        for pattern in space.scan_patterns(names) {
+    'nodes: for (at, node) in target.nodes().iter().enumerate() {
+        for pattern in patterns {
             let mut cursor: u64 = 0;
             loop {
                 if report.keys_scanned >= bounds.max_keys {
@@ -131,13 +155,8 @@ pub async fn scan(
                         continue;
                     };
                     // Our keys are UTF-8 (names are `str`); anything else is not ours.
-                    let Ok(key) = String::from_utf8(bytes) else {
-                        continue;
-                    };
-                    if let Some((name, part)) = space.decode(&key) {
-                        if glob_match(names, &name) {
-                            found.entry(name).or_default().insert(part);
-                        }
+                    if let Ok(key) = String::from_utf8(bytes) {
+                        each(at, &key);
                     }
                 }
                 cursor = next;
@@ -149,5 +168,5 @@ pub async fn scan(
     }
     report.complete = report.stopped_by.is_none();
     report.elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-    Ok((found, report))
+    Ok(report)
 }

@@ -1,8 +1,11 @@
 //! Names decoded back from keys round-trip with the core's own keys, for awkward names
-//! in both layouts; and the server-side scan patterns never miss a name a glob matches.
+//! in both layouts (rate limiters' buckets too); and the server-side scan patterns never
+//! miss a name a glob matches.
 
-use lockwarden_cli::names::{glob_match, Part, Space};
-use lockwarden_core::{KeyLayout, LockClient};
+use std::time::Duration;
+
+use lockwarden_cli::names::{glob_match, BucketName, Part, Space};
+use lockwarden_core::{KeyLayout, LockClient, RatePolicy};
 use proptest::prelude::*;
 
 /// Names the core accepts: no control characters, 1 to 40 characters, rich in the
@@ -119,6 +122,38 @@ proptest! {
                     "{key:?} escapes {patterns:?} (name {name:?} matches {pattern:?})"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn buckets_round_trip_and_never_pass_for_locks(
+        ns in namespace(),
+        key in name(),
+        pattern in "[a-d*?{}%\\[\\]:ü-]{0,8}",
+        redisson in any::<bool>(),
+    ) {
+        let layout = if redisson { KeyLayout::Redisson } else { KeyLayout::Tagged };
+        let client = LockClient::builder().layout(layout).namespace(&ns).in_memory();
+        let policies = [
+            RatePolicy::new("burst", 10, Duration::from_secs(1)),
+            RatePolicy::new("per-day.1", 1, Duration::from_secs(86_400)),
+        ];
+        let limiter = client.rate_limiter("api_v1", policies).unwrap();
+        let space = Space::new(Some(&ns), layout);
+        for (bucket, policy) in limiter.bucket_keys(&key).unwrap().iter().zip(["burst", "per-day.1"]) {
+            let name = BucketName {
+                limiter: "api_v1".to_owned(),
+                key: key.clone(),
+                policy: policy.to_owned(),
+            };
+            prop_assert_eq!(space.decode_bucket(bucket), Some(name));
+            prop_assert!(bucket.starts_with(&space.bucket_prefix("api_v1", &key)));
+            prop_assert!(glob_match(&space.buckets_pattern("api_v1", &key).pattern, bucket));
+            if glob_match(&pattern, &format!("api_v1:{key}")) {
+                prop_assert!(glob_match(&space.rate_pattern(&pattern).pattern, bucket));
+            }
+            // A bucket is not a lock's key, in either layout.
+            prop_assert_eq!(space.decode(bucket), None);
         }
     }
 }

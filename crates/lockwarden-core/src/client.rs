@@ -15,6 +15,8 @@ use crate::holder::Holder;
 use crate::key::Key;
 use crate::lock::Lock;
 use crate::multi::MultiLock;
+use crate::policy::RatePolicy;
+use crate::rate::RateLimiter;
 use crate::rw::RwLock;
 use crate::semaphore::Semaphore;
 use crate::store::contract::LockStore;
@@ -167,6 +169,35 @@ impl LockClient {
     /// ```
     pub fn fenced(&self, name: impl AsRef<str>) -> FencedValue {
         FencedValue::new(self.engine.clone(), self.engine.key(name.as_ref()))
+    }
+
+    /// A rate limiter named `name`: for each key, at most what each of `policies` allows,
+    /// counted across every process that uses this limiter on this store (see
+    /// [`RateLimiter`]). Every policy is checked here, once.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use lockwarden_core::{LockClient, RatePolicy};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockwarden_core::LockError> {
+    /// let client = LockClient::in_memory();
+    /// let api = client.rate_limiter("api", [RatePolicy::new("burst", 10, Duration::from_secs(1)).burst(20)])?;
+    /// assert!(api.check("tenant:7").await?.is_allowed());
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`LockError::InvalidRateLimit`] naming what is wrong
+    /// ([`RateLimitError`](crate::RateLimitError)): a name that is not 1 to 64 ASCII
+    /// letters, digits, `_`, `-` or `.`; no policy, more than
+    /// [`MAX_POLICIES`](crate::MAX_POLICIES), or two with one name; a zero quota or
+    /// burst; more than one request per µs; a bucket that would take longer than
+    /// [`MAX_REFILL`](crate::MAX_REFILL) to refill.
+    pub fn rate_limiter(
+        &self,
+        name: impl AsRef<str>,
+        policies: impl IntoIterator<Item = RatePolicy>,
+    ) -> Result<RateLimiter, LockError> {
+        RateLimiter::new(self.engine.clone(), name.as_ref(), policies)
     }
 
     /// Several locks to take as one (all or nothing, in a fixed order; see [`MultiLock`]).

@@ -57,6 +57,11 @@ impl Engine {
         self.keys.key(name)
     }
 
+    /// How this client lays out names (rate limiters lay out their buckets with it).
+    pub(crate) fn key_space(&self) -> &KeySpace {
+        &self.keys
+    }
+
     /// A new holder identity.
     pub(crate) fn holder(&self) -> Holder {
         Holder::new(&self.id, self.holders.fetch_add(1, Ordering::Relaxed))

@@ -100,6 +100,16 @@ pub enum LockError {
         /// The fenced value's name.
         key: String,
     },
+    /// A rate limiter was made with policies it cannot run, or asked to charge a cost no
+    /// policy could ever admit (see [`RateLimitError`]). Nothing was charged; fix the
+    /// settings or the cost.
+    #[error("rate limiter `{limiter}`: {problem}")]
+    InvalidRateLimit {
+        /// The limiter's name.
+        limiter: String,
+        /// What is wrong, and what to do.
+        problem: RateLimitError,
+    },
     /// The lock name was rejected.
     #[error("invalid lock key: {0}")]
     InvalidKey(#[from] KeyError),
@@ -187,6 +197,105 @@ pub enum KeyError {
     Brace {
         /// Byte offset of the first brace.
         at: usize,
+    },
+}
+
+/// What is wrong with a rate limiter's settings or with a cost asked of it; reached through
+/// [`LockError::InvalidRateLimit`]. Each says what to change.
+///
+/// ```
+/// use std::time::Duration;
+/// use lockwarden_core::{LockClient, LockError, RateLimitError, RatePolicy};
+///
+/// let client = LockClient::in_memory();
+/// let zero = RatePolicy::new("burst", 0, Duration::from_secs(1));
+/// match client.rate_limiter("api", [zero]) {
+///     Err(LockError::InvalidRateLimit { problem: RateLimitError::ZeroQuota { policy }, .. }) => {
+///         assert_eq!(policy, "burst")
+///     }
+///     other => panic!("expected a refusal, got {other:?}"),
+/// }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RateLimitError {
+    /// A limiter or policy name that is empty, too long or has other characters than
+    /// ASCII letters, digits, `_`, `-` and `.` (it is part of Redis keys and metric
+    /// labels).
+    #[error("the {what} name {name:?} must be 1 to 64 ASCII letters, digits, `_`, `-` or `.`")]
+    InvalidName {
+        /// `"limiter"` or `"policy"`.
+        what: &'static str,
+        /// The name given.
+        name: String,
+    },
+    /// A limiter without any policy.
+    #[error("a rate limiter needs at least one policy")]
+    NoPolicies,
+    /// More policies than one decision checks at once.
+    #[error("{count} policies; at most {max} are checked in one decision")]
+    TooManyPolicies {
+        /// Policies given.
+        count: usize,
+        /// The most allowed.
+        max: usize,
+    },
+    /// Two policies of one limiter with the same name (they would share their state).
+    #[error("two policies are named `{policy}`; give each its own name")]
+    DuplicatePolicy {
+        /// The name given twice.
+        policy: String,
+    },
+    /// A quota of 0 requests per window.
+    #[error(
+        "policy `{policy}` has a quota of 0; a policy must admit at least one request per window"
+    )]
+    ZeroQuota {
+        /// The policy's name.
+        policy: String,
+    },
+    /// A burst of 0: no request could ever be admitted.
+    #[error("policy `{policy}` has a burst of 0; it must admit at least one request at once")]
+    ZeroBurst {
+        /// The policy's name.
+        policy: String,
+    },
+    /// More than one request per µs (`window ÷ quota` under 1 µs, or a zero window):
+    /// finer than the server's clock.
+    #[error("policy `{policy}` admits {quota} per {window:?}, more than one per µs (the server's clock ticks in µs); count in larger units")]
+    TooFast {
+        /// The policy's name.
+        policy: String,
+        /// Its quota.
+        quota: u32,
+        /// Its window.
+        window: Duration,
+    },
+    /// A bucket that would take longer than [`MAX_REFILL`](crate::MAX_REFILL) to fill up
+    /// again from empty (burst × interval): a window too long, or a burst too large for it.
+    #[error("policy `{policy}`: a burst of {burst} at one per {interval:?} takes longer than {max:?} to refill; shorten the window or the burst", max = crate::MAX_REFILL)]
+    TooLong {
+        /// The policy's name.
+        policy: String,
+        /// Its burst.
+        burst: u32,
+        /// Its emission interval.
+        interval: Duration,
+    },
+    /// A request of cost 0: use [`peek`](crate::RateLimiter::peek) to look without
+    /// charging.
+    #[error("a cost of 0 charges nothing; use peek to look without charging")]
+    ZeroCost,
+    /// A cost above a policy's burst: no bucket ever holds that much, so the request
+    /// would be refused for ever.
+    #[error("a cost of {cost} is above policy `{policy}`'s burst of {burst}: it could never be admitted; split the request or raise the burst")]
+    CostAboveBurst {
+        /// The policy that can never admit it.
+        policy: String,
+        /// The cost asked.
+        cost: u32,
+        /// The policy's burst.
+        burst: u32,
     },
 }
 

@@ -309,7 +309,7 @@ impl fmt::Display for Key {
     }
 }
 
-fn validate(name: &str, max_len: usize) -> Result<(), KeyError> {
+pub(crate) fn validate(name: &str, max_len: usize) -> Result<(), KeyError> {
     if name.is_empty() {
         return Err(KeyError::Empty);
     }
@@ -327,7 +327,7 @@ fn validate(name: &str, max_len: usize) -> Result<(), KeyError> {
 
 /// Percent-encodes the characters that could form or break a hash tag (and `%` itself,
 /// so the encoding stays one-to-one).
-fn escape_into(out: &mut String, raw: &str) {
+pub(crate) fn escape_into(out: &mut String, raw: &str) {
     // Most names have nothing to escape: copied whole, not pushed char by char.
     if !raw.contains(['%', '{', '}']) {
         out.push_str(raw);

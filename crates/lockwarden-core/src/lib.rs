@@ -69,6 +69,7 @@
 //! | first come, first served across processes | [`client.fair_lock(name)`](LockClient::fair_lock)`.try_acquire(wait)` | FIFO by arrival; no barging by newcomers; a release hands the lock to the head, which holds it without another round trip; a waiter that gives up leaves the queue at once, one that dies after its `queue_timeout` (5 s) |
 //! | many readers or one writer | [`client.rw_lock(name)`](LockClient::rw_lock)`.read()` / `.write()` | shared reads, exclusive writes, re-entrant per holder; downgrade (write → read) allowed, upgrade refused ([`UpgradeRefused`](LockError::UpgradeRefused)); writer preference (a waiting writer holds back new readers); a write release admits every waiting reader in its own step (they hold without asking again) |
 //! | at most N at once per key, across processes (N exports per account, N calls to a downstream that caps its connections) | [`client.semaphore(name, n)`](LockClient::semaphore)`.acquire()` / [`acquire_many(k)`](Semaphore::acquire_many) | at most the stored capacity held at once; each permit a lease of its own (watchdog or fixed), back by the server's clock when its holder dies; a waiter waits in line and a release grants it its permits in the same step, waking only the waiters it lets in; arrival order (strict with [`fair`](Semaphore::fair)); a fencing token per permit; not re-entrant |
+//! | requests per unit of time per key (a tenant, an API key, an IP), counted across every process | [`client.rate_limiter(name, policies)`](LockClient::rate_limiter)`?.check(key)` | GCRA by the server's clock, exact across replicas whatever their clocks; several [policies](RatePolicy) (10 per second and 1,000 a day) charged all or nothing in one round trip; a refusal's exact wait; costs in units ([`check_n`](RateLimiter::check_n)), looks, refunds; one small key per (policy, key) while its bucket is not full, nothing per request |
 //! | a value only the newest holder may write | [`client.fenced(name)`](LockClient::fenced) | a write carrying a fencing token lower than one already seen is refused ([`StaleToken`](LockError::StaleToken)), in one atomic script |
 //! | a lock that survives a failover to a replica | [`LockClient::builder().wait_for_replicas(1, timeout)`](LockClientBuilder::wait_for_replicas) | an acquisition counts only once `n` replicas acknowledged it (else [`NotReplicated`](BackendError::NotReplicated), nothing held); costs the replication delay per acquisition |
 //! | the most locks per second from one Redis, for work that fences nothing | [`LockClient::builder().without_fencing_tokens()`](LockClientBuilder::without_fencing_tokens) | plain locks and claims as above but with token 0 ([`FencedValue::write`] refuses it): Redis neither reads its clock nor writes a fencing key, about a third less of its work per cycle; fair, read-write and multi locks keep their tokens |
@@ -142,6 +143,8 @@ mod holder;
 mod key;
 mod lost;
 mod metrics;
+mod policy;
+mod rate_key;
 mod waiters;
 
 mod store;
@@ -161,6 +164,7 @@ mod inspect;
 mod lock;
 mod multi;
 mod options;
+mod rate;
 mod rw;
 mod semaphore;
 mod target;
@@ -178,7 +182,7 @@ pub use redis;
 
 pub use builder::LockClientBuilder;
 pub use client::{ClientStats, LockClient};
-pub use error::{BackendError, KeyError, LockError, RedlockError, ShutdownError};
+pub use error::{BackendError, KeyError, LockError, RateLimitError, RedlockError, ShutdownError};
 pub use fair::{FairLock, DEFAULT_QUEUE_TIMEOUT};
 pub use fenced::FencedValue;
 pub use guard::{LockGuard, LockInfo};
@@ -188,6 +192,8 @@ pub use key::{Key, KeyLayout, DEFAULT_MAX_KEY_LEN, DEFAULT_NAMESPACE};
 pub use lock::{Claim, Lock};
 pub use lost::LostSignal;
 pub use multi::{MultiGuard, MultiLock};
+pub use policy::{RatePolicy, MAX_RATE_NAME, MAX_REFILL};
+pub use rate::{PolicyState, RateDecision, RateLimiter, MAX_POLICIES};
 pub use redlock::{Redlock, RedlockBuilder, RedlockGuard, RedlockLock};
 pub use rw::{RwLock, RwLockHandle};
 pub use semaphore::{Semaphore, SemaphoreState, MAX_PERMITS};

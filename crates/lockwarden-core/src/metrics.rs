@@ -24,6 +24,7 @@ const SUBSCRIPTIONS: &str = "lockwarden_subscriptions";
 const BACKEND_ERRORS: &str = "lockwarden_backend_errors_total";
 const PERMITS_HELD: &str = "lockwarden_permits_held";
 const PERMITS_WAITING: &str = "lockwarden_permits_waiting";
+const RATE_DECISIONS: &str = "lockwarden_rate_decisions_total";
 
 static METADATA: Metadata<'static> =
     Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
@@ -96,9 +97,11 @@ pub(crate) enum Operation {
     Acquire,
     Release,
     Renew,
+    /// A rate limiter's decision, look, refund or reset.
+    Rate,
 }
 
-const OPERATIONS: [&str; 3] = ["acquire", "release", "renew"];
+const OPERATIONS: [&str; 4] = ["acquire", "release", "renew", "rate"];
 const ERRORS: [&str; 8] = [
     "timeout",
     "connection",
@@ -278,4 +281,48 @@ pub(crate) fn backend_error(operation: Operation, error: &BackendError) {
         BackendError::Connect { source, .. } => return backend_error(operation, source),
     };
     counter(BACKEND_ERROR.get(operation as usize, kind), 1);
+}
+
+/// The decisions of one rate limiter, per policy (labels `limiter`, `policy`, `outcome`):
+/// their keys made once, with the limiter (names are the application's, a few per
+/// process; never a request's key).
+pub(crate) struct RateSeries {
+    /// Per policy: `allowed`, `refused`.
+    keys: Box<[[Key; 2]]>,
+}
+
+impl RateSeries {
+    /// The series of `limiter`'s `policies`, in their order.
+    pub(crate) fn new<'a>(limiter: &str, policies: impl Iterator<Item = &'a str>) -> Self {
+        let key = |policy: &str, outcome: &'static str| {
+            let labels = vec![
+                Label::new("limiter", limiter.to_owned()),
+                Label::new("policy", policy.to_owned()),
+                Label::from_static_parts("outcome", outcome),
+            ];
+            Key::from_parts(RATE_DECISIONS, labels)
+        };
+        Self {
+            keys: policies
+                .map(|policy| [key(policy, "allowed"), key(policy, "refused")])
+                .collect(),
+        }
+    }
+
+    /// A request was admitted, so charged to every policy.
+    pub(crate) fn allowed(&self) {
+        for [allowed, _] in &*self.keys {
+            counter(allowed, 1);
+        }
+    }
+
+    /// A request was refused, by each policy for which `by` says so (a request two
+    /// policies refuse counts for both; one that would have admitted it counts nothing).
+    pub(crate) fn refused(&self, by: impl Iterator<Item = bool>) {
+        for ([_, refused], by) in self.keys.iter().zip(by) {
+            if by {
+                counter(refused, 1);
+            }
+        }
+    }
 }

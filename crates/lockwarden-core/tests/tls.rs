@@ -211,6 +211,27 @@ async fn a_semaphore_grants_over_tls() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limiter_decides_over_tls() {
+    let certs = certs();
+    let server = RedisServer::start_tls(&certs, &[]).unwrap();
+    let a = client(&server, &certs).await;
+    let b = client(&server, &certs).await;
+    let policy = || lockwarden_core::RatePolicy::new("minute", 2, Duration::from_secs(60));
+    let api_a = a.rate_limiter("tls", [policy()]).unwrap();
+    let api_b = b.rate_limiter("tls", [policy()]).unwrap();
+    assert!(api_a.check("k").await.unwrap().is_allowed());
+    assert!(api_b.check("k").await.unwrap().is_allowed());
+    let refused = api_a.check("k").await.unwrap();
+    assert!(refused.retry_after().unwrap() > Duration::from_secs(25));
+    api_b.refund("k", 1).await.unwrap();
+    assert!(api_a.check("k").await.unwrap().is_allowed());
+    assert!(
+        all_over_tls(&server).len() >= 2,
+        "both clients' connections"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_watchdog_renews_over_tls_past_three_leases() {
     let certs = certs();
     let server = RedisServer::start_tls(&certs, &[]).unwrap();

@@ -27,12 +27,15 @@
 //! }
 //! ```
 
+use std::ffi::OsString;
 use std::future::Future;
 use std::io::{self, BufRead, BufReader};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::thread;
 use std::time::{Duration, Instant};
+
+use crate::FakeClock;
 
 /// A copy of the running test binary that runs one test of it, its stdout
 /// read line by line in the background. Dropping the handle kills the
@@ -59,10 +62,35 @@ impl TestProcess {
     ///
     /// If the binary cannot be found or started.
     pub fn spawn(test: &str, env: &[(&str, &str)]) -> io::Result<TestProcess> {
+        Self::spawn_with(test, env, Vec::new())
+    }
+
+    /// As [`spawn`](Self::spawn), with the child on `clock`: its wall clock (Rust's
+    /// `SystemTime`, `CLOCK_REALTIME`) reads `clock`'s offset from the real time, as a
+    /// host whose clock was stepped would (see [`FakeClock`]); its monotonic clock stays
+    /// real.
+    ///
+    /// # Errors
+    ///
+    /// As for [`spawn`](Self::spawn).
+    pub fn spawn_on_clock(
+        test: &str,
+        env: &[(&str, &str)],
+        clock: &FakeClock,
+    ) -> io::Result<TestProcess> {
+        Self::spawn_with(test, env, clock.env())
+    }
+
+    fn spawn_with(
+        test: &str,
+        env: &[(&str, &str)],
+        more: Vec<(OsString, OsString)>,
+    ) -> io::Result<TestProcess> {
         let exe = std::env::current_exe()?;
         let mut child = Command::new(exe)
             .args(["--exact", test, "--nocapture", "--test-threads=1"])
             .envs(env.iter().copied())
+            .envs(more)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

@@ -22,8 +22,10 @@ fn compiler() -> OsString {
 }
 
 /// A wall clock offset from the real one by whole seconds, for servers started with
-/// [`RedisServer::start_with_clock`](crate::RedisServer::start_with_clock): they read
-/// the time (`TIME`, key expiry: `CLOCK_REALTIME`) through a small preloaded library
+/// [`RedisServer::start_with_clock`](crate::RedisServer::start_with_clock) and child
+/// processes started with
+/// [`TestProcess::spawn_on_clock`](crate::TestProcess::spawn_on_clock): they read the
+/// time (`TIME`, key expiry: `CLOCK_REALTIME`) through a small preloaded library
 /// that adds the offset, read from a file of this clock's on every call, so
 /// [`set_offset`](Self::set_offset) takes effect at once, across
 /// [restarts](crate::RedisServer::restart) too. The monotonic clock stays real: Redis's

@@ -46,7 +46,8 @@
 //! * [`FaultProxy`], a TCP proxy between clients and a server that adds
 //!   latency, holds back or loses replies, blackholes and resets connections;
 //! * [`FakeClock`], a wall clock a test steps back under a server started with
-//!   [`RedisServer::start_with_clock`].
+//!   [`RedisServer::start_with_clock`], or steps either way under a child process
+//!   started with [`TestProcess::spawn_on_clock`].
 //!
 //! ```no_run
 //! use lockwarden_testkit::RedisServer;

@@ -7,6 +7,7 @@ pub mod held;
 pub mod http;
 pub mod many_keys;
 pub mod permits;
+pub mod rate;
 pub mod soak;
 pub mod uncontended;
 pub mod waiters;

@@ -10,6 +10,8 @@ use crate::error::BackendError;
 use crate::hold::{Exclusive, Hold, HoldKind, RwMode};
 use crate::holder::Holder;
 use crate::key::Key;
+use crate::policy::Gcra;
+use crate::rate_key::Buckets;
 
 /// What every store operation returns: its answer, or why the store failed.
 pub(crate) type Result<T, E = BackendError> = std::result::Result<T, E>;
@@ -128,6 +130,12 @@ pub(crate) trait LockStore {
     /// `key`'s fenced value and the token that wrote it, if any.
     fn fenced_read(&self, key: &Key)
         -> impl Future<Output = Result<Option<(u64, Vec<u8>)>>> + Send;
+
+    /// One rate decision for one key (see [`RateAsk`]): its charge applied to the key's
+    /// bucket under every policy, or under none when any policy refuses it, by the
+    /// store's clock (Redis: `TIME` inside the script), in one step; each bucket's debt
+    /// afterwards. A bucket is kept only while it is not full.
+    fn rate(&self, ask: &RateAsk<'_>) -> impl Future<Output = Result<Debts>> + Send;
 }
 
 /// One acquire attempt: who wants which lock, for how long, in which way.
@@ -342,4 +350,67 @@ pub(crate) struct PermitsState {
     pub(crate) used: u32,
     /// Waiters in line.
     pub(crate) waiting: u32,
+}
+
+/// One rate decision: what its charge does to one key's bucket under each policy of a
+/// limiter (GCRA: a bucket is its theoretical arrival time, the TAT).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RateAsk<'a> {
+    /// One bucket per policy, in the policies' order.
+    pub(crate) buckets: &'a Buckets,
+    pub(crate) policies: &'a [Gcra],
+    pub(crate) charge: Charge,
+}
+
+/// What a rate decision does to each bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Charge {
+    /// Charges this many units to every bucket if each admits them now, else to none.
+    Take(u32),
+    /// Charges nothing: reads each bucket.
+    Peek,
+    /// Gives this many units back to every bucket (a request charged and then not
+    /// served), never past full.
+    Refund(u32),
+    /// Empties every bucket: the key starts full.
+    Reset,
+}
+
+/// Added to a TAT to empty a bucket whatever its debt (every debt is below 2^53 µs).
+const EMPTIED: i64 = -(1 << 53);
+/// A debt no bucket reaches: what a charge that is never refused may find.
+const UNBOUNDED: u64 = 1 << 53;
+
+impl Charge {
+    /// µs this charge adds to a bucket's TAT under `policy` (negative: gives back).
+    pub(crate) fn increment(self, policy: &Gcra) -> i64 {
+        let units = |n: u32| i64::try_from(u64::from(n) * policy.interval).unwrap_or(i64::MAX);
+        match self {
+            Charge::Take(n) => units(n),
+            Charge::Peek => 0,
+            Charge::Refund(n) => -units(n),
+            Charge::Reset => EMPTIED,
+        }
+    }
+
+    /// The most debt (TAT − now, µs) a bucket under `policy` may have and still take this
+    /// charge: its tolerance less the charge; unbounded for what is never refused.
+    pub(crate) fn room(self, policy: &Gcra) -> u64 {
+        match self {
+            Charge::Take(n) => policy
+                .tolerance
+                .saturating_sub(u64::from(n) * policy.interval),
+            Charge::Peek | Charge::Refund(_) | Charge::Reset => UNBOUNDED,
+        }
+    }
+}
+
+/// What a rate decision found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Debts {
+    /// A policy refused the charge: nothing was charged, and `micros` are the debts as
+    /// they were.
+    pub(crate) refused: bool,
+    /// Per policy, in order: µs until its bucket is full again (0: full).
+    pub(crate) micros: Vec<u64>,
 }

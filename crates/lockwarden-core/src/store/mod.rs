@@ -17,8 +17,8 @@ use crate::holder::Holder;
 use crate::key::Key;
 use crate::waiters::Waiters;
 use contract::{
-    Acquire, AcquireAll, Attempt, LockStore, MultiAttempt, Outcome, PermitsState, Reentries,
-    Released, Renewal, Renewed, Result, Waiter,
+    Acquire, AcquireAll, Attempt, Debts, LockStore, MultiAttempt, Outcome, PermitsState, RateAsk,
+    Reentries, Released, Renewal, Renewed, Result, Waiter,
 };
 use memory::MemoryStore;
 
@@ -144,5 +144,9 @@ impl LockStore for Store {
 
     async fn fenced_read(&self, key: &Key) -> Result<Option<(u64, Vec<u8>)>> {
         dispatch!(self, s => s.fenced_read(key).await)
+    }
+
+    async fn rate(&self, ask: &RateAsk<'_>) -> Result<Debts> {
+        dispatch!(self, s => s.rate(ask).await)
     }
 }

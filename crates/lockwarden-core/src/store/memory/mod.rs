@@ -1,12 +1,13 @@
 //! The in-process lock store: the store contract kept by one mutex over the exclusive
-//! locks (`locks.rs`), the fair queues (`queue.rs`), the read-write locks (`rw.rs`) and
-//! the semaphores (`permits.rs`),
+//! locks (`locks.rs`), the fair queues (`queue.rs`), the read-write locks (`rw.rs`),
+//! the semaphores (`permits.rs`) and the rate limiters' buckets (`rate.rs`),
 //! with the same semantics as the Lua scripts. For single-process apps, tests and
 //! zero-setup examples. Waiters are woken directly, once the mutex is released.
 
 mod locks;
 mod permits;
 mod queue;
+mod rate;
 mod rw;
 mod tokens;
 
@@ -20,8 +21,8 @@ use crate::hold::{Exclusive, Hold, HoldKind, RwMode};
 use crate::holder::Holder;
 use crate::key::Key;
 use crate::store::contract::{
-    Acquire, AcquireAll, Attempt, How, LockStore, MultiAttempt, Outcome, PermitsState, Reentries,
-    Released, Renewal, Renewed, Result, Waiter,
+    Acquire, AcquireAll, Attempt, Debts, How, LockStore, MultiAttempt, Outcome, PermitsState,
+    RateAsk, Reentries, Released, Renewal, Renewed, Result, Waiter,
 };
 use crate::waiters::Waiters;
 use locks::Locks;
@@ -45,6 +46,7 @@ struct State {
     queues: Queues,
     rw: RwLocks,
     permits: Semaphores,
+    rate: rate::Buckets,
     last_token: u64,
     ops: u32,
 }
@@ -58,6 +60,7 @@ impl State {
             self.queues.sweep(now);
             self.rw.sweep(now);
             self.permits.sweep(now);
+            self.rate.sweep(now);
         }
     }
 
@@ -496,5 +499,12 @@ impl LockStore for MemoryStore {
 
     async fn fenced_read(&self, key: &Key) -> Result<Option<(u64, Vec<u8>)>> {
         Ok(self.state().fenced.get(key).cloned())
+    }
+
+    async fn rate(&self, ask: &RateAsk<'_>) -> Result<Debts> {
+        let now = Instant::now();
+        let mut state = self.state();
+        state.sweep(now);
+        Ok(state.rate.decide(ask, now))
     }
 }

@@ -10,6 +10,7 @@
 //! | `replicated.rs` | `WAIT` after an acquire, on a connection of its own |
 //! | `multi.rs` | several locks at once, slot by slot on a cluster |
 //! | `permissions.rs` | the check at connect that the user may run every command needed |
+//! | `rate.rs` | a rate decision: its call and its reply |
 //! | `explain.rs` | what a Redis error means: a TLS failure, an ACL refusal naming its command |
 //! | `conn.rs` | where commands go: one server, a cluster, or the primary Sentinel names |
 //! | `sentinel.rs` | following the primary across failovers |
@@ -27,6 +28,7 @@ mod notices;
 mod orphan;
 mod permissions;
 mod pubsub;
+mod rate;
 mod replicated;
 mod scripts;
 mod sentinel;
@@ -48,8 +50,8 @@ use crate::hold::{Exclusive, Hold, HoldKind};
 use crate::holder::Holder;
 use crate::key::Key;
 use crate::store::contract::{
-    Acquire, AcquireAll, Attempt, LockStore, MultiAttempt, Outcome, PermitsState, Reentries,
-    Released, Renewal, Renewed, Result, Waiter,
+    Acquire, AcquireAll, Attempt, Debts, LockStore, MultiAttempt, Outcome, PermitsState, RateAsk,
+    Reentries, Released, Renewal, Renewed, Result, Waiter,
 };
 use crate::waiters::Waiters;
 use commands::Commands;
@@ -345,6 +347,13 @@ impl LockStore for RedisStore {
         let (token, value): (Option<u64>, Option<Vec<u8>>) =
             self.commands.run(scripts::fenced_read(key)).await?;
         Ok(token.zip(value))
+    }
+
+    async fn rate(&self, ask: &RateAsk<'_>) -> Result<Debts> {
+        let reply = self
+            .commands
+            .run(rate::decide(ask, self.commands.variant()));
+        rate::decided(reply.await?, ask.policies.len())
     }
 }
 

@@ -203,6 +203,8 @@ static PERMITS_WITHDRAW: LazyLock<Lua> = script!(permits: "permits_withdraw.lua"
 static PERMITS_CAPACITY: LazyLock<Lua> = script!(permits: "permits_capacity.lua");
 static PERMITS_STATE: LazyLock<Lua> = script!(permits: "permits_state.lua");
 static FENCED_WRITE: LazyLock<Lua> = script!("fenced_write.lua");
+/// A rate decision (built and read in `rate.rs`).
+pub(super) static RATE_LIMIT: LazyLock<Lua> = script!("rate_limit.lua");
 // Not a lock operation: the connect-time check of the user's permissions.
 static PERMISSIONS: LazyLock<Lua> = script!("permissions.lua");
 
@@ -248,7 +250,7 @@ impl std::fmt::Display for What {
 }
 
 impl Call {
-    fn script(script: &'static LazyLock<Lua>, variant: Variant, keys: &[&str]) -> Self {
+    pub(super) fn script(script: &'static LazyLock<Lua>, variant: Variant, keys: &[&str]) -> Self {
         let lua: &'static Lua = script;
         let mut cmd = evalsha(keys.len(), keys.iter().map(|k| k.len()).sum());
         cmd.arg(lua.with(variant).get_hash())
@@ -282,7 +284,7 @@ impl Call {
         }
     }
 
-    fn arg(mut self, arg: impl redis::ToRedisArgs) -> Self {
+    pub(super) fn arg(mut self, arg: impl redis::ToRedisArgs) -> Self {
         self.cmd.arg(arg);
         self
     }
@@ -356,7 +358,7 @@ fn with_room(name: &'static str, args: usize, bytes: usize) -> Cmd {
 
 /// `SCRIPT LOAD` of every script a pipeline may send with `notices` over a connection
 /// that is a cluster's or not, to load them all when Redis lost them.
-pub(super) fn load_all(variant: Variant) -> [Cmd; 22] {
+pub(super) fn load_all(variant: Variant) -> [Cmd; 23] {
     every().map(|lua| lua.load(variant))
 }
 
@@ -384,7 +386,7 @@ pub(super) fn named(file: &str) -> &'static Lua {
         .unwrap_or_else(|| panic!("no script {file}"))
 }
 
-fn every() -> [&'static Lua; 22] {
+fn every() -> [&'static Lua; 23] {
     [
         &ACQUIRE,
         &ACQUIRE_UNFENCED,
@@ -408,6 +410,7 @@ fn every() -> [&'static Lua; 22] {
         &PERMITS_CAPACITY,
         &PERMITS_STATE,
         &FENCED_WRITE,
+        &RATE_LIMIT,
     ]
     .map(|lua| -> &'static Lua { lua })
 }
