@@ -17,11 +17,10 @@ use axum::extract::State;
 use axum::http::{Request, StatusCode};
 use axum::routing::post;
 use axum::Router;
-use common::web::send;
+use common::web::{post_over_http, send, serve};
 use common::Env;
 use futures_util::FutureExt;
-use http_body_util::{BodyExt, Empty};
-use hyper_util::rt::TokioIo;
+use http_body_util::BodyExt;
 use lockwarden::{LimitKey, LimitLayer, Limited, LockClient, LockLayer, PermitInfo, MAX_PERMITS};
 use tokio::sync::Notify;
 use tower::{Layer, ServiceExt};
@@ -150,34 +149,6 @@ async fn freed(client: &LockClient, key: &str, within: Duration) -> bool {
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-}
-
-/// Serves `app` on 127.0.0.1:0; the server stops with the test's runtime.
-async fn serve(app: Router) -> std::net::SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    addr
-}
-
-/// One POST over a fresh loopback connection: the status.
-async fn post_over_http(addr: std::net::SocketAddr, path: &str, tenant: &str) -> StatusCode {
-    let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .expect("handshake");
-    tokio::spawn(conn);
-    let request = Request::post(path)
-        .header("host", "127.0.0.1")
-        .header("x-tenant", tenant)
-        .body(Empty::<Bytes>::new())
-        .expect("request");
-    let response = sender.send_request(request).await.expect("response");
-    let status = response.status();
-    response.into_body().collect().await.expect("body");
-    status
 }
 
 /// Promise: two servers (each its own client on Redis) limit one key together: a burst

@@ -1,8 +1,8 @@
 //! [`Admission`]: what a keyed layer's policy decides for each request — what it takes (a
-//! lock, a permit), how it is refused, how it
+//! lock, a permit, or a rate decision that holds nothing), how it is refused, how it
 //! decorates the request, and how what it took is given back — and [`Verdict`], what an
 //! admission answers. The layer, service, future and body are written once over it; each
-//! policy is one file (`locking.rs`, `replaying.rs`, `limiting.rs`).
+//! policy is one file (`locking.rs`, `replaying.rs`, `limiting.rs`, `rate_limiting.rs`).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -27,8 +27,9 @@ pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 /// before its handler runs and keeps until its response is complete. Implemented by
 /// [`Locking`](super::Locking) (a lock: [`LockLayer`](super::LockLayer)),
 /// [`Replaying`](super::Replaying) (a lock whose completed responses are replayed:
-/// [`LockLayer::remember`](super::LockLayer::remember)) and [`Limiting`](super::Limiting)
-/// (a permit: [`LimitLayer`](super::LimitLayer)); sealed.
+/// [`LockLayer::remember`](super::LockLayer::remember)), [`Limiting`](super::Limiting)
+/// (a permit: [`LimitLayer`](super::LimitLayer)) and [`RateLimiting`](super::RateLimiting)
+/// (a rate decision, nothing held: [`RateLimitLayer`](super::RateLimitLayer)); sealed.
 pub trait Admission: sealed::Policy {}
 
 impl<P: sealed::Policy> Admission for P {}
@@ -46,7 +47,7 @@ pub enum Verdict<G> {
 }
 
 /// A refusal: the problem answered, the engine's error behind it (logged with it), and
-/// headers the policy adds.
+/// headers that describe the policy (the IETF `RateLimit` fields).
 pub struct Refusal {
     pub(crate) rejection: Rejection,
     pub(crate) cause: Option<LockError>,
@@ -68,7 +69,7 @@ pub(crate) mod sealed {
 
     /// The steps a policy fills in, in the order the request future calls them.
     pub trait Policy: Clone + Send + Sync + 'static {
-        /// What an admission grants (a guard and its client).
+        /// What an admission grants (a guard and its client; a rate decision).
         type Grant: Send + 'static;
         /// What the request keeps while its handler runs.
         type Taken: Send + 'static;
@@ -117,7 +118,7 @@ pub(crate) mod sealed {
         fn poll_lost(taken: &mut Self::Taken, cx: &mut Context<'_>) -> Poll<()>;
 
         /// The handler answered `head`: decorates it, and hands on what the body must
-        /// give back when it ends (if anything).
+        /// give back when it ends (nothing for a rate decision).
         fn respond(&self, taken: Self::Taken, head: &mut http::response::Parts) -> Option<Held>;
 
         /// The handler panicked: what must be given back before the panic goes on.

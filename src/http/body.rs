@@ -18,8 +18,8 @@ use super::held::{Held, Release};
 
 pin_project! {
     /// The response body of [`KeyedService`](super::KeyedService): the inner service's
-    /// body, holding the request's lock or permit until its last frame, or a body the
-    /// layer made itself (a problem document, a
+    /// body, holding the request's lock or permit until its last frame (a rate-limited
+    /// request holds nothing), or a body the layer made itself (a problem document, a
     /// replayed response).
     ///
     /// The lock or permit is given back as soon as the body reports its end: a `None` frame, a trailers

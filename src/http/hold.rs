@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::StatusCode;
+use http::{HeaderMap, StatusCode};
 use tracing::Span;
 
 use super::admission::{BoxFuture, Refusal, Verdict};
@@ -66,11 +66,11 @@ impl Hold {
 
     /// An acquisition: the client (the default one connected first if it is not yet),
     /// then `attempt` with it; `granted` makes the verdict of what it took, and a refusal
-    /// is answered by `busy` with this layer's estimate of when to retry.
+    /// is answered by `busy` with this layer's estimate of when to retry, and `fields`.
     pub(crate) fn acquire<T, G, A, Fut>(
         &self,
         route: &Route,
-        busy: fn(StatusCode, Duration) -> Rejection,
+        (busy, fields): (fn(StatusCode, Duration) -> Rejection, HeaderMap),
         attempt: A,
         granted: impl FnOnce(T, LockClient) -> Verdict<G> + Send + 'static,
     ) -> BoxFuture<Verdict<G>>
@@ -91,8 +91,13 @@ impl Hold {
                 Ok(taken) => granted(taken, client),
                 Err(error @ LockError::Backend(_)) => Verdict::Fail(error),
                 Err(error) => {
+                    let busy_now = matches!(error, LockError::Timeout { .. });
                     let on_busy = |retry_after| busy(status, retry_after);
-                    Verdict::Refuse(refusal(error, &client, &times, route.as_str(), on_busy))
+                    let mut refusal = refusal(error, &client, &times, route.as_str(), on_busy);
+                    if busy_now {
+                        refusal.headers = fields;
+                    }
+                    Verdict::Refuse(refusal)
                 }
             }
         })
@@ -162,7 +167,7 @@ pub(crate) fn refusal(
     Refusal {
         rejection,
         cause: Some(error),
-        headers: http::HeaderMap::new(),
+        headers: HeaderMap::new(),
     }
 }
 

@@ -75,6 +75,10 @@ impl<B> Extracted<B> {
 /// assert_eq!(extracted.key.as_deref(), Some("abc"));
 /// # }
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is no key source for requests with a `{B}` body",
+    note = "a `LimitLayer` or `RateLimitLayer` picks its key after its policy: add `.by_header(..)`, `.by_path()`, `.by_path_param(..)`, `.by_json_field(..)`, `.by(..)` or `.global(..)`"
+)]
 pub trait KeySource<B>: Clone {
     /// The body type of the request handed to the inner service.
     type RequestBody;
@@ -125,6 +129,10 @@ pub trait KeySource<B>: Clone {
 /// let layer = LockLayer::new(Tenant);
 /// # let _ = layer;
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is no key source",
+    note = "a `LimitLayer` or `RateLimitLayer` picks its key after its policy: add `.by_header(..)`, `.by_path()`, `.by_path_param(..)`, `.by_json_field(..)`, `.by(..)` or `.global(..)`"
+)]
 pub trait PartsKey: Clone {
     /// The key, `Ok(None)` if the request has none, `Err` if it has an unusable one.
     ///

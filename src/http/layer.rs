@@ -1,4 +1,4 @@
-//! [`KeyedLayer`]: the one layer of every policy (a lock, a permit), and
+//! [`KeyedLayer`]: the one layer of every policy (a lock, a permit, a rate decision), and
 //! the settings every policy has. What a policy adds is in its own file; the constructors
 //! that pick the key are in `locking.rs` (a lock layer starts with its key) and
 //! `unkeyed.rs` (the others start with their policy).
@@ -27,6 +27,7 @@ use super::service::KeyedService;
 /// | [`LockLayer`](super::LockLayer) | [`Locking`](super::Locking) | the key's lock, held until its response ends | `409` (or `423`) |
 /// | [`LockLayer::remember`](super::LockLayer::remember) | [`Replaying`](super::Replaying) | the lock, or the stored response of a completed request | `409`, `422` |
 /// | [`LimitLayer`](super::LimitLayer) | [`Limiting`](super::Limiting) | a permit of the key's concurrency limit, held until its response ends | `429` (or `503`) |
+/// | [`RateLimitLayer`](super::RateLimitLayer) | [`RateLimiting`](super::RateLimiting) | a charge to the key's rate limits, nothing held | `429` |
 ///
 /// Every policy shares the key sources, [`scope`](Self::scope),
 /// [`on_missing_key`](Self::on_missing_key), [`fail_open`](Self::fail_open),

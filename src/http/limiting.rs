@@ -11,7 +11,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::request::Parts;
-use http::{Extensions, StatusCode};
+use http::{Extensions, HeaderValue, StatusCode};
 use tracing::Span;
 
 use super::admission::sealed::Policy;
@@ -21,6 +21,7 @@ use super::held::Held;
 use super::hold::{Hold, Holds, Kept};
 use super::layer::KeyedLayer;
 use super::metrics::{Answered, Route};
+use super::ratelimit_fields::{self, RATELIMIT, RATELIMIT_POLICY};
 use super::rejection::Rejection;
 use super::remember::fingerprint::RequestFingerprint;
 use super::unkeyed::{KeyedLater, Unkeyed};
@@ -107,6 +108,15 @@ pub type LimitLayer<K> = KeyedLayer<Limiting, K>;
 pub struct Limiting {
     hold: Hold,
     capacity: Capacity,
+    /// Whether responses describe the limit in the IETF `RateLimit` fields.
+    fields: bool,
+}
+
+/// What a request of a limit layer keeps while its handler runs: its permit, and the
+/// `RateLimit-Policy` field its response gets, if it gets one.
+pub struct HeldPermit {
+    kept: Kept,
+    field: Option<HeaderValue>,
 }
 
 /// How many permits a limit layer's semaphore has: one number, or one per request (a
@@ -141,6 +151,7 @@ impl Limiting {
         Self {
             hold: Hold::new(DEFAULT_LIMIT_PREFIX, StatusCode::TOO_MANY_REQUESTS),
             capacity,
+            fields: false,
         }
     }
 
@@ -208,6 +219,21 @@ impl<K> LimitLayer<K> {
         self.policy_mut().hold.refused_status = status;
         self
     }
+
+    /// Describes the limit in the fields of the IETF draft *RateLimit header fields for
+    /// HTTP* (draft 10), as a [`RateLimitLayer`](super::RateLimitLayer) does its rates:
+    /// every response gets `RateLimit-Policy: "concurrency";q=<capacity>;
+    /// qu="concurrent-requests"`, and a refused one `RateLimit: "concurrency";r=0` too.
+    ///
+    /// ```
+    /// use lockwarden::LimitLayer;
+    /// let layer = LimitLayer::permits(5).by_header("X-Tenant").rate_limit_headers();
+    /// # let _ = layer;
+    /// ```
+    pub fn rate_limit_headers(mut self) -> Self {
+        self.policy_mut().fields = true;
+        self
+    }
 }
 
 impl Holds for Limiting {
@@ -219,8 +245,8 @@ impl Holds for Limiting {
 impl KeyedLater for Limiting {}
 
 impl Policy for Limiting {
-    type Grant = (LockGuard, LockClient);
-    type Taken = Kept;
+    type Grant = (LockGuard, LockClient, u32);
+    type Taken = HeldPermit;
     type Run<F: Future> = F;
 
     const ADMITTED: Answered<'static> = Answered::Admitted;
@@ -254,9 +280,17 @@ impl Policy for Limiting {
     ) -> BoxFuture<Verdict<Self::Grant>> {
         let capacity = self.capacity.of(parts);
         let (wait, lease) = (self.hold.wait, self.hold.lease);
+        let mut fields = http::HeaderMap::new();
+        if self.fields {
+            fields.insert(
+                RATELIMIT_POLICY,
+                ratelimit_fields::concurrency_policy(capacity),
+            );
+            fields.insert(RATELIMIT, ratelimit_fields::concurrency_full());
+        }
         self.hold.acquire(
             route,
-            Self::full,
+            (Self::full, fields),
             move |client| {
                 let mut permits = client.semaphore(&name, capacity);
                 if let Some(lease) = lease {
@@ -264,7 +298,7 @@ impl Policy for Limiting {
                 }
                 async move { permits.try_acquire(wait).await }
             },
-            |guard, client| Verdict::Admit((guard, client)),
+            move |guard, client| Verdict::Admit((guard, client, capacity)),
         )
     }
 
@@ -272,30 +306,38 @@ impl Policy for Limiting {
     /// a lock taken inside is its own.
     fn take(
         &self,
-        (guard, client): Self::Grant,
+        (guard, client, capacity): Self::Grant,
         extensions: &mut Extensions,
         span: &Span,
         route: &Route,
-    ) -> Kept {
+    ) -> HeldPermit {
         extensions.insert(PermitInfo::of(&guard));
         extensions.insert(client);
-        self.hold.keep(guard, span, route)
+        HeldPermit {
+            kept: self.hold.keep(guard, span, route),
+            field: self
+                .fields
+                .then(|| ratelimit_fields::concurrency_policy(capacity)),
+        }
     }
 
-    fn run<F: Future>(_taken: &Kept, fut: F) -> F {
+    fn run<F: Future>(_taken: &HeldPermit, fut: F) -> F {
         fut
     }
 
-    fn poll_lost(taken: &mut Kept, cx: &mut Context<'_>) -> Poll<()> {
-        taken.poll_lost(cx)
+    fn poll_lost(taken: &mut HeldPermit, cx: &mut Context<'_>) -> Poll<()> {
+        taken.kept.poll_lost(cx)
     }
 
-    fn respond(&self, taken: Kept, _head: &mut http::response::Parts) -> Option<Held> {
-        Some(taken.held)
+    fn respond(&self, taken: HeldPermit, head: &mut http::response::Parts) -> Option<Held> {
+        if let Some(field) = taken.field {
+            head.headers.insert(RATELIMIT_POLICY, field);
+        }
+        Some(taken.kept.held)
     }
 
-    fn give_back(taken: Kept) -> Option<Held> {
-        Some(taken.held)
+    fn give_back(taken: HeldPermit) -> Option<Held> {
+        Some(taken.kept.held)
     }
 }
 

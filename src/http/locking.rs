@@ -186,15 +186,17 @@ impl Locking {
         A: FnOnce(&LockClient) -> Fut + Send + 'static,
         Fut: Future<Output = Result<T, crate::LockError>> + Send,
     {
-        self.hold.acquire(route, Self::busy, attempt, granted)
+        let fields = http::HeaderMap::new();
+        self.hold
+            .acquire(route, (Self::busy, fields), attempt, granted)
     }
 
-    /// The lock `name` of `client`, with the layer's lease. No holder is given: the core
+    /// The lock `name` of `client`, with the layer's `lease`. No holder is given: the core
     /// makes one for the request (or takes an enclosing request's), and can then settle
     /// an acquire whose reply was lost without holding the key for a whole lease.
-    pub(crate) fn lock(&self, client: &LockClient, name: &str) -> crate::Lock {
+    pub(crate) fn lock(client: &LockClient, name: &str, lease: Option<Duration>) -> crate::Lock {
         let lock = client.lock(name);
-        match self.hold.lease {
+        match lease {
             Some(lease) => lock.lease(lease),
             None => lock,
         }
@@ -257,12 +259,11 @@ impl Policy for Locking {
         _fingerprint: Option<RequestFingerprint>,
         route: &Route,
     ) -> BoxFuture<Verdict<Self::Grant>> {
-        let lock = self.clone();
-        let wait = self.hold.wait;
+        let (wait, lease) = (self.hold.wait, self.hold.lease);
         self.acquire(
             route,
             move |client| {
-                let lock = lock.lock(client, &name);
+                let lock = Self::lock(client, &name, lease);
                 async move { lock.try_acquire(wait).await }
             },
             |guard, client| Verdict::Admit((guard, client)),

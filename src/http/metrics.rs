@@ -18,7 +18,7 @@ static METADATA: Metadata<'static> =
     Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
 
 /// The `outcome` label values, indexed by [`Answered::labels`].
-const OUTCOMES: [&str; 17] = [
+const OUTCOMES: [&str; 19] = [
     "locked",
     "replayed",
     "passed_unlocked",
@@ -36,6 +36,8 @@ const OUTCOMES: [&str; 17] = [
     "invalid_limit",
     "shutting_down",
     "internal_error",
+    "allowed",
+    "quota_exceeded",
 ];
 
 /// The `status` label values (the handler's answer, or the layer's status).
@@ -81,6 +83,8 @@ pub enum Answered<'a> {
     Locked,
     /// The handler ran holding a permit of its limit.
     Admitted,
+    /// The handler ran charged to its rate limits.
+    Allowed,
     /// A stored response was replayed.
     Replayed,
     /// The handler ran without a lock: no key, and the layer lets such requests through.
@@ -97,6 +101,7 @@ impl Answered<'_> {
         match self {
             Answered::Locked => (0, 0),
             Answered::Admitted => (12, 0),
+            Answered::Allowed => (17, 0),
             Answered::Replayed => (1, 0),
             Answered::PassedUnlocked => (2, 0),
             Answered::FailedOpen => (3, 0),
@@ -194,6 +199,7 @@ fn outcome(rejection: &Rejection) -> usize {
         Rejection::InvalidLimit { .. } => 14,
         Rejection::ShuttingDown => 15,
         Rejection::Internal { .. } => 16,
+        Rejection::QuotaExceeded { .. } => 18,
     }
 }
 

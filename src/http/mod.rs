@@ -1,5 +1,6 @@
 //! The HTTP layers: admit each request by a key it carries, holding a distributed lock or
-//! a permit of a per-key concurrency limit for the whole life of the request.
+//! a permit of a per-key concurrency limit for the whole life of the request, or charging
+//! it to per-key rate limits.
 //!
 //! [`LockLayer`] is a tower layer for any `http` service. For each request it takes a key
 //! from the request (a header, the path, an axum path parameter, a JSON field of the body,
@@ -22,10 +23,14 @@
 //!
 //! [`LimitLayer`] holds a semaphore permit instead: at most N requests with one key at
 //! once across every replica, the others answered `429 Too Many Requests`.
+//! [`RateLimitLayer`] charges each request to its key's rate limits (a
+//! [`RateLimiter`](crate::RateLimiter)'s policies) and holds nothing: at most so many per
+//! unit of time across every replica, the others answered `429` with the IETF
+//! `RateLimit` fields.
 //!
 //! Each is one [`KeyedLayer`], written once over its admission policy ([`Locking`],
-//! [`Replaying`], [`Limiting`]): the same key sources, scopes, answers to bad input, span
-//! and metrics. The pieces, for custom setups: [`KeyedService`] and its
+//! [`Replaying`], [`Limiting`], [`RateLimiting`]): the same key sources, scopes, answers
+//! to bad input, span and metrics. The pieces, for custom setups: [`KeyedService`] and its
 //! [`ResponseFuture`] (what a layer wraps a service in), [`HeldBody`] (the response body
 //! that holds the lock or permit until it ends), [`KeySource`] and [`PartsKey`] (where a
 //! key comes from, with the built-in sources [`FromHeader`], [`FromPath`],
@@ -55,6 +60,8 @@ mod limiting;
 mod locked;
 mod locking;
 mod metrics;
+mod rate_limiting;
+mod ratelimit_fields;
 mod rejection;
 mod remember;
 mod replaying;
@@ -83,6 +90,8 @@ pub use limiting::{LimitLayer, Limiting, PermitInfo};
 #[cfg(feature = "axum")]
 pub use locked::{LockKey, Locked, StateLocked};
 pub use locking::{LockLayer, Locking};
+pub use rate_limiting::{RateLimitLayer, RateLimiting};
+pub use ratelimit_fields::{RATELIMIT, RATELIMIT_POLICY};
 pub use rejection::Rejection;
 pub use remember::{
     Fingerprint, Remember, RememberFuture, DEFAULT_MAX_STORED_BODY, IDEMPOTENCY_REPLAYED,

@@ -15,8 +15,12 @@ use crate::{BackendError, KeyError, LockError};
 /// The media type of problem details (RFC 9457).
 const PROBLEM_JSON: &str = "application/problem+json";
 
+/// The problem type of a request over its quota, from the IETF draft *RateLimit header
+/// fields for HTTP*.
+const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+
 /// Why a request was answered by a keyed layer ([`LockLayer`](super::LockLayer),
-/// [`LimitLayer`](super::LimitLayer)) or an
+/// [`LimitLayer`](super::LimitLayer), [`RateLimitLayer`](super::RateLimitLayer)) or an
 /// extractor ([`Locked`](crate::Locked), [`Limited`](crate::Limited)) instead of the
 /// handler.
 ///
@@ -36,6 +40,7 @@ const PROBLEM_JSON: &str = "application/problem+json";
 /// | `Lost` | 503 | `lock-lost` |
 /// | `KeyReused` | 422 | `idempotency-key-reused` |
 /// | `Full` | 429 (or the configured 503) + `Retry-After` | `limit-reached` |
+/// | `QuotaExceeded` | 429 + `Retry-After` | the IETF draft's `https://iana.org/assignments/http-problem-types#quota-exceeded`, with `violated-policies` |
 /// | `InvalidLimit` | 500 | `invalid-limit` |
 /// | `Internal` | 500 | `internal-error` |
 ///
@@ -119,6 +124,17 @@ pub enum Rejection {
         /// at most the soonest remaining lease (see [`LockLayer`](super::LockLayer)).
         retry_after: Duration,
     },
+    /// A policy of the request's rate limits refused it, and it was charged to none (a
+    /// [`RateLimitLayer`](super::RateLimitLayer)). Answered with the problem type of the
+    /// IETF draft *RateLimit header fields for HTTP*, `quota-exceeded`, and its
+    /// `violated-policies` member.
+    QuotaExceeded {
+        /// When the same request would be admitted, if nothing else is charged meanwhile
+        /// (sent as `Retry-After`, in whole seconds rounded up, at least 1).
+        retry_after: Duration,
+        /// The names of the policies that refused it.
+        violated_policies: Vec<String>,
+    },
     /// The limit's capacity cannot be: 0, or above [`MAX_PERMITS`](crate::MAX_PERMITS).
     /// A misconfiguration of the server, not of the request.
     InvalidLimit {
@@ -143,6 +159,7 @@ impl Rejection {
     /// ```
     pub fn status(&self) -> StatusCode {
         match self {
+            Self::QuotaExceeded { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::Busy { status, .. }
             | Self::Full { status, .. }
             | Self::MissingKey { status, .. }
@@ -175,6 +192,7 @@ impl Rejection {
             Self::Lost => "urn:lockwarden:problem:lock-lost",
             Self::KeyReused => "urn:lockwarden:problem:idempotency-key-reused",
             Self::Full { .. } => "urn:lockwarden:problem:limit-reached",
+            Self::QuotaExceeded { .. } => QUOTA_EXCEEDED,
             Self::InvalidLimit { .. } => "urn:lockwarden:problem:invalid-limit",
             Self::Internal { .. } => "urn:lockwarden:problem:internal-error",
         }
@@ -198,6 +216,7 @@ impl Rejection {
             Self::Lost => "Lock lost",
             Self::KeyReused => "Idempotency-Key is already used",
             Self::Full { .. } => "Too many concurrent requests",
+            Self::QuotaExceeded { .. } => "Rate limit exceeded",
             Self::InvalidLimit { .. } => "Concurrency limit misconfigured",
             Self::Internal { .. } => "Lock layer error",
         }
@@ -236,6 +255,18 @@ impl Rejection {
                 "The limit of concurrent requests for this key is reached; retry in {} s.",
                 retry_after_secs(*retry_after)
             ),
+            Self::QuotaExceeded {
+                retry_after,
+                violated_policies,
+            } => format!(
+                "The rate limit for this key is reached (policy {}); retry in {} s.",
+                violated_policies
+                    .iter()
+                    .map(|p| format!("`{p}`"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                retry_after_secs(*retry_after)
+            ),
             Self::InvalidLimit { .. } => "The server's concurrency limit for this request is \
                                           misconfigured; the request was not processed."
                 .to_owned(),
@@ -259,9 +290,9 @@ impl Rejection {
     /// ```
     pub fn retry_after_secs(&self) -> Option<u64> {
         match self {
-            Self::Busy { retry_after, .. } | Self::Full { retry_after, .. } => {
-                Some(retry_after_secs(*retry_after))
-            }
+            Self::Busy { retry_after, .. }
+            | Self::Full { retry_after, .. }
+            | Self::QuotaExceeded { retry_after, .. } => Some(retry_after_secs(*retry_after)),
             Self::Unavailable { retry_after, .. } => retry_after.map(retry_after_secs),
             Self::ShuttingDown => Some(retry_after_secs(FLOOR)),
             Self::MissingKey { .. }
@@ -284,12 +315,18 @@ impl Rejection {
     /// assert_eq!(json["type"], "urn:lockwarden:problem:lock-lost");
     /// ```
     pub fn to_json(&self) -> Bytes {
-        let document = serde_json::json!({
+        let mut document = serde_json::json!({
             "type": self.problem_type(),
             "title": self.title(),
             "status": self.status().as_u16(),
             "detail": self.detail(),
         });
+        if let Self::QuotaExceeded {
+            violated_policies, ..
+        } = self
+        {
+            document["violated-policies"] = serde_json::json!(violated_policies);
+        }
         Bytes::from(serde_json::to_vec(&document).unwrap_or_default())
     }
 
@@ -328,11 +365,11 @@ impl Rejection {
                 status: StatusCode::CONFLICT,
                 retry_after: *retry_after,
             },
-            LockError::InvalidPermits { .. } | LockError::TooManyPermits { .. } => {
-                Self::InvalidLimit {
-                    detail: error.to_string(),
-                }
-            }
+            LockError::InvalidPermits { .. }
+            | LockError::TooManyPermits { .. }
+            | LockError::InvalidRateLimit { .. } => Self::InvalidLimit {
+                detail: error.to_string(),
+            },
             LockError::InvalidKey(e) => Self::invalid_key(e),
             LockError::Backend(e) => Self::unavailable(e),
             LockError::ShutDown { .. } => Self::ShuttingDown,
@@ -435,6 +472,7 @@ impl Rejection {
             Self::Lost => "lost",
             Self::KeyReused => "key reused",
             Self::Full { .. } => "limit reached",
+            Self::QuotaExceeded { .. } => "quota exceeded",
             Self::InvalidLimit { .. } => "invalid limit",
             Self::Internal { .. } => "internal error",
         }

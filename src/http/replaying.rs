@@ -90,12 +90,11 @@ impl Policy for Replaying {
         fingerprint: Option<RequestFingerprint>,
         route: &Route,
     ) -> BoxFuture<Verdict<Self::Grant>> {
-        let lock = self.lock.clone();
-        let wait = self.lock.hold.wait;
+        let (wait, lease) = (self.lock.hold.wait, self.lock.hold.lease);
         self.lock.acquire(
             route,
             move |client| {
-                let lock = lock.lock(client, &name);
+                let lock = Locking::lock(client, &name, lease);
                 async move { lock.try_claim(wait).await }
             },
             move |claim, client| match claim {

@@ -17,8 +17,8 @@ use super::future::ResponseFuture;
 use super::key::KeySource;
 use super::metrics::Route;
 
-/// Admits each call of the inner service under the layer's policy `P` (a lock, a permit);
-/// made by a [`KeyedLayer`](super::KeyedLayer) such as
+/// Admits each call of the inner service under the layer's policy `P` (a lock, a permit, a
+/// rate decision); made by a [`KeyedLayer`](super::KeyedLayer) such as
 /// [`LockLayer`](super::LockLayer). Works with any `http` service whose response body
 /// yields data that can be made from [`Bytes`] (the problem bodies).
 ///

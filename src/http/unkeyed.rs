@@ -1,9 +1,10 @@
 //! A layer that starts with its policy and picks its key next (a [`LimitLayer`] starts
-//! with its capacity): [`Unkeyed`], the key of such a layer before one is picked, and
-//! the methods that pick it. An unkeyed layer wraps no service: its key source is
-//! missing.
+//! with its capacity, a [`RateLimitLayer`] with its limiter): [`Unkeyed`], the key of
+//! such a layer before one is picked, and the methods that pick it. An unkeyed layer
+//! wraps no service: its key source is missing.
 //!
 //! [`LimitLayer`]: super::LimitLayer
+//! [`RateLimitLayer`]: super::RateLimitLayer
 
 use http::request::Parts;
 
@@ -11,11 +12,21 @@ use super::config::DEFAULT_BODY_LIMIT;
 use super::key::{FromFn, FromHeader, FromJsonField, FromPath, Global};
 use super::layer::KeyedLayer;
 
-/// The key of a layer that has none yet: a [`LimitLayer`](super::LimitLayer) before
-/// `.by_header(..)`, `.by_path()`,
+/// The key of a layer that has none yet: a [`LimitLayer`](super::LimitLayer) or
+/// [`RateLimitLayer`](super::RateLimitLayer) before `.by_header(..)`, `.by_path()`,
 /// `.by_path_param(..)`, `.by_json_field(..)`, `.by(..)`, `.global(..)` or
 /// `.key_source(..)`. It is no [`KeySource`](super::KeySource): such a layer wraps no
-/// service.
+/// service, and an app that tries does not compile.
+///
+/// ```compile_fail
+/// use axum::{routing::post, Router};
+/// use lockwarden::LimitLayer;
+///
+/// // No key: which requests would share the 5 permits?
+/// let app: Router = Router::new()
+///     .route("/exports", post(|| async { "exported" }))
+///     .layer(LimitLayer::permits(5));
+/// ```
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Unkeyed;
 
