@@ -79,6 +79,7 @@
 //! | a lock that outlives the loss of a Redis node | [`Redlock::connect(&[url1, url2, url3])`](Redlock::connect) | held only with a majority of independent masters, for `lease − elapsed − drift`; failed rounds undone on every node; extensions capped; read its assumptions on [`Redlock`] |
 //! | HTTP requests by key, idempotent HTTP endpoints | [`lockwarden::LockLayer`](https://docs.rs/lockwarden/latest/lockwarden/http/type.LockLayer.html) | the lock spans handler and response body; `409`/`423` with `Retry-After`; with `.remember(keep)` one handler run per key and retries replayed byte for byte |
 //! | at most N concurrent HTTP requests per key, across replicas | [`lockwarden::LimitLayer`](https://docs.rs/lockwarden/latest/lockwarden/http/type.LimitLayer.html) | a semaphore permit spans handler and response body; `429` with `Retry-After` |
+//! | at most N HTTP requests per unit of time per key, across replicas | [`lockwarden::RateLimitLayer`](https://docs.rs/lockwarden/latest/lockwarden/http/type.RateLimitLayer.html) | one rate decision per request; `429` with an exact `Retry-After`, the draft's `quota-exceeded` problem and the IETF `RateLimit` fields |
 //!
 //! Every lock but Redlock, and a semaphore's permits, come as the same [`LockGuard`]
 //! (fencing token, `lost()` signal, release on drop) and are offered by the in-process
