@@ -89,9 +89,9 @@ fn app(locks: LockClient, running: Running) -> Router {
     Router::new()
         .route("/exports", post(export))
         .layer(
-            LimitLayer::by_header("X-Tenant")
-                .client(locks)
-                .permits_by(|parts| plan(&parts.headers)),
+            LimitLayer::permits_by(|parts| plan(&parts.headers))
+                .by_header("X-Tenant")
+                .client(locks),
         )
         .with_state(running)
 }

@@ -1,13 +1,16 @@
-//! Request-scoped distributed locks and concurrency limits for Rust web services, on
-//! Redis.
+//! Request-scoped distributed locks, concurrency limits and rate limits for Rust web
+//! services, on Redis.
 //!
 //! A tower [`LockLayer`] locks each request by a key it carries (a header, the path, a
 //! path parameter, a JSON field, or anything a closure finds) and holds the lock while the
 //! handler runs and the response body streams; with [`LockLayer::remember`] it is an
 //! idempotency layer that answers retries from the stored response. A [`LimitLayer`]
 //! holds a permit of a semaphore instead: at most N requests with one key at once, across
-//! every replica. The [`Locked<T>`] and [`Limited<T>`] axum extractors do the same for one
-//! value inside a handler. Underneath is the lock engine of [`lockwarden_core`],
+//! every replica; a [`RateLimitLayer`] charges each request to its key's rate limits (GCRA
+//! on the server's clock, one script per request) and answers the rest `429` with the IETF
+//! `RateLimit` fields. The three are one [`KeyedLayer`] over an admission policy. The
+//! [`Locked<T>`] and [`Limited<T>`] axum extractors lock or limit one value inside a
+//! handler. Underneath is the lock engine of [`lockwarden_core`],
 //! re-exported here: Redisson-style re-entrant locks with watchdog leases, waiters woken
 //! by a release notice (never polling), fencing tokens, fair, read-write, multi and
 //! Redlock variants, and semaphores with leased permits.
@@ -103,7 +106,7 @@
 //! answered `409 Conflict` (or `423 Locked`) and an RFC 9457 `application/problem+json`
 //! body, without reaching the handler, with a `Retry-After` estimated from how long the
 //! layer's holds have lasted (see [`LockLayer`]); the other answers are
-//! listed on [`LockRejection`]. Every behaviour (streaming bodies, disconnects, panics, a
+//! listed on [`Rejection`]. Every behaviour (streaming bodies, disconnects, panics, a
 //! lock lost mid-request) is on [`LockLayer`].
 //!
 //! **Scope your keys.** Without [`scope`](LockLayer::scope) a key is global: a client that
@@ -144,6 +147,7 @@
 //! | HTTP requests by key | [`LockLayer`] |
 //! | idempotent HTTP endpoints | [`LockLayer::remember`] |
 //! | at most N concurrent HTTP requests per key (a tenant, an API key), across replicas | [`LimitLayer`] |
+//! | at most N requests per unit of time per key, across replicas | [`LockClient::rate_limiter`]; over HTTP, [`RateLimitLayer`] |
 //! | one value inside an axum handler | [`Locked<T>`], or [`Limited<T>`] for a limit |
 //!
 //! Each row's full promises are in
@@ -159,9 +163,9 @@
 //!   shutdown, metrics, the inspector.
 //!
 //! The repository's `examples/` show an idempotent webhook receiver (`webhook`), per-order
-//! serialization with [`Locked<T>`] and a streaming response (`orders`), a limit per
-//! tenant across two instances (`tenant_limit`), the metrics (`metrics`) and the engine
-//! alone (`quickstart`). The servers among them stop on SIGTERM or Ctrl-C
+//! serialization with [`Locked<T>`] and a streaming response (`orders`), a concurrency
+//! limit and a rate limit per tenant across two instances (`tenant_limit`, `rate_limit`),
+//! the metrics (`metrics`) and the engine alone (`quickstart`). The servers among them stop on SIGTERM or Ctrl-C
 //! ([`shutdown_signal`]) and then shut their lock client down ([`LockClient::shutdown`]),
 //! so a deploy leaves no lock behind.
 //!
@@ -169,7 +173,7 @@
 //!
 //! | feature | default | what it adds |
 //! |---|---|---|
-//! | `axum` | yes | the [`Locked<T>`] and [`Limited<T>`] extractors, [`LockLayer::by_path_param`] (and [`LimitLayer`]'s), and `IntoResponse` for [`LockRejection`] and [`LockedRejection`] |
+//! | `axum` | yes | the [`Locked<T>`] and [`Limited<T>`] extractors, [`LockLayer::by_path_param`] (and [`LimitLayer`]'s), and `IntoResponse` for [`Rejection`] and [`LockedRejection`] |
 //! | `tls` | yes | `rediss://` URLs (TLS through rustls) and [`LockClientBuilder::tls_root_certificate`] / [`tls_client_identity`](LockClientBuilder::tls_client_identity) |
 //! | `deadpool` | no | `LockClientBuilder::connect_pool` / `connect_deadpool`: commands through a `deadpool_redis::Pool` you already have |
 //!
@@ -195,8 +199,8 @@ pub use crate::signal::shutdown_signal;
 pub use crate::http::{Guarded, LimitKey, Limited, LockKey, Locked, LockedRejection, StateLocked};
 
 pub use crate::http::{
-    default_client, Fingerprint, LimitLayer, LockLayer, LockRejection, LockService, LockedBody,
-    MissingKey, PermitInfo,
+    default_client, Fingerprint, HeldBody, KeyedLayer, KeyedService, LimitLayer, LockLayer,
+    MissingKey, PermitInfo, RateLimitLayer, Rejection,
 };
 
 // Compiles the Rust blocks of README.md as doctests (the crate's own docs are above).

@@ -18,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
 use futures_util::FutureExt;
-use lockwarden::{LockClient, LockInfo, LockLayer, LockRejection};
+use lockwarden::{LockClient, LockInfo, LockLayer, Rejection};
 use lockwarden_testkit::RedisServer;
 use proptest::prelude::*;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
@@ -966,16 +966,16 @@ proptest! {
         let status = StatusCode::from_u16(status).expect("status");
         let retry_after = Duration::new(secs, nanos);
         let rejection = match kind {
-            0 => LockRejection::Busy { status, retry_after },
-            1 => LockRejection::MissingKey { status, detail: detail.clone() },
-            2 => LockRejection::InvalidKey { detail: detail.clone() },
-            3 => LockRejection::InvalidBody { status, detail: detail.clone() },
-            4 => LockRejection::BodyTooLarge { limit: usize::try_from(secs).unwrap_or(usize::MAX) },
-            5 => LockRejection::Unavailable { detail: detail.clone(), retry_after: None },
-            6 => LockRejection::Unavailable { detail: detail.clone(), retry_after: Some(retry_after) },
-            7 => LockRejection::ShuttingDown,
-            8 => LockRejection::Internal { detail: detail.clone() },
-            _ => LockRejection::Lost,
+            0 => Rejection::Busy { status, retry_after },
+            1 => Rejection::MissingKey { status, detail: detail.clone() },
+            2 => Rejection::InvalidKey { detail: detail.clone() },
+            3 => Rejection::InvalidBody { status, detail: detail.clone() },
+            4 => Rejection::BodyTooLarge { limit: usize::try_from(secs).unwrap_or(usize::MAX) },
+            5 => Rejection::Unavailable { detail: detail.clone(), retry_after: None },
+            6 => Rejection::Unavailable { detail: detail.clone(), retry_after: Some(retry_after) },
+            7 => Rejection::ShuttingDown,
+            8 => Rejection::Internal { detail: detail.clone() },
+            _ => Rejection::Lost,
         };
         // What the client is told: never the internal detail of a 500.
         if kind == 8 {

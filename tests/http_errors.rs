@@ -53,8 +53,8 @@ async fn a_shut_down_client_is_503_and_never_runs_a_request_unlocked() {
         )
         .merge(
             Router::new().route("/limited", post(handled)).route_layer(
-                LimitLayer::by_header("Idempotency-Key")
-                    .permits(2)
+                LimitLayer::permits(2)
+                    .by_header("Idempotency-Key")
                     .client(locks.clone())
                     .fail_open(),
             ),

@@ -307,7 +307,7 @@ fn gated_service(
 ) -> (
     impl tower::Service<
         Request<Body>,
-        Response = axum::http::Response<lockwarden::LockedBody<Gated>>,
+        Response = axum::http::Response<lockwarden::HeldBody<Gated>>,
         Error = Infallible,
     >,
     oneshot::Sender<()>,
@@ -336,13 +336,13 @@ async fn released_when_last_frame_is_known_from_is_end_stream(env: Env) {
         .await
         .expect("infallible");
     let mut body = response.into_body();
-    assert!(body.holds_lock());
+    assert!(body.is_holding());
     assert!(locked(&client, "http:full").await);
     open.send(()).expect("the body waits");
     let frame = body.frame().await.expect("a frame").expect("data");
     assert_eq!(frame.into_data().expect("data"), "payload");
     // No `None` polled yet: the length told the body it had ended, and it let go.
-    assert!(!body.holds_lock());
+    assert!(!body.is_holding());
     assert!(freed(&client, "http:full", Duration::from_millis(500)).await);
     drop(body);
 }
@@ -361,7 +361,7 @@ async fn a_body_complete_at_once_is_released_before_the_response(env: Env) {
     // Its one frame was ready and the last: released (not just being released) already,
     // so the head can go out together with the body.
     let mut body = response.into_body();
-    assert!(!body.holds_lock());
+    assert!(!body.is_holding());
     assert!(!locked(&client, "http:at-once").await);
     assert_eq!(
         body.size_hint().exact(),
@@ -393,7 +393,7 @@ async fn released_when_body_is_dropped_while_releasing(env: Env) {
         // One poll: the last frame is read and its release sent; on Redis the answer is
         // not back yet, so the frame is held back. The client goes away at that moment.
         let polled = body.frame().now_or_never();
-        cut_mid_release = polled.is_none() && body.holds_lock();
+        cut_mid_release = polled.is_none() && body.is_holding();
         drop(body);
         assert!(freed(&client, &format!("http:{key}"), Duration::from_millis(500)).await);
         if cut_mid_release || !env.is_redis() {

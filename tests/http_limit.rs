@@ -17,11 +17,10 @@ use axum::extract::State;
 use axum::http::{Request, StatusCode};
 use axum::routing::post;
 use axum::Router;
-use common::web::send;
+use common::web::{post_over_http, send, serve};
 use common::Env;
 use futures_util::FutureExt;
-use http_body_util::{BodyExt, Empty};
-use hyper_util::rt::TokioIo;
+use http_body_util::BodyExt;
 use lockwarden::{LimitKey, LimitLayer, Limited, LockClient, LockLayer, PermitInfo, MAX_PERMITS};
 use tokio::sync::Notify;
 use tower::{Layer, ServiceExt};
@@ -125,9 +124,9 @@ fn app(layer: LimitLayer<lockwarden::http::FromHeader>, witness: &Witness) -> Ro
 }
 
 fn limit(client: &LockClient, permits: u32) -> LimitLayer<lockwarden::http::FromHeader> {
-    LimitLayer::by_header("X-Tenant")
+    LimitLayer::permits(permits)
+        .by_header("X-Tenant")
         .client(client.clone())
-        .permits(permits)
 }
 
 fn tenant_req(path: &str, tenant: &str) -> Request<Body> {
@@ -152,34 +151,6 @@ async fn freed(client: &LockClient, key: &str, within: Duration) -> bool {
     }
 }
 
-/// Serves `app` on 127.0.0.1:0; the server stops with the test's runtime.
-async fn serve(app: Router) -> std::net::SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    addr
-}
-
-/// One POST over a fresh loopback connection: the status.
-async fn post_over_http(addr: std::net::SocketAddr, path: &str, tenant: &str) -> StatusCode {
-    let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .expect("handshake");
-    tokio::spawn(conn);
-    let request = Request::post(path)
-        .header("host", "127.0.0.1")
-        .header("x-tenant", tenant)
-        .body(Empty::<Bytes>::new())
-        .expect("request");
-    let response = sender.send_request(request).await.expect("response");
-    let status = response.status();
-    response.into_body().collect().await.expect("body");
-    status
-}
-
 /// Promise: two servers (each its own client on Redis) limit one key together: a burst
 /// for three tenants with limits 1, 2 and 3 never runs more than the limit at once, and
 /// what is refused is refused with 429.
@@ -193,9 +164,9 @@ async fn the_limit_holds_across_two_servers(env: Env) {
     let mut addrs = Vec::new();
     for _ in 0..2 {
         let client = env.client().await;
-        let layer = LimitLayer::by_header("X-Tenant")
+        let layer = LimitLayer::permits_by(tiers)
+            .by_header("X-Tenant")
             .client(client)
-            .permits_by(tiers)
             .wait(Duration::from_millis(20));
         addrs.push(serve(app(layer, &witness)).await);
     }
@@ -385,15 +356,15 @@ async fn the_permit_goes_back_when_the_handler_panics(env: Env) {
 async fn capacity_by_request(env: Env) {
     let client = env.client().await;
     let witness = Witness::default();
-    let layer = LimitLayer::by_header("X-Tenant")
-        .client(client.clone())
-        .permits_by(|parts| {
-            if parts.headers.contains_key("x-paid") {
-                2
-            } else {
-                1
-            }
-        });
+    let layer = LimitLayer::permits_by(|parts| {
+        if parts.headers.contains_key("x-paid") {
+            2
+        } else {
+            1
+        }
+    })
+    .by_header("X-Tenant")
+    .client(client.clone());
     let app = app(layer, &witness);
     let paid = |path| {
         Request::post(path)
@@ -438,9 +409,9 @@ async fn a_global_limit_counts_every_request(env: Env) {
         .route("/forever", post(forever))
         .route("/work", post(work))
         .layer(
-            LimitLayer::global("rendering")
-                .client(client.clone())
-                .permits(1),
+            LimitLayer::permits(1)
+                .global("rendering")
+                .client(client.clone()),
         )
         .with_state(witness.clone());
     let first = tokio::spawn({
@@ -480,8 +451,11 @@ async fn bad_capacities_are_500_and_hold_nothing(env: Env) {
             .to_owned();
         assert!(!detail.contains("capacity of"), "internals shown: {detail}");
     }
+    // A capacity chosen per request is checked per request.
     let app = app(
-        LimitLayer::by_header("X-Tenant").client(client.clone()),
+        LimitLayer::permits_by(|_| 0)
+            .by_header("X-Tenant")
+            .client(client.clone()),
         &witness,
     );
     send(&app, tenant_req("/work", "acme"))

@@ -56,10 +56,12 @@ fn the_layer_counts_every_answer_by_route_outcome_and_status() {
         let client = LockClient::in_memory();
         let locked = LockLayer::by_header("Idempotency-Key").client(client.clone());
         let remembered = locked.clone().remember(Duration::from_secs(60));
-        let limited = LimitLayer::by_header("Idempotency-Key")
-            .client(client.clone())
-            .permits(1);
-        let misconfigured = LimitLayer::by_header("Idempotency-Key").client(client.clone());
+        let limited = LimitLayer::permits(1)
+            .by_header("Idempotency-Key")
+            .client(client.clone());
+        let misconfigured = LimitLayer::permits(0)
+            .by_header("Idempotency-Key")
+            .client(client.clone());
         let app = Router::new()
             .route("/orders/{id}", post(slow).layer(locked))
             .route("/pay", post(slow).layer(remembered))

@@ -144,8 +144,8 @@ async fn a_panics_500_comes_after_the_permit_is_given_back() {
         .route("/panic", post(panics))
         .route("/ok", post(|| async { "ok" }))
         .layer(
-            LimitLayer::by_header("Idempotency-Key")
-                .permits(1)
+            LimitLayer::permits(1)
+                .by_header("Idempotency-Key")
                 .client(redis_client(&server).await),
         )
         .layer(middleware::from_fn(catch_panic));

@@ -159,8 +159,8 @@ async fn a_client_obeying_retry_after_gets_a_20_s_hold_within_a_second_of_its_en
 async fn a_full_limit_of_half_second_work_says_1() {
     let server = RedisServer::start().expect("redis-server");
     let app = Router::new().route("/hold", post(hold)).layer(
-        LimitLayer::by_header("X-Tenant")
-            .permits(1)
+        LimitLayer::permits(1)
+            .by_header("X-Tenant")
             .client(redis_client(&server).await),
     );
     settle(&app, "tenant", 3, 500).await;

@@ -13,7 +13,7 @@ use common::keys::{check_layout, tricky, valid};
 use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use lockwarden::http::KeySource;
-use lockwarden::{LockClient, LockInfo, LockLayer, LockedBody};
+use lockwarden::{HeldBody, LockClient, LockInfo, LockLayer};
 use proptest::prelude::*;
 use tower::{Layer, ServiceExt};
 
@@ -39,7 +39,7 @@ where
     }
     let inner = layer.layer(tower::service_fn(handler));
     tower::util::BoxCloneService::new(inner.and_then(
-        |response: Response<LockedBody<Full<Bytes>>>| async move {
+        |response: Response<HeldBody<Full<Bytes>>>| async move {
             let (parts, body) = response.into_parts();
             let bytes = body
                 .collect()

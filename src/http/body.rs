@@ -1,5 +1,6 @@
-//! [`LockedBody`]: the response body that owns the request's lock and releases it when the
-//! body ends (last frame, trailers, error, `is_end_stream()`), panics, or is dropped.
+//! [`HeldBody`]: the response body that owns what the request holds (a lock, a permit)
+//! and gives it back when the body ends (last frame, trailers, error, `is_end_stream()`),
+//! panics, or is dropped.
 
 use std::any::Any;
 use std::fmt;
@@ -16,11 +17,12 @@ use sync_wrapper::SyncWrapper;
 use super::held::{Held, Release};
 
 pin_project! {
-    /// The response body of [`LockService`](super::LockService): the inner service's body,
-    /// holding the request's lock until its last frame, or a body the layer made itself
-    /// (a problem document, a replayed response).
+    /// The response body of [`KeyedService`](super::KeyedService): the inner service's
+    /// body, holding the request's lock or permit until its last frame (a rate-limited
+    /// request holds nothing), or a body the layer made itself (a problem document, a
+    /// replayed response).
     ///
-    /// The lock is released as soon as the body reports its end: a `None` frame, a trailers
+    /// The lock or permit is given back as soon as the body reports its end: a `None` frame, a trailers
     /// frame, an error, or `is_end_stream()` turning true after a data frame (so a body of
     /// known length releases with its last byte). The last frame is handed on only after
     /// the release (and, when remembering, the stored response) is done, so a client that
@@ -32,22 +34,35 @@ pin_project! {
     ///
     /// ```
     /// use axum::body::{Body, HttpBody};
-    /// use lockwarden::LockedBody;
+    /// use lockwarden::HeldBody;
     ///
     /// // Problem bodies are made by the layer; an unlocked body just wraps another one.
-    /// let body = LockedBody::new(Body::from("hi"));
+    /// let body = HeldBody::new(Body::from("hi"));
     /// assert_eq!(body.size_hint().exact(), Some(2));
     /// ```
-    pub struct LockedBody<B: Body> {
+    pub struct HeldBody<B: Body> {
         #[pin]
         kind: Kind<B>,
-        held: Option<Held>,
-        // The release in progress; the frame read before it, handed on next.
-        finishing: Option<Release>,
+        phase: Phase,
+        // A frame read before it could be handed on (ahead of the response, or before a
+        // release), handed on next.
         ahead: Option<Option<Result<Frame<B::Data>, B::Error>>>,
-        // The inner body panicked: the panic goes on once the release is done.
-        panic: Option<SyncWrapper<Box<dyn Any + Send>>>,
     }
+}
+
+/// What the body holds, or is giving back.
+// The body holds its `Held` for most of its life: boxing it would allocate once per
+// request to save bytes only while the rarer phases run.
+#[allow(clippy::large_enum_variant)]
+enum Phase {
+    /// The request's lock or permit, until the body ends.
+    Holding(Held),
+    /// The release after the last frame (which waits in `ahead`), in progress.
+    Releasing(Release),
+    /// The inner body panicked: the release, then the panic goes on.
+    Unwinding(Release, SyncWrapper<Box<dyn Any + Send>>),
+    /// Nothing held, or given back.
+    Free,
 }
 
 pin_project! {
@@ -60,30 +75,28 @@ pin_project! {
     }
 }
 
-impl<B: Body> LockedBody<B> {
-    /// Wraps `body` without a lock.
+impl<B: Body> HeldBody<B> {
+    /// Wraps `body`, holding nothing.
     pub fn new(body: B) -> Self {
         Self {
             kind: Kind::Inner { body },
-            held: None,
-            finishing: None,
+            phase: Phase::Free,
             ahead: None,
-            panic: None,
         }
     }
 
-    /// Whether the body still holds its request's lock.
+    /// Whether the body still holds its request's lock or permit.
     ///
     /// ```
-    /// # use lockwarden::LockedBody;
-    /// assert!(!LockedBody::new(axum::body::Body::empty()).holds_lock());
+    /// # use lockwarden::HeldBody;
+    /// assert!(!HeldBody::new(axum::body::Body::empty()).is_holding());
     /// ```
-    pub fn holds_lock(&self) -> bool {
-        self.held.is_some() || self.finishing.is_some()
+    pub fn is_holding(&self) -> bool {
+        !matches!(self.phase, Phase::Free)
     }
 }
 
-impl<B> LockedBody<B>
+impl<B> HeldBody<B>
 where
     B: Body,
     B::Data: From<Bytes>,
@@ -96,37 +109,39 @@ where
         if body.is_end_stream() {
             return (Self::new(body), held.finish(true));
         }
-        let mut held = Some(held);
+        let mut phase = Phase::Holding(held);
         let mut body = Box::pin(body);
         let (ahead, release) = match body.as_mut().poll_frame(cx) {
             Poll::Pending => (None, None),
             Poll::Ready(mut frame) => {
-                let release = on_frame(&mut held, &mut frame, body.is_end_stream());
+                let release = on_frame(&mut phase, &mut frame, body.is_end_stream());
                 (Some(frame), release)
             }
         };
         let body = Self {
             kind: Kind::Boxed { body },
-            held,
-            finishing: None,
+            phase,
             ahead,
-            panic: None,
         };
         (body, release)
     }
 }
 
-/// Records `frame` of a held body (when remembering) and, if it is the body's last, takes
-/// `held` and starts the release; `None` when the frame can be handed on at once.
+/// Records `frame` of a holding body (when remembering) and, if it is the body's last,
+/// ends the hold (`phase` is then free) and starts the release; `None` when the frame can
+/// be handed on at once.
 fn on_frame<D, E>(
-    held: &mut Option<Held>,
+    phase: &mut Phase,
     frame: &mut Option<Result<Frame<D>, E>>,
     at_end: bool,
 ) -> Option<Release>
 where
     D: Buf + From<Bytes>,
 {
-    if let Some(recording) = held.as_mut()?.recording() {
+    let Phase::Holding(held) = phase else {
+        return None;
+    };
+    if let Some(recording) = held.recording() {
         *frame = frame
             .take()
             .map(|frame| frame.map(|frame| frame.map_data(|d| recording.record(d))));
@@ -137,23 +152,27 @@ where
         Some(Ok(frame)) if frame.is_trailers() || at_end => true,
         Some(Ok(_)) => return None,
     };
-    held.take()?.finish(completed)
-}
-
-impl<B: Body> From<Bytes> for LockedBody<B> {
-    /// A body the layer made (a problem document, a replayed response).
-    fn from(bytes: Bytes) -> Self {
-        Self {
-            kind: Kind::Made { bytes: Some(bytes) },
-            held: None,
-            finishing: None,
-            ahead: None,
-            panic: None,
+    match std::mem::replace(phase, Phase::Free) {
+        Phase::Holding(held) => held.finish(completed),
+        other => {
+            *phase = other;
+            None
         }
     }
 }
 
-impl<B> Body for LockedBody<B>
+impl<B: Body> From<Bytes> for HeldBody<B> {
+    /// A body the layer made (a problem document, a replayed response).
+    fn from(bytes: Bytes) -> Self {
+        Self {
+            kind: Kind::Made { bytes: Some(bytes) },
+            phase: Phase::Free,
+            ahead: None,
+        }
+    }
+}
+
+impl<B> Body for HeldBody<B>
 where
     B: Body,
     B::Data: From<Bytes>,
@@ -166,13 +185,16 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let this = self.project();
-        if let Some(finishing) = this.finishing.as_mut() {
-            // A failed release was logged by itself; the frame goes on regardless.
-            ready!(Pin::new(finishing).poll(cx));
-            *this.finishing = None;
-        }
-        if let Some(panic) = this.panic.take() {
-            panic::resume_unwind(panic.into_inner());
+        match this.phase {
+            Phase::Releasing(release) | Phase::Unwinding(release, _) => {
+                // A failed release was logged by itself; the frame (or the panic) goes on
+                // regardless.
+                ready!(Pin::new(release).poll(cx));
+                if let Phase::Unwinding(_, panic) = std::mem::replace(this.phase, Phase::Free) {
+                    panic::resume_unwind(panic.into_inner());
+                }
+            }
+            Phase::Holding(_) | Phase::Free => {}
         }
         if let Some(frame) = this.ahead.take() {
             return Poll::Ready(frame);
@@ -198,24 +220,26 @@ where
             Ok(polled) => ready!(polled),
             Err(panic) => {
                 // Give the lock back before the panic leaves the body.
-                let Some(mut release) = this.held.take().and_then(|held| held.finish(false)) else {
+                let Phase::Holding(held) = std::mem::replace(this.phase, Phase::Free) else {
+                    panic::resume_unwind(panic)
+                };
+                let Some(mut release) = held.finish(false) else {
                     panic::resume_unwind(panic)
                 };
                 if Pin::new(&mut release).poll(cx).is_ready() {
                     panic::resume_unwind(panic);
                 }
-                *this.finishing = Some(release);
-                *this.panic = Some(SyncWrapper::new(panic));
+                *this.phase = Phase::Unwinding(release, SyncWrapper::new(panic));
                 return Poll::Pending;
             }
         };
-        let Some(mut release) = on_frame(this.held, &mut frame, at_end) else {
+        let Some(mut release) = on_frame(this.phase, &mut frame, at_end) else {
             return Poll::Ready(frame);
         };
         match Pin::new(&mut release).poll(cx) {
             Poll::Ready(()) => Poll::Ready(frame),
             Poll::Pending => {
-                *this.finishing = Some(release);
+                *this.phase = Phase::Releasing(release);
                 *this.ahead = Some(frame);
                 Poll::Pending
             }
@@ -223,7 +247,7 @@ where
     }
 
     fn is_end_stream(&self) -> bool {
-        if self.holds_lock() || self.ahead.is_some() || self.panic.is_some() {
+        if self.is_holding() || self.ahead.is_some() {
             return false;
         }
         match &self.kind {
@@ -255,15 +279,15 @@ where
     }
 }
 
-impl<B: Body> fmt::Debug for LockedBody<B> {
+impl<B: Body> fmt::Debug for HeldBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let kind = match &self.kind {
             Kind::Inner { .. } | Kind::Boxed { .. } => "inner",
             Kind::Made { .. } => "made",
         };
-        f.debug_struct("LockedBody")
+        f.debug_struct("HeldBody")
             .field("kind", &kind)
-            .field("holds_lock", &self.holds_lock())
+            .field("holding", &self.is_holding())
             .finish()
     }
 }
@@ -273,8 +297,8 @@ mod tests {
     /// The body stays `Send + Sync` (hyper needs `Send`; `BoxBody` users need `Sync`)
     /// while it drives a release future that is only `Send`.
     #[test]
-    fn locked_body_is_send_and_sync() {
+    fn held_body_is_send_and_sync() {
         fn send_sync<T: Send + Sync>() {}
-        send_sync::<super::LockedBody<http_body_util::Full<bytes::Bytes>>>();
+        send_sync::<super::HeldBody<http_body_util::Full<bytes::Bytes>>>();
     }
 }

@@ -14,7 +14,7 @@ use http_body_util::combinators::Collect;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use pin_project_lite::pin_project;
 
-use super::rejection::LockRejection;
+use super::rejection::Rejection;
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -59,21 +59,21 @@ where
     B: Body,
     B::Error: Into<BoxError>,
 {
-    type Output = Result<(Parts, Bytes), LockRejection>;
+    type Output = Result<(Parts, Bytes), Rejection>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let limit = *this.limit;
         let Some(collect) = this.collect.as_pin_mut() else {
-            return Poll::Ready(Err(LockRejection::BodyTooLarge { limit }));
+            return Poll::Ready(Err(Rejection::BodyTooLarge { limit }));
         };
         let bytes = match ready!(collect.poll(cx)) {
             Ok(collected) => collected.to_bytes(),
             Err(e) if e.is::<LengthLimitError>() => {
-                return Poll::Ready(Err(LockRejection::BodyTooLarge { limit }))
+                return Poll::Ready(Err(Rejection::BodyTooLarge { limit }))
             }
             Err(e) => {
-                return Poll::Ready(Err(LockRejection::InvalidBody {
+                return Poll::Ready(Err(Rejection::InvalidBody {
                     status: StatusCode::BAD_REQUEST,
                     detail: format!("The request body could not be read: {e}."),
                 }))
@@ -82,7 +82,7 @@ where
         match this.parts.take() {
             Some(parts) => Poll::Ready(Ok((parts, bytes))),
             // Polled again after completion: a caller bug; answer as an unreadable body.
-            None => Poll::Ready(Err(LockRejection::InvalidBody {
+            None => Poll::Ready(Err(Rejection::InvalidBody {
                 status: StatusCode::BAD_REQUEST,
                 detail: "The request body was already consumed.".to_owned(),
             })),

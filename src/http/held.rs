@@ -17,7 +17,7 @@ use crate::LockGuard;
 
 /// A held lock, its request span, and the response being recorded for replay, if any.
 /// [`finish`](Self::finish) ends it in order; dropping it releases in the background.
-pub(crate) struct Held {
+pub struct Held {
     guard: Option<LockGuard>,
     span: Span,
     acquired: Instant,
@@ -116,7 +116,7 @@ impl Drop for Held {
 /// (the client went away), it still completes: once polled, the core finishes a release
 /// whose caller stopped waiting in the background, and a guard never polled releases
 /// when dropped.
-pub(crate) struct Release(SyncFuture<Pin<Box<dyn Future<Output = ()> + Send>>>);
+pub struct Release(SyncFuture<Pin<Box<dyn Future<Output = ()> + Send>>>);
 
 impl Future for Release {
     type Output = ();

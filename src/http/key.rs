@@ -1,7 +1,7 @@
 //! Where a request's lock key comes from: [`KeySource`] and the built-in sources (header,
 //! path, axum path parameter, JSON body field, closure).
 //!
-//! A source only finds the raw key; [`LockService`](super::LockService) then applies the
+//! A source only finds the raw key; [`KeyedService`](super::KeyedService) then applies the
 //! scope and namespace and validates the result (length, control characters).
 
 use std::future::{ready, Future, Ready};
@@ -17,7 +17,7 @@ use http_body_util::Full;
 use pin_project_lite::pin_project;
 
 use super::buffer::{BoxError, ReadBody};
-use super::rejection::LockRejection;
+use super::rejection::Rejection;
 use super::remember::fingerprint::RequestFingerprint;
 
 /// What a [`KeySource`] found: the request (possibly with a rebuilt body) and its key,
@@ -75,11 +75,15 @@ impl<B> Extracted<B> {
 /// assert_eq!(extracted.key.as_deref(), Some("abc"));
 /// # }
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is no key source for requests with a `{B}` body",
+    note = "a `LimitLayer` or `RateLimitLayer` picks its key after its policy: add `.by_header(..)`, `.by_path()`, `.by_path_param(..)`, `.by_json_field(..)`, `.by(..)` or `.global(..)`"
+)]
 pub trait KeySource<B>: Clone {
     /// The body type of the request handed to the inner service.
     type RequestBody;
     /// What [`extract`](Self::extract) returns.
-    type Future: Future<Output = Result<Extracted<Self::RequestBody>, LockRejection>>;
+    type Future: Future<Output = Result<Extracted<Self::RequestBody>, Rejection>>;
 
     /// Finds the key. An `Err` answers the request at once (e.g. the body is too large);
     /// a missing key is `Ok` with `key: None` and handled as configured by
@@ -87,7 +91,7 @@ pub trait KeySource<B>: Clone {
     fn extract(&self, request: Request<B>) -> Self::Future;
 
     /// The answer to a request without a key (unless it is let through).
-    fn missing(&self) -> LockRejection;
+    fn missing(&self) -> Rejection;
 
     /// How much of the body this source reads, if it reads it (a remembering layer reads
     /// as much to fingerprint the request; see [`LockLayer::remember`](super::LockLayer::remember)).
@@ -107,38 +111,42 @@ pub trait KeySource<B>: Clone {
 ///
 /// ```
 /// use axum::http::request::Parts;
-/// use lockwarden::{LockLayer, LockRejection, http::PartsKey};
+/// use lockwarden::{LockLayer, Rejection, http::PartsKey};
 ///
 /// /// The tenant id from a header, lower-cased.
 /// #[derive(Clone)]
 /// struct Tenant;
 ///
 /// impl PartsKey for Tenant {
-///     fn key(&self, parts: &mut Parts) -> Result<Option<String>, LockRejection> {
+///     fn key(&self, parts: &mut Parts) -> Result<Option<String>, Rejection> {
 ///         Ok(parts.headers.get("x-tenant").and_then(|v| v.to_str().ok()).map(str::to_lowercase))
 ///     }
-///     fn missing(&self) -> LockRejection {
-///         LockRejection::MissingKey { status: axum::http::StatusCode::BAD_REQUEST, detail: "no x-tenant".into() }
+///     fn missing(&self) -> Rejection {
+///         Rejection::MissingKey { status: axum::http::StatusCode::BAD_REQUEST, detail: "no x-tenant".into() }
 ///     }
 /// }
 ///
 /// let layer = LockLayer::new(Tenant);
 /// # let _ = layer;
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is no key source",
+    note = "a `LimitLayer` or `RateLimitLayer` picks its key after its policy: add `.by_header(..)`, `.by_path()`, `.by_path_param(..)`, `.by_json_field(..)`, `.by(..)` or `.global(..)`"
+)]
 pub trait PartsKey: Clone {
     /// The key, `Ok(None)` if the request has none, `Err` if it has an unusable one.
     ///
     /// # Errors
-    /// A rejection to answer with, e.g. [`LockRejection::InvalidKey`].
-    fn key(&self, parts: &mut Parts) -> Result<Option<String>, LockRejection>;
+    /// A rejection to answer with, e.g. [`Rejection::InvalidKey`].
+    fn key(&self, parts: &mut Parts) -> Result<Option<String>, Rejection>;
 
     /// The answer to a request without a key.
-    fn missing(&self) -> LockRejection;
+    fn missing(&self) -> Rejection;
 }
 
 impl<B, K: PartsKey> KeySource<B> for K {
     type RequestBody = B;
-    type Future = Ready<Result<Extracted<B>, LockRejection>>;
+    type Future = Ready<Result<Extracted<B>, Rejection>>;
 
     fn extract(&self, request: Request<B>) -> Self::Future {
         let (mut parts, body) = request.into_parts();
@@ -148,13 +156,13 @@ impl<B, K: PartsKey> KeySource<B> for K {
         )
     }
 
-    fn missing(&self) -> LockRejection {
+    fn missing(&self) -> Rejection {
         PartsKey::missing(self)
     }
 }
 
-fn missing(detail: String) -> LockRejection {
-    LockRejection::MissingKey {
+fn missing(detail: String) -> Rejection {
+    Rejection::MissingKey {
         status: StatusCode::BAD_REQUEST,
         detail,
     }
@@ -162,9 +170,9 @@ fn missing(detail: String) -> LockRejection {
 
 /// Refuses an empty key: with the namespace in front it would still make a valid lock
 /// name, one lock shared by every request that sends an empty value.
-fn non_empty(key: String, what: impl FnOnce() -> String) -> Result<String, LockRejection> {
+fn non_empty(key: String, what: impl FnOnce() -> String) -> Result<String, Rejection> {
     if key.is_empty() {
-        return Err(LockRejection::InvalidKey {
+        return Err(Rejection::InvalidKey {
             detail: format!("{} is empty.", what()),
         });
     }
@@ -199,19 +207,19 @@ impl FromHeader {
     {
         match name.try_into() {
             Ok(name) => Self { name },
-            Err(e) => panic!("LockLayer::by_header: invalid header name: {e:?}"),
+            Err(e) => panic!("by_header: invalid header name: {e:?}"),
         }
     }
 }
 
 impl PartsKey for FromHeader {
-    fn key(&self, parts: &mut Parts) -> Result<Option<String>, LockRejection> {
+    fn key(&self, parts: &mut Parts) -> Result<Option<String>, Rejection> {
         let mut values = parts.headers.get_all(&self.name).iter();
         let Some(value) = values.next() else {
             return Ok(None);
         };
         if values.next().is_some() {
-            return Err(LockRejection::InvalidKey {
+            return Err(Rejection::InvalidKey {
                 detail: format!("The `{}` header is sent more than once.", self.name),
             });
         }
@@ -219,13 +227,13 @@ impl PartsKey for FromHeader {
             Ok(value) => {
                 non_empty(value.to_owned(), || format!("The `{}` header", self.name)).map(Some)
             }
-            Err(_) => Err(LockRejection::InvalidKey {
+            Err(_) => Err(Rejection::InvalidKey {
                 detail: format!("The `{}` header is not valid UTF-8.", self.name),
             }),
         }
     }
 
-    fn missing(&self) -> LockRejection {
+    fn missing(&self) -> Rejection {
         missing(format!("The request has no `{}` header.", self.name))
     }
 }
@@ -251,11 +259,11 @@ impl Global {
 }
 
 impl PartsKey for Global {
-    fn key(&self, _parts: &mut Parts) -> Result<Option<String>, LockRejection> {
+    fn key(&self, _parts: &mut Parts) -> Result<Option<String>, Rejection> {
         Ok(Some(self.name.to_string()))
     }
 
-    fn missing(&self) -> LockRejection {
+    fn missing(&self) -> Rejection {
         missing("The request has no key.".to_owned())
     }
 }
@@ -271,11 +279,11 @@ impl PartsKey for Global {
 pub struct FromPath;
 
 impl PartsKey for FromPath {
-    fn key(&self, parts: &mut Parts) -> Result<Option<String>, LockRejection> {
+    fn key(&self, parts: &mut Parts) -> Result<Option<String>, Rejection> {
         Ok(Some(parts.uri.path().to_owned()))
     }
 
-    fn missing(&self) -> LockRejection {
+    fn missing(&self) -> Rejection {
         missing("The request has no path.".to_owned())
     }
 }
@@ -309,7 +317,7 @@ impl FromPathParam {
 
 #[cfg(feature = "axum")]
 impl PartsKey for FromPathParam {
-    fn key(&self, parts: &mut Parts) -> Result<Option<String>, LockRejection> {
+    fn key(&self, parts: &mut Parts) -> Result<Option<String>, Rejection> {
         use axum::extract::{FromRequestParts, RawPathParams};
         // Reading the matched parameters never waits: one poll completes it.
         let future = std::pin::pin!(RawPathParams::from_request_parts(parts, &()));
@@ -321,7 +329,7 @@ impl PartsKey for FromPathParam {
                 .map(|(_, value)| value.to_owned())),
             Poll::Ready(Err(
                 axum::extract::rejection::RawPathParamsRejection::InvalidUtf8InPathParam(_),
-            )) => Err(LockRejection::InvalidKey {
+            )) => Err(Rejection::InvalidKey {
                 detail: format!("The path parameter `{}` is not valid UTF-8.", self.name),
             }),
             Poll::Ready(Err(_)) | Poll::Pending => {
@@ -334,7 +342,7 @@ impl PartsKey for FromPathParam {
         }
     }
 
-    fn missing(&self) -> LockRejection {
+    fn missing(&self) -> Rejection {
         missing(format!(
             "The request has no `{}` path parameter.",
             self.name
@@ -377,13 +385,13 @@ impl<F> PartsKey for FromFn<F>
 where
     F: Fn(&Parts) -> Option<String> + Clone,
 {
-    fn key(&self, parts: &mut Parts) -> Result<Option<String>, LockRejection> {
+    fn key(&self, parts: &mut Parts) -> Result<Option<String>, Rejection> {
         (self.f)(parts)
             .map(|key| non_empty(key, || "The lock key".to_owned()))
             .transpose()
     }
 
-    fn missing(&self) -> LockRejection {
+    fn missing(&self) -> Rejection {
         missing("The request has no lock key.".to_owned())
     }
 }
@@ -431,14 +439,14 @@ impl FromJsonField {
         let pointer = pointer.into();
         assert!(
             pointer.is_empty() || pointer.starts_with('/'),
-            "LockLayer::by_json_field: `{pointer}` is not a JSON Pointer (it must start with `/`, e.g. `/data/id`)"
+            "by_json_field: `{pointer}` is not a JSON Pointer (it must start with `/`, e.g. `/data/id`)"
         );
         Self { pointer, limit }
     }
 
-    fn key_of(&self, bytes: &[u8]) -> Result<Option<String>, LockRejection> {
+    fn key_of(&self, bytes: &[u8]) -> Result<Option<String>, Rejection> {
         let value: serde_json::Value =
-            serde_json::from_slice(bytes).map_err(|e| LockRejection::InvalidBody {
+            serde_json::from_slice(bytes).map_err(|e| Rejection::InvalidBody {
                 status: StatusCode::BAD_REQUEST,
                 detail: format!("The request body is not valid JSON: {e}."),
             })?;
@@ -448,7 +456,7 @@ impl FromJsonField {
                 non_empty(s.clone(), || format!("The JSON field `{}`", self.pointer)).map(Some)
             }
             Some(serde_json::Value::Number(n)) => Ok(Some(n.to_string())),
-            Some(_) => Err(LockRejection::InvalidBody {
+            Some(_) => Err(Rejection::InvalidBody {
                 status: StatusCode::UNPROCESSABLE_ENTITY,
                 detail: format!(
                     "The JSON field `{}` must be a string or a number.",
@@ -474,8 +482,8 @@ where
         }
     }
 
-    fn missing(&self) -> LockRejection {
-        LockRejection::MissingKey {
+    fn missing(&self) -> Rejection {
+        Rejection::MissingKey {
             status: StatusCode::UNPROCESSABLE_ENTITY,
             detail: format!("The JSON body has no field `{}`.", self.pointer),
         }
@@ -508,7 +516,7 @@ where
     B: Body,
     B::Error: Into<BoxError>,
 {
-    type Output = Result<Extracted<Full<Bytes>>, LockRejection>;
+    type Output = Result<Extracted<Full<Bytes>>, Rejection>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
@@ -571,7 +579,7 @@ mod tests {
             assert!(
                 matches!(
                     source.key(&mut parts(values)),
-                    Err(LockRejection::InvalidKey { .. })
+                    Err(Rejection::InvalidKey { .. })
                 ),
                 "{values:?}"
             );
@@ -600,7 +608,7 @@ mod tests {
             .into_parts();
         assert!(matches!(
             source.key(&mut parts),
-            Err(LockRejection::InvalidKey { .. })
+            Err(Rejection::InvalidKey { .. })
         ));
     }
 }

@@ -10,7 +10,7 @@ use std::sync::{Mutex, OnceLock, PoisonError};
 use http::Request;
 use metrics::{Key, Label, Level, Metadata};
 
-use super::rejection::LockRejection;
+use super::rejection::Rejection;
 
 const REQUESTS: &str = "lockwarden_http_requests_total";
 
@@ -18,7 +18,7 @@ static METADATA: Metadata<'static> =
     Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
 
 /// The `outcome` label values, indexed by [`Answered::labels`].
-const OUTCOMES: [&str; 17] = [
+const OUTCOMES: [&str; 19] = [
     "locked",
     "replayed",
     "passed_unlocked",
@@ -36,6 +36,8 @@ const OUTCOMES: [&str; 17] = [
     "invalid_limit",
     "shutting_down",
     "internal_error",
+    "allowed",
+    "quota_exceeded",
 ];
 
 /// The `status` label values (the handler's answer, or the layer's status).
@@ -45,7 +47,7 @@ const STATUSES: [&str; 10] = [
 
 /// The route of a request, where the router says it (axum's `MatchedPath`).
 #[derive(Clone, Debug, Default)]
-pub(crate) struct Route {
+pub struct Route {
     #[cfg(feature = "axum")]
     matched: Option<axum::extract::MatchedPath>,
 }
@@ -76,11 +78,13 @@ impl Route {
 
 /// How the layer dealt with a request.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum Answered<'a> {
+pub enum Answered<'a> {
     /// The handler ran under the lock.
     Locked,
     /// The handler ran holding a permit of its limit.
     Admitted,
+    /// The handler ran charged to its rate limits.
+    Allowed,
     /// A stored response was replayed.
     Replayed,
     /// The handler ran without a lock: no key, and the layer lets such requests through.
@@ -88,7 +92,7 @@ pub(crate) enum Answered<'a> {
     /// The handler ran without a lock: the store was down and the layer fails open.
     FailedOpen,
     /// The layer answered with a problem response.
-    Rejected(&'a LockRejection),
+    Rejected(&'a Rejection),
 }
 
 impl Answered<'_> {
@@ -97,6 +101,7 @@ impl Answered<'_> {
         match self {
             Answered::Locked => (0, 0),
             Answered::Admitted => (12, 0),
+            Answered::Allowed => (17, 0),
             Answered::Replayed => (1, 0),
             Answered::PassedUnlocked => (2, 0),
             Answered::FailedOpen => (3, 0),
@@ -180,25 +185,26 @@ impl RouteKeys {
 }
 
 /// The index of a rejection's `outcome` label.
-fn outcome(rejection: &LockRejection) -> usize {
+fn outcome(rejection: &Rejection) -> usize {
     match rejection {
-        LockRejection::Busy { .. } => 4,
-        LockRejection::MissingKey { .. } => 5,
-        LockRejection::InvalidKey { .. } => 6,
-        LockRejection::InvalidBody { .. } => 7,
-        LockRejection::BodyTooLarge { .. } => 8,
-        LockRejection::Unavailable { .. } => 9,
-        LockRejection::Lost => 10,
-        LockRejection::KeyReused => 11,
-        LockRejection::Full { .. } => 13,
-        LockRejection::InvalidLimit { .. } => 14,
-        LockRejection::ShuttingDown => 15,
-        LockRejection::Internal { .. } => 16,
+        Rejection::Busy { .. } => 4,
+        Rejection::MissingKey { .. } => 5,
+        Rejection::InvalidKey { .. } => 6,
+        Rejection::InvalidBody { .. } => 7,
+        Rejection::BodyTooLarge { .. } => 8,
+        Rejection::Unavailable { .. } => 9,
+        Rejection::Lost => 10,
+        Rejection::KeyReused => 11,
+        Rejection::Full { .. } => 13,
+        Rejection::InvalidLimit { .. } => 14,
+        Rejection::ShuttingDown => 15,
+        Rejection::Internal { .. } => 16,
+        Rejection::QuotaExceeded { .. } => 18,
     }
 }
 
 /// The index of a rejection's `status` label (the layer answers only these).
-fn status(rejection: &LockRejection) -> usize {
+fn status(rejection: &Rejection) -> usize {
     match rejection.status().as_u16() {
         400 => 1,
         409 => 2,

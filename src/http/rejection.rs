@@ -1,5 +1,6 @@
-//! Why the lock layer answered a request itself: each reason as an RFC 9457
-//! `application/problem+json` response with the right status (and `Retry-After`).
+//! [`Rejection`]: why a keyed layer (or an extractor) answered a request itself, each
+//! reason as an RFC 9457 `application/problem+json` response with the right status (and
+//! `Retry-After`); which engine error gets which answer, and how loud each is logged.
 
 use std::fmt;
 use std::time::Duration;
@@ -8,14 +9,20 @@ use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{Response, StatusCode};
 
-use super::retry_after::{HoldTimes, FLOOR};
-use crate::{BackendError, KeyError, LockClient, LockError};
+use super::retry_after::FLOOR;
+use crate::{BackendError, KeyError, LockError};
 
 /// The media type of problem details (RFC 9457).
 const PROBLEM_JSON: &str = "application/problem+json";
 
-/// Why a request was answered by the lock layer (or the [`Locked`](crate::Locked)
-/// extractor) instead of the handler.
+/// The problem type of a request over its quota, from the IETF draft *RateLimit header
+/// fields for HTTP*.
+const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+
+/// Why a request was answered by a keyed layer ([`LockLayer`](super::LockLayer),
+/// [`LimitLayer`](super::LimitLayer), [`RateLimitLayer`](super::RateLimitLayer)) or an
+/// extractor ([`Locked`](crate::Locked), [`Limited`](crate::Limited)) instead of the
+/// handler.
 ///
 /// Each variant becomes a problem response: `{"type", "title", "status", "detail"}` with
 /// content type `application/problem+json`. The `type` URIs are stable
@@ -33,16 +40,17 @@ const PROBLEM_JSON: &str = "application/problem+json";
 /// | `Lost` | 503 | `lock-lost` |
 /// | `KeyReused` | 422 | `idempotency-key-reused` |
 /// | `Full` | 429 (or the configured 503) + `Retry-After` | `limit-reached` |
+/// | `QuotaExceeded` | 429 + `Retry-After` | the IETF draft's `https://iana.org/assignments/http-problem-types#quota-exceeded`, with `violated-policies` |
 /// | `InvalidLimit` | 500 | `invalid-limit` |
 /// | `Internal` | 500 | `internal-error` |
 ///
 /// ```
 /// use axum::body::Bytes;
 /// use axum::http::{Response, StatusCode};
-/// use lockwarden::LockRejection;
+/// use lockwarden::Rejection;
 /// use std::time::Duration;
 ///
-/// let busy = LockRejection::Busy {
+/// let busy = Rejection::Busy {
 ///     status: StatusCode::CONFLICT,
 ///     retry_after: Duration::from_millis(1500),
 /// };
@@ -54,7 +62,7 @@ const PROBLEM_JSON: &str = "application/problem+json";
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum LockRejection {
+pub enum Rejection {
     /// Another request holds the lock and the wait budget is spent.
     Busy {
         /// 409 Conflict by default, 423 Locked if so configured.
@@ -116,6 +124,17 @@ pub enum LockRejection {
         /// at most the soonest remaining lease (see [`LockLayer`](super::LockLayer)).
         retry_after: Duration,
     },
+    /// A policy of the request's rate limits refused it, and it was charged to none (a
+    /// [`RateLimitLayer`](super::RateLimitLayer)). Answered with the problem type of the
+    /// IETF draft *RateLimit header fields for HTTP*, `quota-exceeded`, and its
+    /// `violated-policies` member.
+    QuotaExceeded {
+        /// When the same request would be admitted, if nothing else is charged meanwhile
+        /// (sent as `Retry-After`, in whole seconds rounded up, at least 1).
+        retry_after: Duration,
+        /// The names of the policies that refused it.
+        violated_policies: Vec<String>,
+    },
     /// The limit's capacity cannot be: 0, or above [`MAX_PERMITS`](crate::MAX_PERMITS).
     /// A misconfiguration of the server, not of the request.
     InvalidLimit {
@@ -131,15 +150,16 @@ pub enum LockRejection {
     },
 }
 
-impl LockRejection {
+impl Rejection {
     /// The HTTP status of the response.
     ///
     /// ```
-    /// # use lockwarden::LockRejection;
-    /// assert_eq!(LockRejection::BodyTooLarge { limit: 10 }.status(), 413);
+    /// # use lockwarden::Rejection;
+    /// assert_eq!(Rejection::BodyTooLarge { limit: 10 }.status(), 413);
     /// ```
     pub fn status(&self) -> StatusCode {
         match self {
+            Self::QuotaExceeded { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::Busy { status, .. }
             | Self::Full { status, .. }
             | Self::MissingKey { status, .. }
@@ -157,8 +177,8 @@ impl LockRejection {
     /// The `type` member: a URI that names the kind of problem.
     ///
     /// ```
-    /// # use lockwarden::LockRejection;
-    /// assert_eq!(LockRejection::Lost.problem_type(), "urn:lockwarden:problem:lock-lost");
+    /// # use lockwarden::Rejection;
+    /// assert_eq!(Rejection::Lost.problem_type(), "urn:lockwarden:problem:lock-lost");
     /// ```
     pub fn problem_type(&self) -> &'static str {
         match self {
@@ -172,6 +192,7 @@ impl LockRejection {
             Self::Lost => "urn:lockwarden:problem:lock-lost",
             Self::KeyReused => "urn:lockwarden:problem:idempotency-key-reused",
             Self::Full { .. } => "urn:lockwarden:problem:limit-reached",
+            Self::QuotaExceeded { .. } => QUOTA_EXCEEDED,
             Self::InvalidLimit { .. } => "urn:lockwarden:problem:invalid-limit",
             Self::Internal { .. } => "urn:lockwarden:problem:internal-error",
         }
@@ -180,8 +201,8 @@ impl LockRejection {
     /// The `title` member: a short summary of the kind of problem.
     ///
     /// ```
-    /// # use lockwarden::LockRejection;
-    /// assert_eq!(LockRejection::Lost.title(), "Lock lost");
+    /// # use lockwarden::Rejection;
+    /// assert_eq!(Rejection::Lost.title(), "Lock lost");
     /// ```
     pub fn title(&self) -> &'static str {
         match self {
@@ -195,6 +216,7 @@ impl LockRejection {
             Self::Lost => "Lock lost",
             Self::KeyReused => "Idempotency-Key is already used",
             Self::Full { .. } => "Too many concurrent requests",
+            Self::QuotaExceeded { .. } => "Rate limit exceeded",
             Self::InvalidLimit { .. } => "Concurrency limit misconfigured",
             Self::Internal { .. } => "Lock layer error",
         }
@@ -203,8 +225,8 @@ impl LockRejection {
     /// The `detail` member: what happened to this request.
     ///
     /// ```
-    /// # use lockwarden::LockRejection;
-    /// assert!(LockRejection::BodyTooLarge { limit: 64 }.detail().contains("64 bytes"));
+    /// # use lockwarden::Rejection;
+    /// assert!(Rejection::BodyTooLarge { limit: 64 }.detail().contains("64 bytes"));
     /// ```
     pub fn detail(&self) -> String {
         match self {
@@ -233,6 +255,18 @@ impl LockRejection {
                 "The limit of concurrent requests for this key is reached; retry in {} s.",
                 retry_after_secs(*retry_after)
             ),
+            Self::QuotaExceeded {
+                retry_after,
+                violated_policies,
+            } => format!(
+                "The rate limit for this key is reached (policy {}); retry in {} s.",
+                violated_policies
+                    .iter()
+                    .map(|p| format!("`{p}`"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                retry_after_secs(*retry_after)
+            ),
             Self::InvalidLimit { .. } => "The server's concurrency limit for this request is \
                                           misconfigured; the request was not processed."
                 .to_owned(),
@@ -247,18 +281,18 @@ impl LockRejection {
     ///
     /// ```
     /// use axum::http::StatusCode;
-    /// use lockwarden::LockRejection;
+    /// use lockwarden::Rejection;
     /// use std::time::Duration;
     ///
-    /// let busy = LockRejection::Busy { status: StatusCode::LOCKED, retry_after: Duration::ZERO };
+    /// let busy = Rejection::Busy { status: StatusCode::LOCKED, retry_after: Duration::ZERO };
     /// assert_eq!(busy.retry_after_secs(), Some(1)); // never less than a second
-    /// assert_eq!(LockRejection::KeyReused.retry_after_secs(), None);
+    /// assert_eq!(Rejection::KeyReused.retry_after_secs(), None);
     /// ```
     pub fn retry_after_secs(&self) -> Option<u64> {
         match self {
-            Self::Busy { retry_after, .. } | Self::Full { retry_after, .. } => {
-                Some(retry_after_secs(*retry_after))
-            }
+            Self::Busy { retry_after, .. }
+            | Self::Full { retry_after, .. }
+            | Self::QuotaExceeded { retry_after, .. } => Some(retry_after_secs(*retry_after)),
             Self::Unavailable { retry_after, .. } => retry_after.map(retry_after_secs),
             Self::ShuttingDown => Some(retry_after_secs(FLOOR)),
             Self::MissingKey { .. }
@@ -275,26 +309,32 @@ impl LockRejection {
     /// The problem document as JSON bytes.
     ///
     /// ```
-    /// # use lockwarden::LockRejection;
-    /// let json: serde_json::Value = serde_json::from_slice(&LockRejection::Lost.to_json()).unwrap();
+    /// # use lockwarden::Rejection;
+    /// let json: serde_json::Value = serde_json::from_slice(&Rejection::Lost.to_json()).unwrap();
     /// assert_eq!(json["status"], 503);
     /// assert_eq!(json["type"], "urn:lockwarden:problem:lock-lost");
     /// ```
     pub fn to_json(&self) -> Bytes {
-        let document = serde_json::json!({
+        let mut document = serde_json::json!({
             "type": self.problem_type(),
             "title": self.title(),
             "status": self.status().as_u16(),
             "detail": self.detail(),
         });
+        if let Self::QuotaExceeded {
+            violated_policies, ..
+        } = self
+        {
+            document["violated-policies"] = serde_json::json!(violated_policies);
+        }
         Bytes::from(serde_json::to_vec(&document).unwrap_or_default())
     }
 
     /// The problem response, with any body type that can be made from bytes.
     ///
     /// ```
-    /// # use lockwarden::LockRejection;
-    /// let response: axum::http::Response<axum::body::Bytes> = LockRejection::Lost.to_response();
+    /// # use lockwarden::Rejection;
+    /// let response: axum::http::Response<axum::body::Bytes> = Rejection::Lost.to_response();
     /// assert_eq!(response.status(), 503);
     /// ```
     pub fn to_response<B: From<Bytes>>(&self) -> Response<B> {
@@ -310,31 +350,26 @@ impl LockRejection {
 
     /// The answer to an acquisition that failed with `error`, each error on purpose:
     ///
-    /// - `Timeout`: `Busy` with `status` (`Full`, if the request waited for a `permit`
-    ///   of a limit), its `Retry-After` the holder's remaining lease until the layer puts
-    ///   its estimate in ([`with_retry_after`](Self::with_retry_after));
+    /// - `Timeout`: `Busy` (`409`) with the holder's remaining lease as its `Retry-After`
+    ///   (a layer answers its own busy or full status, with its estimate, instead);
     /// - `InvalidKey`: `InvalidKey`; a capacity that cannot be: `InvalidLimit`;
     /// - `Backend`: `Unavailable` (the only answer a layer that fails open lets through);
     /// - `ShutDown`: `ShuttingDown`;
     /// - `Lost`: `Lost`;
     /// - what no acquisition answers (the errors of releases, upgrades, claims on a
     ///   read-write lock, fenced writes, Redlock) and variants the engine may add later:
-    ///   `Internal`, never an outage, so never passed through unlocked.
-    pub(crate) fn from_lock_error(error: &LockError, status: StatusCode, permit: bool) -> Self {
+    ///   `Internal`, never an outage, so never passed through unguarded.
+    pub(crate) fn from_lock_error(error: &LockError) -> Self {
         match error {
-            LockError::Timeout { retry_after, .. } if permit => Self::Full {
-                status,
-                retry_after: *retry_after,
-            },
             LockError::Timeout { retry_after, .. } => Self::Busy {
-                status,
+                status: StatusCode::CONFLICT,
                 retry_after: *retry_after,
             },
-            LockError::InvalidPermits { .. } | LockError::TooManyPermits { .. } => {
-                Self::InvalidLimit {
-                    detail: error.to_string(),
-                }
-            }
+            LockError::InvalidPermits { .. }
+            | LockError::TooManyPermits { .. }
+            | LockError::InvalidRateLimit { .. } => Self::InvalidLimit {
+                detail: error.to_string(),
+            },
             LockError::InvalidKey(e) => Self::invalid_key(e),
             LockError::Backend(e) => Self::unavailable(e),
             LockError::ShutDown { .. } => Self::ShuttingDown,
@@ -355,25 +390,6 @@ impl LockRejection {
         }
     }
 
-    /// [`from_lock_error`](Self::from_lock_error), with the `Retry-After` of a busy lock
-    /// or full limit estimated from `times` (of the requests of `client` on `route`).
-    pub(crate) fn from_refusal(
-        error: &LockError,
-        status: StatusCode,
-        permit: bool,
-        (client, times, route): (&LockClient, &HoldTimes, Option<&str>),
-    ) -> Self {
-        let rejection = Self::from_lock_error(error, status, permit);
-        let LockError::Timeout { key, retry_after } = error else {
-            return rejection;
-        };
-        // The engine names the lock by the name it was given, which made a key before.
-        match client.key(key) {
-            Ok(key) => rejection.with_retry_after(times.retry_after(&key, route, *retry_after)),
-            Err(_) => rejection,
-        }
-    }
-
     /// The answer to a store that failed: `Retry-After: 1` when a retry may find it back
     /// (it could not be reached, answered too late, or too few replicas acknowledged).
     fn unavailable(error: &BackendError) -> Self {
@@ -390,14 +406,6 @@ impl LockRejection {
                 .to_owned(),
             retry_after: may_pass.then_some(FLOOR),
         }
-    }
-
-    /// The same answer with `estimate` as its `Retry-After`, if it is `Busy` or `Full`.
-    fn with_retry_after(mut self, estimate: Duration) -> Self {
-        if let Self::Busy { retry_after, .. } | Self::Full { retry_after, .. } = &mut self {
-            *retry_after = estimate;
-        }
-        self
     }
 
     /// Logs the answer, as loud as it is: an answer of the server's own failing (5xx) as
@@ -464,6 +472,7 @@ impl LockRejection {
             Self::Lost => "lost",
             Self::KeyReused => "key reused",
             Self::Full { .. } => "limit reached",
+            Self::QuotaExceeded { .. } => "quota exceeded",
             Self::InvalidLimit { .. } => "invalid limit",
             Self::Internal { .. } => "internal error",
         }
@@ -479,17 +488,17 @@ fn retry_after_secs(retry_after: Duration) -> u64 {
     secs.max(1)
 }
 
-impl fmt::Display for LockRejection {
+impl fmt::Display for Rejection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: {}", self.title(), self.detail())
     }
 }
 
-impl std::error::Error for LockRejection {}
+impl std::error::Error for Rejection {}
 
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
-impl axum::response::IntoResponse for LockRejection {
+impl axum::response::IntoResponse for Rejection {
     fn into_response(self) -> axum::response::Response {
         self.to_response()
     }
@@ -511,7 +520,7 @@ mod tests {
 
     #[test]
     fn problem_document_has_the_four_members() {
-        let rejection = LockRejection::MissingKey {
+        let rejection = Rejection::MissingKey {
             status: StatusCode::BAD_REQUEST,
             detail: "no header".into(),
         };

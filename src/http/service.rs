@@ -1,7 +1,8 @@
-//! [`LockService`]: the middleware a [`LockLayer`](super::LockLayer) wraps around a service.
+//! [`KeyedService`]: the middleware a [`KeyedLayer`](super::KeyedLayer) wraps around a
+//! service, for every policy.
 
 use std::fmt;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -9,14 +10,15 @@ use http::{Request, Response};
 use http_body::Body;
 use tower_service::Service;
 
-use super::body::LockedBody;
-use super::config::Config;
+use super::admission::Admission;
+use super::body::HeldBody;
+use super::config::{Missing, Shared};
 use super::future::ResponseFuture;
 use super::key::KeySource;
 use super::metrics::Route;
-use super::rejection::LockRejection;
 
-/// Holds a lock around each call of the inner service; made by
+/// Admits each call of the inner service under the layer's policy `P` (a lock, a permit, a
+/// rate decision); made by a [`KeyedLayer`](super::KeyedLayer) such as
 /// [`LockLayer`](super::LockLayer). Works with any `http` service whose response body
 /// yields data that can be made from [`Bytes`] (the problem bodies).
 ///
@@ -40,23 +42,24 @@ use super::rejection::LockRejection;
 /// assert!(response.headers().contains_key("retry-after"));
 /// # }
 /// ```
-pub struct LockService<S, K> {
+pub struct KeyedService<S, K, P> {
     inner: S,
     source: K,
-    config: Arc<Config>,
+    shared: Arc<Shared<P>>,
     missing: Missing,
 }
 
-/// The answer to a request without a key, made on first use and shared by the services
-/// of one layer (and their clones).
-pub(crate) type Missing = Arc<OnceLock<Arc<LockRejection>>>;
-
-impl<S, K> LockService<S, K> {
-    pub(crate) fn from_parts(inner: S, source: K, config: Arc<Config>, missing: Missing) -> Self {
+impl<S, K, P> KeyedService<S, K, P> {
+    pub(crate) fn from_parts(
+        inner: S,
+        source: K,
+        shared: Arc<Shared<P>>,
+        missing: Missing,
+    ) -> Self {
         Self {
             inner,
             source,
-            config,
+            shared,
             missing,
         }
     }
@@ -98,37 +101,39 @@ impl<S, K> LockService<S, K> {
     }
 }
 
-impl<S: Clone, K: Clone> Clone for LockService<S, K> {
+impl<S: Clone, K: Clone, P> Clone for KeyedService<S, K, P> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
             source: self.source.clone(),
-            config: self.config.clone(),
+            shared: self.shared.clone(),
             missing: self.missing.clone(),
         }
     }
 }
 
-impl<S: fmt::Debug, K: fmt::Debug> fmt::Debug for LockService<S, K> {
+impl<S: fmt::Debug, K: fmt::Debug, P: fmt::Debug> fmt::Debug for KeyedService<S, K, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LockService")
+        f.debug_struct("KeyedService")
             .field("inner", &self.inner)
             .field("source", &self.source)
-            .field("config", &self.config)
+            .field("settings", &self.shared.settings)
+            .field("policy", &self.shared.policy)
             .finish()
     }
 }
 
-impl<S, K, B, ResBody> Service<Request<B>> for LockService<S, K>
+impl<S, K, P, B, ResBody> Service<Request<B>> for KeyedService<S, K, P>
 where
     K: KeySource<B>,
+    P: Admission,
     S: Service<Request<K::RequestBody>, Response = Response<ResBody>> + Clone,
     ResBody: Body,
     ResBody::Data: From<Bytes>,
 {
-    type Response = Response<LockedBody<ResBody>>;
+    type Response = Response<HeldBody<ResBody>>;
     type Error = S::Error;
-    type Future = ResponseFuture<K::Future, S, K::RequestBody>;
+    type Future = ResponseFuture<K::Future, S, K::RequestBody, P>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -147,7 +152,7 @@ where
             self.source.extract(request),
             missing,
             inner,
-            self.config.clone(),
+            self.shared.clone(),
             route,
         )
     }

@@ -6,7 +6,8 @@ use std::time::Duration;
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, Request, StatusCode};
 use axum::Router;
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::TokioIo;
 use tower::ServiceExt;
 
 /// How long a response, and then its whole body, may take.
@@ -112,4 +113,33 @@ pub fn req(path: &str, key: Option<&str>) -> Request<Body> {
         builder = builder.header("idempotency-key", key);
     }
     builder.body(Body::empty()).expect("request")
+}
+
+/// Serves `app` on 127.0.0.1:0, over real HTTP; the server stops with the test's runtime.
+pub async fn serve(app: Router) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+/// One `POST` to `path` as tenant `tenant` (`x-tenant`) over a fresh loopback connection:
+/// the status, once the body is read.
+pub async fn post_over_http(addr: std::net::SocketAddr, path: &str, tenant: &str) -> StatusCode {
+    let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("handshake");
+    tokio::spawn(conn);
+    let request = Request::post(path)
+        .header("host", "127.0.0.1")
+        .header("x-tenant", tenant)
+        .body(Empty::<Bytes>::new())
+        .expect("request");
+    let response = sender.send_request(request).await.expect("response");
+    let status = response.status();
+    response.into_body().collect().await.expect("body");
+    status
 }

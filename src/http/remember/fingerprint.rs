@@ -8,7 +8,7 @@ use std::sync::Arc;
 use http::StatusCode;
 use sha2::{Digest, Sha256};
 
-use crate::http::rejection::LockRejection;
+use crate::http::rejection::Rejection;
 
 /// What makes two requests with the same key "the same request" for
 /// [`LockLayer::remember`](crate::LockLayer::remember). A retry must match the stored
@@ -66,7 +66,7 @@ impl Fingerprint {
         &self,
         parts: &http::request::Parts,
         body: &[u8],
-    ) -> Result<RequestFingerprint, LockRejection> {
+    ) -> Result<RequestFingerprint, Rejection> {
         let mut hash = Sha256::new();
         let mut part = |bytes: &[u8]| {
             hash.update((bytes.len() as u64).to_be_bytes());
@@ -84,7 +84,7 @@ impl Fingerprint {
             Self::Request => part(body),
             Self::JsonFields(pointers) => {
                 let value: serde_json::Value =
-                    serde_json::from_slice(body).map_err(|e| LockRejection::InvalidBody {
+                    serde_json::from_slice(body).map_err(|e| Rejection::InvalidBody {
                         status: StatusCode::BAD_REQUEST,
                         detail: format!("The request body is not valid JSON: {e}."),
                     })?;
@@ -104,7 +104,7 @@ impl Fingerprint {
 /// The fingerprint of one request, made by [`Remember`](super::Remember) and carried to
 /// the response side in the request's [`Extracted`](crate::http::Extracted) key.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) struct RequestFingerprint(pub(super) [u8; 32]);
+pub struct RequestFingerprint(pub(super) [u8; 32]);
 
 impl fmt::Debug for RequestFingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

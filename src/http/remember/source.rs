@@ -15,7 +15,7 @@ use pin_project_lite::pin_project;
 use super::fingerprint::{Fingerprint, RequestFingerprint};
 use crate::http::buffer::{BoxError, ReadBody};
 use crate::http::key::{Extracted, KeySource};
-use crate::http::rejection::LockRejection;
+use crate::http::rejection::Rejection;
 
 /// The key source of a layer that remembers completed requests (made by
 /// [`LockLayer::remember`](crate::LockLayer::remember)): reads the body (up to the body
@@ -59,7 +59,7 @@ where
         }
     }
 
-    fn missing(&self) -> LockRejection {
+    fn missing(&self) -> Rejection {
         self.inner.missing()
     }
 
@@ -107,7 +107,7 @@ where
     B::Error: Into<BoxError>,
     K: KeySource<Full<Bytes>>,
 {
-    type Output = Result<Extracted<K::RequestBody>, LockRejection>;
+    type Output = Result<Extracted<K::RequestBody>, Rejection>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();

@@ -9,7 +9,7 @@ use bytes::{BufMut, Bytes};
 use http::{HeaderName, HeaderValue, Response, StatusCode};
 
 use super::fingerprint::RequestFingerprint;
-use crate::http::rejection::LockRejection;
+use crate::http::rejection::Rejection;
 
 const MAGIC: &[u8; 3] = b"LW1";
 
@@ -18,7 +18,7 @@ pub const IDEMPOTENCY_REPLAYED: HeaderName = HeaderName::from_static("idempotenc
 
 /// A completed response as kept in the store.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Stored {
+pub struct Stored {
     pub(super) fingerprint: RequestFingerprint,
     pub(super) status: StatusCode,
     pub(super) headers: Vec<(HeaderName, HeaderValue)>,
@@ -32,15 +32,15 @@ impl Stored {
     pub(crate) fn for_request(
         bytes: Vec<u8>,
         fingerprint: Option<RequestFingerprint>,
-    ) -> Result<Self, LockRejection> {
+    ) -> Result<Self, Rejection> {
         match Self::decode(bytes) {
             Some(stored) if Some(stored.fingerprint) == fingerprint => Ok(stored),
-            Some(_) => Err(LockRejection::KeyReused),
+            Some(_) => Err(Rejection::KeyReused),
             None => {
                 tracing::error!(
                     "a remembered response could not be read (written by another version?)"
                 );
-                Err(LockRejection::Unavailable {
+                Err(Rejection::Unavailable {
                     detail: "The stored response for this key could not be read.".to_owned(),
                     // Another version of the server may read it.
                     retry_after: None,
@@ -98,7 +98,7 @@ impl Stored {
     }
 
     /// The replayed response: stored status, headers and body, marked as a replay. Any
-    /// body type made from [`Bytes`] will do (the layer's is `LockedBody`).
+    /// body type made from [`Bytes`] will do (the layer's is `HeldBody`).
     pub(crate) fn into_response<B: From<Bytes>>(self) -> Response<B> {
         let mut response = Response::new(B::from(self.body));
         *response.status_mut() = self.status;

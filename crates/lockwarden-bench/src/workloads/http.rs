@@ -1,7 +1,9 @@
 //! Workload 7: HTTP. One small axum app (`POST /orders`, a JSON order in, a JSON order
 //! out) with and without `LockLayer::by_header("Idempotency-Key")`, and with
-//! `LimitLayer::by_header("Idempotency-Key").permits(5)` in its place (a permit per
-//! request, held as the lock layer holds its lock), every request with a fresh key (so no
+//! `LimitLayer::permits(5).by_header("Idempotency-Key")` in its place (a permit per
+//! request, held as the lock layer holds its lock) or
+//! `RateLimitLayer::limiter(..).by_header("Idempotency-Key")` (one rate decision per
+//! request under a million a second, nothing held), every request with a fresh key (so no
 //! request can conflict or wait), each app served by hyper on its own
 //! 127.0.0.1:0 listener in this process and driven by hyper HTTP/1.1 keep-alive client
 //! connections, one task per connection:
@@ -20,12 +22,14 @@
 //! acquire and release scripts sent raw from the handler (the same floor with the Redis
 //! side of a lock cycle), the lock engine called in the handler without the layer
 //! (`try_acquire(0)`, build the response, `release().await`), the same through the
-//! `Locked<T>` extractor, the layer keyed by a field
+//! `Locked<T>` extractor, a rate decision made in the handler (`RateLimiter::check`), the
+//! layer keyed by a field
 //! of the JSON body (`by_json_field`: the body buffered before the lock), and the layer
 //! with a fixed lease instead of the watchdog (1 connection only).
 //!
-//! Any non-2xx answer, or a handler that did not see the lock (or saw one where none was
-//! taken), is a problem: the run exits non-zero. Afterwards no lock may be left in Redis.
+//! Any non-2xx answer, or a handler that did not see the lock, permit or rate decision
+//! (or saw one where none was taken), is a problem: the run exits non-zero. Afterwards
+//! no lock may be left in Redis.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -43,7 +47,10 @@ use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
-use lockwarden::{LimitLayer, LockClient, LockInfo, LockKey, LockLayer, Locked, PermitInfo};
+use lockwarden::{
+    LimitLayer, LockClient, LockInfo, LockKey, LockLayer, Locked, PermitInfo, RateDecision,
+    RateLimitLayer, RateLimiter, RatePolicy,
+};
 use redis::aio::ConnectionManager;
 use serde_json::{json, Value};
 use tokio::net::{TcpListener, TcpStream};
@@ -88,13 +95,17 @@ enum App {
     PermitEngine,
     /// `.remember(..)`, every request a retry of one of 64 completed ones: the replay path.
     Replay,
+    /// `RateLimitLayer::limiter(..).by_header`: one rate decision per request, nothing held.
+    RateLimit,
+    /// The same rate decision made in the handler, without the layer.
+    RateEngine,
 }
 
 impl App {
     /// The apps of the 1-connection part. The first four are the references, in this
     /// order: no lock, the 2 × EVALSHA floor, lockwarden's scripts raw, the lock in the
     /// handler.
-    const SEQUENTIAL: [App; 10] = [
+    const SEQUENTIAL: [App; 12] = [
         App::Plain,
         App::Evalsha,
         App::OwnScripts,
@@ -102,13 +113,15 @@ impl App {
         App::Extractor,
         App::Layer,
         App::Limit,
+        App::RateLimit,
+        App::RateEngine,
         App::PermitEngine,
         App::JsonField,
         App::LayerLease,
     ];
     /// The apps of the 64-connection part, run in this order and then reversed: the same
     /// references first (no lock first: the others' ratios are to it).
-    const CONCURRENT: [App; 9] = [
+    const CONCURRENT: [App; 11] = [
         App::Plain,
         App::Evalsha,
         App::OwnScripts,
@@ -116,6 +129,8 @@ impl App {
         App::Extractor,
         App::Layer,
         App::Limit,
+        App::RateLimit,
+        App::RateEngine,
         App::JsonField,
         App::Replay,
     ];
@@ -133,6 +148,8 @@ impl App {
             App::Limit => "axum + LimitLayer::by_header (5 permits)",
             App::PermitEngine => "axum + permit in handler (no layer)",
             App::Replay => "axum + LockLayer.remember, replays",
+            App::RateLimit => "axum + RateLimitLayer::by_header",
+            App::RateEngine => "axum + rate decision in handler (no layer)",
         }
     }
 
@@ -149,6 +166,8 @@ impl App {
             App::Limit => "limit",
             App::PermitEngine => "permit-engine",
             App::Replay => "replay",
+            App::RateLimit => "rate",
+            App::RateEngine => "rate-engine",
         }
     }
 
@@ -162,10 +181,12 @@ impl App {
                 | App::LayerLease
                 | App::Limit
                 | App::PermitEngine
+                | App::RateLimit
+                | App::RateEngine
         )
     }
 
-    fn router(self, client: &LockClient, redis: &ConnectionManager) -> Router {
+    fn router(self, client: &LockClient, redis: &ConnectionManager, rates: &RateLimiter) -> Router {
         let orders = Router::new().route("/orders", post(create_order));
         let layer = LockLayer::by_header("Idempotency-Key").client(client.clone());
         match self {
@@ -192,9 +213,9 @@ impl App {
             App::Limit => Router::new()
                 .route("/orders", post(create_order_limited))
                 .layer(
-                    LimitLayer::by_header("Idempotency-Key")
-                        .client(client.clone())
-                        .permits(LIMIT),
+                    LimitLayer::permits(LIMIT)
+                        .by_header("Idempotency-Key")
+                        .client(client.clone()),
                 ),
             App::PermitEngine => Router::new()
                 .route("/orders", post(create_order_under_permit))
@@ -205,6 +226,14 @@ impl App {
                     .wait(Duration::from_secs(2))
                     .remember(Duration::from_secs(3600)),
             ),
+            // Every request's key is fresh, and its policy admits a million a second: each
+            // is one decision that admits it.
+            App::RateLimit => Router::new()
+                .route("/orders", post(create_order_rated))
+                .layer(RateLimitLayer::limiter(rates.clone()).by_header("Idempotency-Key")),
+            App::RateEngine => Router::new()
+                .route("/orders", post(create_order_after_decision))
+                .with_state(rates.clone()),
         }
     }
 }
@@ -221,6 +250,39 @@ async fn create_order_limited(
     Json(order): Json<Value>,
 ) -> Response {
     created(&order, permit.map(|Extension(info)| info.fencing_token))
+}
+
+/// The order app behind the rate-limit layer: the same answer, with what its decision left
+/// (in place of a token: the proof the layer decided).
+async fn create_order_rated(
+    decision: Option<Extension<RateDecision>>,
+    Json(order): Json<Value>,
+) -> Response {
+    let left = decision.and_then(|Extension(d)| d.policies().first().map(|p| p.remaining()));
+    created(&order, left.map(u64::from))
+}
+
+/// The rate-limit layer's work done by hand: one decision for the request's key, then the
+/// order (with what the decision left), or `429`.
+async fn create_order_after_decision(
+    State(rates): State<RateLimiter>,
+    headers: HeaderMap,
+    Json(order): Json<Value>,
+) -> Response {
+    let Some(key) = headers.get(KEY_HEADER).and_then(|v| v.to_str().ok()) else {
+        return (StatusCode::BAD_REQUEST, "no key").into_response();
+    };
+    match rates.check(key).await {
+        Ok(decision) if decision.is_allowed() => {
+            let left = decision
+                .policies()
+                .first()
+                .map(|p| u64::from(p.remaining()));
+            created(&order, left)
+        }
+        Ok(_) => (StatusCode::TOO_MANY_REQUESTS, "refused").into_response(),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
+    }
 }
 
 /// The order made, with the fencing token of the lock (or permit) held, if any.
@@ -431,9 +493,13 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
 
     let client = LockClient::connect(&ctx.url).await?;
     let redis = connection_manager(&ctx.url).await?;
+    let rates = client.rate_limiter(
+        "w7",
+        [RatePolicy::new("second", 1_000_000, Duration::from_secs(1))],
+    )?;
     let mut servers = Vec::new();
     for app in App::SEQUENTIAL.into_iter().chain([App::Replay]) {
-        servers.push((app, serve(app.router(&client, &redis)).await?));
+        servers.push((app, serve(app.router(&client, &redis, &rates)).await?));
     }
     let addr = |app: App| {
         servers
@@ -462,6 +528,10 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
     let permit_engine = App::SEQUENTIAL
         .iter()
         .position(|a| *a == App::PermitEngine)
+        .map(|k| latency[k]);
+    let rate_engine = App::SEQUENTIAL
+        .iter()
+        .position(|a| *a == App::RateEngine)
         .map(|k| latency[k]);
     for (app, s) in App::SEQUENTIAL.iter().zip(&latency) {
         let mut row = Row::new(SEQUENTIAL, app.name(), "latency per request", "µs")
@@ -502,6 +572,12 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
                 s.median - engine.median
             )),
         };
+        if let (App::RateLimit, Some(decision)) = (app, rate_engine) {
+            row = row.note(format!(
+                "{:+.1} µs vs the decision in the handler",
+                s.median - decision.median
+            ));
+        }
         if let (App::Limit, Some(permit)) = (app, permit_engine) {
             row = row.note(format!(
                 "{:+.1} µs vs the permit in the handler",
@@ -527,6 +603,26 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
                  {:+.1} µs between them; p99 differences {:+.0} µs vs {:+.0} µs",
                 limit.median - layer.median,
                 limit.p99 - plain.p99,
+                layer.p99 - plain.p99
+            )),
+        );
+    }
+
+    if let (Some(layer), Some(rate)) = (seq_at(App::Layer), seq_at(App::RateLimit)) {
+        let (layer, rate) = (latency[layer], latency[rate]);
+        let (lock_added, rate_added) = (layer.median - plain.median, rate.median - plain.median);
+        report.push(
+            Row::new(
+                SEQUENTIAL,
+                App::RateLimit.name(),
+                "added latency ÷ LockLayer's (p50 differences)",
+                "",
+            )
+            .value(rate_added / lock_added)
+            .note(format!(
+                "target ≤ 1; {rate_added:+.1} µs vs {lock_added:+.1} µs over no lock; p99 \
+                 differences {:+.0} µs vs {:+.0} µs",
+                rate.p99 - plain.p99,
                 layer.p99 - plain.p99
             )),
         );
@@ -646,6 +742,24 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
              Redis commands {limit_cmds:.2} vs {lock_cmds:.2}, Redis CPU {limit_redis:.1} µs \
              vs {lock_redis:.1} µs",
             limit_rate / lock_rate
+        )),
+    );
+
+    let rate = at(App::RateLimit);
+    let (rate_cmds, rate_redis, rate_rate) = per_request(&totals[rate]);
+    report.push(
+        Row::new(
+            CONCURRENT,
+            App::RateLimit.name(),
+            "requests/s ÷ LockLayer's",
+            "",
+        )
+        .value(rates[rate].median / rates[layer].median)
+        .note(format!(
+            "target ≥ 1.5; overall {:.2} ({rate_rate:.0}/s vs {lock_rate:.0}/s); per request: \
+             Redis commands {rate_cmds:.2} vs {lock_cmds:.2}, Redis CPU {rate_redis:.1} µs \
+             vs {lock_redis:.1} µs",
+            rate_rate / lock_rate
         )),
     );
 
