@@ -48,7 +48,7 @@ async fn killed_redis_is_503_within_the_budget() {
     assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(
         answer.problem_type(),
-        "urn:lockwarden:problem:lock-unavailable"
+        "urn:lockwarden:problem:store-unavailable"
     );
     assert!(
         took <= WAIT + COMMAND_TIMEOUT + Duration::from_millis(300),
@@ -74,7 +74,7 @@ async fn a_two_second_wait_is_answered_within_it_and_the_command_timeout() {
     let answer = call(&app).await;
     let took = started.elapsed();
     server.resume();
-    answer.assert_problem(503, "lock-unavailable");
+    answer.assert_problem(503, "store-unavailable");
     assert_eq!(answer.retry_after(), 1);
     let command_timeout = Duration::from_secs(2);
     assert!(

@@ -433,65 +433,65 @@ fn table() -> Vec<Row> {
         // --- by_header("Idempotency-Key") ---
         row(
             "missing key",
-            "a request without the header is 400 missing-lock-key",
+            "a request without the header is 400 missing-key",
             raw("/h/echo", &[], b""),
-            Expect::Problem(400, "missing-lock-key"),
+            Expect::Problem(400, "missing-key"),
         ),
         row(
             "empty key",
-            "an empty header value is not a key: 400 invalid-lock-key (not the shared lock `http:`)",
+            "an empty header value is not a key: 400 invalid-key (not the shared lock `http:`)",
             with_key("/h/echo", b""),
-            Expect::Problem(400, "invalid-lock-key"),
+            Expect::Problem(400, "invalid-key"),
         ),
         row(
             "whitespace-only key",
-            "a value of spaces is empty once HTTP trims it: 400 invalid-lock-key",
+            "a value of spaces is empty once HTTP trims it: 400 invalid-key",
             with_key("/h/echo", b"   "),
-            Expect::Problem(400, "invalid-lock-key"),
+            Expect::Problem(400, "invalid-key"),
         ),
         row(
             "10 KB key",
-            "a key over the length limit is 400 invalid-lock-key",
+            "a key over the length limit is 400 invalid-key",
             with_key("/h/echo", &ten_kb),
-            Expect::Problem(400, "invalid-lock-key"),
+            Expect::Problem(400, "invalid-key"),
         ),
         row(
             "tab in key",
-            "the one control character a header may carry is refused by the layer: 400 invalid-lock-key",
+            "the one control character a header may carry is refused by the layer: 400 invalid-key",
             with_key("/h/echo", b"a\tb"),
-            Expect::Problem(400, "invalid-lock-key"),
+            Expect::Problem(400, "invalid-key"),
         ),
         row(
             "obs-text (non-UTF-8) key",
-            "header bytes 0x80-0xFF that are not UTF-8 are 400 invalid-lock-key",
+            "header bytes 0x80-0xFF that are not UTF-8 are 400 invalid-key",
             with_key("/h/echo", b"evt-\xff\xfe"),
-            Expect::Problem(400, "invalid-lock-key"),
+            Expect::Problem(400, "invalid-key"),
         ),
         row(
             "C1 control character in key",
-            "U+0085 (NEL, sent as UTF-8) is a control character: 400 invalid-lock-key",
+            "U+0085 (NEL, sent as UTF-8) is a control character: 400 invalid-key",
             with_key("/h/echo", "a\u{85}b".as_bytes()),
-            Expect::Problem(400, "invalid-lock-key"),
+            Expect::Problem(400, "invalid-key"),
         ),
         row(
             "duplicate Idempotency-Key headers",
-            "two values are ambiguous (the handler might use the other one): 400 invalid-lock-key, nothing locked",
+            "two values are ambiguous (the handler might use the other one): 400 invalid-key, nothing locked",
             raw(
                 "/h/echo",
                 &[("Idempotency-Key", b"first"), ("Idempotency-Key", b"second")],
                 b"",
             ),
-            Expect::Problem(400, "invalid-lock-key"),
+            Expect::Problem(400, "invalid-key"),
         ),
         row(
             "duplicate identical Idempotency-Key headers",
-            "also two equal values are 400 invalid-lock-key (one rule, no guessing)",
+            "also two equal values are 400 invalid-key (one rule, no guessing)",
             raw(
                 "/h/echo",
                 &[("Idempotency-Key", b"same"), ("Idempotency-Key", b"same")],
                 b"",
             ),
-            Expect::Problem(400, "invalid-lock-key"),
+            Expect::Problem(400, "invalid-key"),
         ),
         row(
             "control byte in key",
@@ -580,15 +580,15 @@ fn table() -> Vec<Row> {
         ),
         row(
             "field absent",
-            "a well-formed body without the field is 422 missing-lock-key",
+            "a well-formed body without the field is 422 missing-key",
             json("/j/echo", br#"{"other":"x"}"#),
-            Expect::Problem(422, "missing-lock-key"),
+            Expect::Problem(422, "missing-key"),
         ),
         row(
             "field null",
-            "a null field counts as absent: 422 missing-lock-key",
+            "a null field counts as absent: 422 missing-key",
             json("/j/echo", br#"{"id":null}"#),
-            Expect::Problem(422, "missing-lock-key"),
+            Expect::Problem(422, "missing-key"),
         ),
         row(
             "field an object",
@@ -610,21 +610,21 @@ fn table() -> Vec<Row> {
         ),
         row(
             "field an empty string",
-            "an empty string is not a key: 400 invalid-lock-key (not the shared lock `http:`)",
+            "an empty string is not a key: 400 invalid-key (not the shared lock `http:`)",
             json("/j/echo", br#"{"id":""}"#),
-            Expect::Problem(400, "invalid-lock-key"),
+            Expect::Problem(400, "invalid-key"),
         ),
         row(
             "field with a newline",
-            "a JSON-escaped newline in the key is 400 invalid-lock-key",
+            "a JSON-escaped newline in the key is 400 invalid-key",
             json("/j/echo", br#"{"id":"a\nb"}"#),
-            Expect::Problem(400, "invalid-lock-key"),
+            Expect::Problem(400, "invalid-key"),
         ),
         row(
             "field with NUL",
-            "a JSON-escaped NUL in the key is 400 invalid-lock-key",
+            "a JSON-escaped NUL in the key is 400 invalid-key",
             json("/j/echo", br#"{"id":"a\u0000b"}"#),
-            Expect::Problem(400, "invalid-lock-key"),
+            Expect::Problem(400, "invalid-key"),
         ),
         row(
             "field with braces",
@@ -659,9 +659,9 @@ fn table() -> Vec<Row> {
         // --- by_json_field("/id"), 2 MiB limit ---
         row(
             "1 MB string within a 2 MiB limit",
-            "read in full, a 1 MB key is over the key length limit: 400 invalid-lock-key",
+            "read in full, a 1 MB key is over the key length limit: 400 invalid-key",
             json("/j2/echo", &one_mb_json),
-            Expect::Problem(400, "invalid-lock-key"),
+            Expect::Problem(400, "invalid-key"),
         ),
     ];
 

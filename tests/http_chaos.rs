@@ -280,7 +280,7 @@ impl Tally {
         let slug = match status {
             200..=299 => return,
             409 | 423 => "lock-busy",
-            503 => "lock-unavailable",
+            503 => "store-unavailable",
             _ => "",
         };
         if !is_problem(&answer, slug) {

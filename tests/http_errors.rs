@@ -142,7 +142,7 @@ async fn a_missing_scope_is_named_not_the_header() {
         );
     // The header is there; the scope (no authenticated user) is not.
     let answer = send(&app, req("/pay", Some("k1"))).await;
-    answer.assert_problem(400, "missing-lock-key");
+    answer.assert_problem(400, "missing-key");
     let detail = answer.json()["detail"]
         .as_str()
         .unwrap_or_default()
@@ -233,7 +233,7 @@ async fn an_extractors_503_is_logged_as_an_error() {
             .expect("request"),
     )
     .await;
-    answer.assert_problem(503, "lock-unavailable");
+    answer.assert_problem(503, "store-unavailable");
     let errors = events.at(tracing::Level::ERROR);
     assert!(
         errors.iter().any(

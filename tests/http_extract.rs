@@ -293,6 +293,6 @@ async fn extractor_answers_503_when_redis_is_down() {
     assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
     assert!(answer
         .text()
-        .contains("urn:lockwarden:problem:lock-unavailable"));
+        .contains("urn:lockwarden:problem:store-unavailable"));
     assert!(started.elapsed() < Duration::from_secs(1));
 }

@@ -471,7 +471,7 @@ async fn missing_key_is_400_and_takes_no_lock(env: Env) {
         probe
     );
     let answer = send(&app, req("/echo", None)).await;
-    answer.assert_problem(400, "missing-lock-key");
+    answer.assert_problem(400, "missing-key");
     assert!(answer.json()["detail"]
         .as_str()
         .is_some_and(|d| d.contains("idempotency-key")));
@@ -508,11 +508,11 @@ async fn too_long_and_control_character_keys_are_400(env: Env) {
     let long = "x".repeat(300);
     send(&app, req("/echo", Some(&long)))
         .await
-        .assert_problem(400, "invalid-lock-key");
+        .assert_problem(400, "invalid-key");
     // A tab is the only control character a header value may carry.
     send(&app, req("/echo", Some("a\tb")))
         .await
-        .assert_problem(400, "invalid-lock-key");
+        .assert_problem(400, "invalid-key");
     // With the namespace the limit is 255 bytes in all: this one just fits.
     let fits = "y".repeat(255 - "http:".len());
     assert_eq!(
@@ -575,7 +575,7 @@ async fn json_errors_are_400_422_and_413(env: Env) {
         .assert_problem(400, "invalid-body");
     send(&app, json_req("/echo", r#"{"other":1}"#))
         .await
-        .assert_problem(422, "missing-lock-key");
+        .assert_problem(422, "missing-key");
     send(&app, json_req("/echo", r#"{"id":{"nested":true}}"#))
         .await
         .assert_problem(422, "invalid-body");
@@ -694,7 +694,7 @@ async fn scope_separates_principals(env: Env) {
     // No scope: treated as a missing key.
     send(&app, req("/slow", Some("same")))
         .await
-        .assert_problem(400, "missing-lock-key");
+        .assert_problem(400, "missing-key");
     assert_eq!(probe.hits(), 2);
 }
 
@@ -751,7 +751,7 @@ async fn path_and_closure_keys(env: Env) {
     );
     send(&by_fn, req("/echo", None))
         .await
-        .assert_problem(400, "missing-lock-key");
+        .assert_problem(400, "missing-key");
     held.release().await.expect("release");
     assert_eq!(probe.hits(), 2);
 }
@@ -809,10 +809,15 @@ async fn redis_the_layers_release_is_two_commands_unless_a_reentry_outlives_the_
         .route("/keep", post(keep))
         .layer(LockLayer::by_header("Idempotency-Key").client(client.clone()));
     let calls = || ["evalsha", "hdel"].map(|c| server.command_calls(c));
-    // Loads the scripts (a first call is sent again after `NOSCRIPT`).
+    // Loads the scripts the layer sends (a first call is sent again after `NOSCRIPT`).
+    let warm = send(&app, req("/plain", Some("warm"))).await;
+    assert_eq!(warm.status, StatusCode::OK);
+    // ...and those of a re-entry and its counted release.
     let me = client.holder();
-    let warm = client.lock("warm").holder(&me).acquire().await.unwrap();
-    warm.release().await.unwrap();
+    let outer = client.lock("warm").holder(&me).acquire().await.unwrap();
+    let inner = client.lock("warm").holder(&me).acquire().await.unwrap();
+    inner.release().await.unwrap();
+    outer.release().await.unwrap();
 
     let before = calls();
     let answer = send(&app, req("/plain", Some("plain"))).await;

@@ -471,13 +471,11 @@ async fn missing_and_bad_keys_are_400_and_hold_nothing(env: Env) {
     let witness = Witness::default();
     let app = app(limit(&client, 2), &witness);
     let none = Request::post("/work").body(Body::empty()).unwrap();
-    send(&app, none)
-        .await
-        .assert_problem(400, "missing-lock-key");
+    send(&app, none).await.assert_problem(400, "missing-key");
     let long = "x".repeat(300);
     send(&app, tenant_req("/work", &long))
         .await
-        .assert_problem(400, "invalid-lock-key");
+        .assert_problem(400, "invalid-key");
     assert_eq!(witness.served.load(Ordering::SeqCst), 0);
 }
 

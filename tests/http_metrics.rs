@@ -96,7 +96,7 @@ fn the_layer_counts_every_answer_by_route_outcome_and_status() {
         // No key: 400.
         send(&app, req("/orders/8", None))
             .await
-            .assert_problem(400, "missing-lock-key");
+            .assert_problem(400, "missing-key");
         // Remembered: run once, then replayed.
         assert_eq!(send(&app, req("/pay", Some("p1"))).await.status, 200);
         assert!(send(&app, req("/pay", Some("p1"))).await.replayed());
@@ -115,7 +115,7 @@ fn the_layer_counts_every_answer_by_route_outcome_and_status() {
         );
         send(&app, req("/down", Some("d1")))
             .await
-            .assert_problem(503, "lock-unavailable");
+            .assert_problem(503, "store-unavailable");
     });
     requests(&snapshotter, &mut totals);
     let count = |labels: &str| totals.get(labels).copied().unwrap_or(0);

@@ -381,7 +381,7 @@ async fn scoped_keys_are_limited_apart(env: Env) {
     // No scope: no key, 400, nothing charged.
     send(&app, tenant_req("shared"))
         .await
-        .assert_problem(400, "missing-lock-key");
+        .assert_problem(400, "missing-key");
 }
 
 /// Promise: a global limit counts every request, whatever it carries.
@@ -410,20 +410,16 @@ async fn missing_and_bad_keys_are_400_and_charge_nothing(env: Env) {
         served
     );
     let none = Request::post("/work").body(Body::empty()).expect("request");
-    send(&app, none)
-        .await
-        .assert_problem(400, "missing-lock-key");
+    send(&app, none).await.assert_problem(400, "missing-key");
     let long = "k".repeat(lockwarden::DEFAULT_MAX_KEY_LEN + 1);
     send(&app, tenant_req(&long))
         .await
-        .assert_problem(400, "invalid-lock-key");
+        .assert_problem(400, "invalid-key");
     let empty = Request::post("/work")
         .header("x-tenant", "")
         .body(Body::empty())
         .expect("request");
-    send(&app, empty)
-        .await
-        .assert_problem(400, "invalid-lock-key");
+    send(&app, empty).await.assert_problem(400, "invalid-key");
     assert_eq!(served.0.lock().unwrap().len(), 0, "a handler ran");
     // Nothing was charged: a fresh key has its whole burst, and on Redis no bucket exists.
     assert_eq!(

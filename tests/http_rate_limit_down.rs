@@ -70,7 +70,7 @@ async fn a_store_down_is_503_with_retry_after() {
     let started = Instant::now();
     let answer = call(&app).await;
     let took = started.elapsed();
-    answer.assert_problem(503, "lock-unavailable");
+    answer.assert_problem(503, "store-unavailable");
     assert_eq!(answer.retry_after(), 1);
     assert!(
         took <= COMMAND_TIMEOUT + Duration::from_millis(700),

@@ -60,7 +60,7 @@ async fn without_redis_url_nothing_runs_in_process() {
     ] {
         let app = Router::new().route("/", post(counted.clone())).layer(layer);
         let answer = send(&app, req("/", Some("k1"))).await;
-        answer.assert_problem(503, "lock-unavailable");
+        answer.assert_problem(503, "store-unavailable");
         assert!(
             answer.text().contains("not configured"),
             "{}",
@@ -74,6 +74,6 @@ async fn without_redis_url_nothing_runs_in_process() {
     );
     send(&app, req("/orders", None))
         .await
-        .assert_problem(503, "lock-unavailable");
+        .assert_problem(503, "store-unavailable");
     assert_eq!(hits.0.load(Ordering::SeqCst), 0, "a handler ran unlocked");
 }

@@ -86,7 +86,7 @@ fn outcome(response: Response<Bytes>) -> Result<Outcome, TestCaseError> {
 }
 
 /// The expected outcome for a raw key: locked under `<ns><key>` if that is a valid name
-/// and the key is non-empty, else 400 invalid-lock-key.
+/// and the key is non-empty, else 400 invalid-key.
 fn check_key(outcome: Outcome, layer_ns: &str, key: &str) -> Result<(), TestCaseError> {
     let name = format!("{layer_ns}{key}");
     match outcome {
@@ -105,7 +105,7 @@ fn check_key(outcome: Outcome, layer_ns: &str, key: &str) -> Result<(), TestCase
                 key.is_empty() || !valid(&name),
                 "refused {name:?}: {status} {slug}"
             );
-            prop_assert_eq!((status, slug.as_str()), (400, "invalid-lock-key"));
+            prop_assert_eq!((status, slug.as_str()), (400, "invalid-key"));
         }
     }
     Ok(())
@@ -127,7 +127,7 @@ proptest! {
 
     /// For any header value: the layer never panics; it locks exactly when the value is
     /// non-empty UTF-8 that makes a valid name with the name prefix `http:`, under the name
-    /// `http:<value>` laid out as documented; otherwise it answers 400 invalid-lock-key.
+    /// `http:<value>` laid out as documented; otherwise it answers 400 invalid-key.
     #[test]
     fn header_values_become_keys_or_400(value in header_bytes()) {
         let header = HeaderValue::from_bytes(&value).expect("valid header bytes");
@@ -138,7 +138,7 @@ proptest! {
         match std::str::from_utf8(&value) {
             Ok(key) => check_key(outcome(response)?, "http:", key)?,
             Err(_) => match outcome(response)? {
-                Outcome::Problem(400, slug) => prop_assert_eq!(slug, "invalid-lock-key"),
+                Outcome::Problem(400, slug) => prop_assert_eq!(slug, "invalid-key"),
                 _ => prop_assert!(false, "non-UTF-8 value accepted"),
             },
         }
@@ -146,7 +146,7 @@ proptest! {
 
     /// For any string in a JSON field (control characters, braces, any Unicode): the
     /// layer never panics and locks `http:<string>` exactly when it is a valid non-empty
-    /// key, otherwise 400 invalid-lock-key.
+    /// key, otherwise 400 invalid-key.
     #[test]
     fn json_string_fields_become_keys_or_400(value in tricky()) {
         let body = serde_json::to_vec(&serde_json::json!({ "id": value })).expect("json");

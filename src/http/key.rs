@@ -182,7 +182,7 @@ fn non_empty(key: String, what: impl FnOnce() -> String) -> Result<String, Rejec
 /// The key is the value of a request header (made by [`LockLayer::by_header`](super::LockLayer::by_header)).
 ///
 /// An empty value, a value that is not UTF-8, or the header sent more than once (which
-/// value would the handler use?) is answered 400 `invalid-lock-key`.
+/// value would the handler use?) is answered 400 `invalid-key`.
 ///
 /// ```
 /// # use lockwarden::http::{FromHeader, PartsKey};

@@ -76,13 +76,13 @@ use crate::{Holder, LockClient, LockGuard, Scoped};
 /// | request | status | problem `type` (`urn:lockwarden:problem:…`) |
 /// |---|---|---|
 /// | its key is held by another request for the whole [`wait`](Self::wait) (default: one attempt) | `409`, or `423` with [`conflict_status`](Self::conflict_status); `Retry-After`: when a retry can succeed (see [below](#retry-after)) | `lock-busy` |
-/// | no key (no header, no field, a scope of `None`) | `400`; `422` for a JSON field absent or `null` in a well-formed body | `missing-lock-key` |
-/// | a key that is empty, too long, has control characters, is not UTF-8, or a key header sent more than once | `400` | `invalid-lock-key` |
+/// | no key (no header, no field, a scope of `None`) | `400`; `422` for a JSON field absent or `null` in a well-formed body | `missing-key` |
+/// | a key that is empty, too long, has control characters, is not UTF-8, or a key header sent more than once | `400` | `invalid-key` |
 /// | [`by_json_field`](Self::by_json_field): a body that is not JSON, or unreadable | `400` | `invalid-body` |
 /// | [`by_json_field`](Self::by_json_field): a field that is not a string or a number (the body is valid but unusable, as axum's `Json` answers) | `422` | `invalid-body` |
 /// | a body over [`body_limit`](Self::body_limit) (JSON keys, or a remembering layer's fingerprint) | `413` | `body-too-large` |
-/// | the lock store cannot be reached, within [`wait`](Self::wait) and one command timeout | `503` with `Retry-After: 1` (with [`fail_open`](Self::fail_open): passed through unlocked, with a warning) | `lock-unavailable` |
-/// | no client given and `REDIS_URL` not set ([`default_client`](super::default_client)) | `503`, also with `fail_open` | `lock-unavailable` |
+/// | the lock store cannot be reached, within [`wait`](Self::wait) and one command timeout | `503` with `Retry-After: 1` (with [`fail_open`](Self::fail_open): passed through unlocked, with a warning) | `store-unavailable` |
+/// | no client given and `REDIS_URL` not set ([`default_client`](super::default_client)) | `503`, also with `fail_open` | `store-unavailable` |
 /// | the lock client was [shut down](crate::LockClient::shutdown) (the server is stopping) | `503` with `Retry-After: 1`, also with `fail_open`: never run unlocked | `shutting-down` |
 /// | the engine answers with an error no acquisition should get (a bug) | `500`, also with `fail_open` | `internal-error` |
 /// | the lock was lost while the handler ran, with [`abort_on_loss`](Self::abort_on_loss) | `503` | `lock-lost` |

@@ -72,9 +72,9 @@ use crate::{LockError, RateDecision, RateLimiter};
 /// |---|---|---|
 /// | admitted: charged to every policy | the handler's, with the `RateLimit` fields if [`rate_limit_headers`](KeyedLayer::rate_limit_headers) | |
 /// | a policy refuses it (nothing is charged to any) | `429` with `Retry-After` (whole seconds, rounded up: when the same request would be admitted) and the `RateLimit-Policy` and `RateLimit` fields | `https://iana.org/assignments/http-problem-types#quota-exceeded`, with `violated-policies` |
-/// | no key (or no scope) | `400`; `422` for a JSON field absent or `null` (or let through with [`on_missing_key`](KeyedLayer::on_missing_key)) | `urn:lockwarden:problem:missing-lock-key` |
-/// | a key that is empty, too long, has control characters | `400`, nothing charged | `urn:lockwarden:problem:invalid-lock-key` |
-/// | the store cannot be reached | `503` with `Retry-After: 1` (with [`fail_open`](KeyedLayer::fail_open): passed through uncharged, with a warning) | `urn:lockwarden:problem:lock-unavailable` |
+/// | no key (or no scope) | `400`; `422` for a JSON field absent or `null` (or let through with [`on_missing_key`](KeyedLayer::on_missing_key)) | `urn:lockwarden:problem:missing-key` |
+/// | a key that is empty, too long, has control characters | `400`, nothing charged | `urn:lockwarden:problem:invalid-key` |
+/// | the store cannot be reached | `503` with `Retry-After: 1` (with [`fail_open`](KeyedLayer::fail_open): passed through uncharged, with a warning) | `urn:lockwarden:problem:store-unavailable` |
 ///
 /// The rate limit fails closed by default: a request is served only once it is charged.
 ///

@@ -31,11 +31,11 @@ const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#qu
 /// | variant | status | `type` slug |
 /// |---|---|---|
 /// | `Busy` | 409 (or the configured 423) + `Retry-After` | `lock-busy` |
-/// | `MissingKey` | 400 (422 for a JSON field) | `missing-lock-key` |
-/// | `InvalidKey` | 400 | `invalid-lock-key` |
+/// | `MissingKey` | 400 (422 for a JSON field) | `missing-key` |
+/// | `InvalidKey` | 400 | `invalid-key` |
 /// | `InvalidBody` | 400 (body not JSON, unreadable) or 422 (field of the wrong type) | `invalid-body` |
 /// | `BodyTooLarge` | 413 | `body-too-large` |
-/// | `Unavailable` | 503 (+ `Retry-After: 1` when a retry may find the store back) | `lock-unavailable` |
+/// | `Unavailable` | 503 (+ `Retry-After: 1` when a retry may find the store back) | `store-unavailable` |
 /// | `ShuttingDown` | 503 + `Retry-After: 1` | `shutting-down` |
 /// | `Lost` | 503 | `lock-lost` |
 /// | `KeyReused` | 422 | `idempotency-key-reused` |
@@ -183,11 +183,11 @@ impl Rejection {
     pub fn problem_type(&self) -> &'static str {
         match self {
             Self::Busy { .. } => "urn:lockwarden:problem:lock-busy",
-            Self::MissingKey { .. } => "urn:lockwarden:problem:missing-lock-key",
-            Self::InvalidKey { .. } => "urn:lockwarden:problem:invalid-lock-key",
+            Self::MissingKey { .. } => "urn:lockwarden:problem:missing-key",
+            Self::InvalidKey { .. } => "urn:lockwarden:problem:invalid-key",
             Self::InvalidBody { .. } => "urn:lockwarden:problem:invalid-body",
             Self::BodyTooLarge { .. } => "urn:lockwarden:problem:body-too-large",
-            Self::Unavailable { .. } => "urn:lockwarden:problem:lock-unavailable",
+            Self::Unavailable { .. } => "urn:lockwarden:problem:store-unavailable",
             Self::ShuttingDown => "urn:lockwarden:problem:shutting-down",
             Self::Lost => "urn:lockwarden:problem:lock-lost",
             Self::KeyReused => "urn:lockwarden:problem:idempotency-key-reused",
@@ -528,7 +528,7 @@ mod tests {
         assert_eq!(json["status"], 400);
         assert_eq!(json["detail"], "no header");
         assert_eq!(json["title"], "Missing lock key");
-        assert_eq!(json["type"], "urn:lockwarden:problem:missing-lock-key");
+        assert_eq!(json["type"], "urn:lockwarden:problem:missing-key");
         let response: Response<Bytes> = rejection.to_response();
         assert!(response.headers().get(RETRY_AFTER).is_none());
     }

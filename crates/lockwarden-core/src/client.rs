@@ -311,7 +311,9 @@ impl LockClient {
     /// report it: watched ones are [lost](LockGuard::is_lost), and releasing any of them
     /// answers [`LockError::Lost`] or [`LockError::NotHeld`]. Call it once the work that
     /// holds locks has ended (with axum, after `serve(..).with_graceful_shutdown(..)`
-    /// returned); a lock acquired while it runs is not released by it.
+    /// returned); a lock acquired while it runs is not released by it. Its
+    /// [rate limiters](Self::rate_limiter) keep deciding: a decision holds nothing to give
+    /// back.
     ///
     /// ```
     /// # use lockwarden_core::{LockClient, LockError};
