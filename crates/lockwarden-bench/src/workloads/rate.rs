@@ -4,7 +4,10 @@
 //!   `ConnectionManager`, taking turns decision by decision: an admitted decision on one
 //!   hot key (its bucket read and written), on a fresh key each time (no bucket yet), one
 //!   under two policies, and a refused one (read, nothing written). Then the Redis
-//!   commands of a decision, script-inner calls included.
+//!   commands of a decision, script-inner calls included. Beside them, on the raw
+//!   connection, two floors on the same hot key and policy: redis-cell's GCRA written in
+//!   Lua (`lua/gcra_cell.lua`) and a cheaper decision that reads its clock from the
+//!   key's expiry, cut to the ms (`lua/gcra_expiry.lua`).
 //! * **The local anchor**: what one request costs in-process, checked by the `governor`
 //!   crate (keyed GCRA, what tower_governor runs) and by lockwarden's in-process store.
 //! * **Memory**: 1,000,000 keys (100,000 with `--quick`) each touched once, under a policy
@@ -24,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use lockwarden_core::{LockClient, RateLimiter, RatePolicy};
 use lockwarden_testkit::RedisServer;
+use redis::Script;
 use tokio::task::JoinSet;
 
 use crate::baselines::{connection_manager, BoxError, TRIVIAL};
@@ -57,14 +61,18 @@ enum Turn {
     Fresh,
     TwoPolicies,
     Refused,
+    Cell,
+    Expiry,
 }
 
-const TURNS: [Turn; 5] = [
+const TURNS: [Turn; 7] = [
     Turn::Evalsha,
     Turn::Hot,
     Turn::Fresh,
     Turn::TwoPolicies,
     Turn::Refused,
+    Turn::Cell,
+    Turn::Expiry,
 ];
 
 async fn one_connection(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
@@ -87,6 +95,9 @@ async fn one_connection(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> 
         ctx.checks
             .problem(format!("{NAME}: a fresh key was refused"));
     }
+    // The floors, under `generous`'s policy: 1 µs a request, a burst of a million.
+    let cell = Script::new(include_str!("../../lua/gcra_cell.lua"));
+    let expiry = Script::new(include_str!("../../lua/gcra_expiry.lua"));
     let mut samples = vec![Vec::<Duration>::with_capacity(decisions); TURNS.len()];
     for i in 0..decisions + 100 {
         // The order rotates, so no kind always follows another.
@@ -102,6 +113,26 @@ async fn one_connection(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> 
                 Turn::Fresh => one.check(format!("fresh:{i}")).await?.is_allowed(),
                 Turn::TwoPolicies => two.check("hot").await?.is_allowed(),
                 Turn::Refused => !shut.check("k").await?.is_allowed(),
+                Turn::Cell => {
+                    let reply: Vec<i64> = cell
+                        .key("floor:cell")
+                        .arg(1_000_000)
+                        .arg(1_000_000)
+                        .arg(1)
+                        .arg(1)
+                        .invoke_async(&mut raw)
+                        .await?;
+                    reply.first() == Some(&0)
+                }
+                Turn::Expiry => {
+                    let debt: i64 = expiry
+                        .key("floor:expiry")
+                        .arg(1)
+                        .arg(999_999)
+                        .invoke_async(&mut raw)
+                        .await?;
+                    debt >= 0
+                }
             };
             let took = t.elapsed();
             if !admitted {
@@ -122,7 +153,7 @@ async fn one_connection(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> 
         ("decision under 2 policies, admitted", ""),
         ("decision, refused", ""),
     ];
-    for (samples, (metric, note)) in samples[1..].iter().zip(rows) {
+    for (samples, (metric, note)) in samples[1..5].iter().zip(rows) {
         let mut row = Row::new(NAME, "lockwarden", metric, "µs")
             .summary(Summary::micros(samples))
             .ratio_to(evalsha.median, "÷ EVALSHA median");
@@ -130,6 +161,24 @@ async fn one_connection(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> 
             row = row.note(note);
         }
         report.push(row);
+    }
+    let floors = [
+        (
+            "floor: redis-cell's GCRA in Lua",
+            "the same hot key and policy",
+        ),
+        (
+            "floor: clock from the key's expiry (ms)",
+            "no TIME; admits up to rate × 1 ms more",
+        ),
+    ];
+    for (samples, (metric, note)) in samples[5..].iter().zip(floors) {
+        report.push(
+            Row::new(NAME, "raw ConnectionManager", metric, "µs")
+                .summary(Summary::micros(samples))
+                .ratio_to(evalsha.median, "÷ EVALSHA median")
+                .note(note),
+        );
     }
     // The Redis commands of a decision (the script and the commands it calls).
     let counted = ctx.pick(1_000, 5_000);
