@@ -32,6 +32,7 @@ Needs valgrind and callgrind_annotate (apt-get install valgrind). A full run tak
 minutes.
 """
 import argparse
+import hashlib
 import os
 import random
 import shutil
@@ -274,13 +275,36 @@ def source(name):
     return "".join(open(os.path.join(LUA, f)).read() for f in SCRIPTS[name])
 
 
-class Lockwarden:
-    """The calls of a lockwarden client to one server, by kind."""
+def unfenced(text):
+    return text.replace("\nlocal fenced = true\n", "\nlocal fenced = false\n")
 
-    def __init__(self, server):
+
+def function_library(text):
+    """A script as scripts.rs makes it a Redis function: a library of its own, named (as
+    its one function) by the script's digest. Returns (name, library)."""
+    name = "lockwarden_" + hashlib.sha1(text.encode()).hexdigest()
+    return name, (f"#!lua name={name}\nredis.register_function('{name}', "
+                  f"function(KEYS, ARGV)\n{text}end)\n")
+
+
+class Lockwarden:
+    """The calls of a lockwarden client to one server, by kind. Where the server has
+    functions (Redis 7) the plain take goes as one (`FCALL`), as the client sends it;
+    `scripts=True` sends it as a script (`EVALSHA`), as to Redis 6.2 or a user without
+    `FUNCTION LOAD`."""
+
+    def __init__(self, server, scripts=False):
         self.sha = {name: server.load(source(name)) for name in SCRIPTS}
-        self.sha["unfenced"] = server.load(
-            source("acquire").replace("\nlocal fenced = true\n", "\nlocal fenced = false\n"))
+        self.sha["unfenced"] = server.load(unfenced(source("acquire")))
+        # The plain take's command and what names it: (FCALL, function) or (EVALSHA, digest).
+        self.take = {"acquire": ("EVALSHA", self.sha["acquire"]),
+                     "unfenced": ("EVALSHA", self.sha["unfenced"])}
+        for name, text in (("acquire", source("acquire")), ("unfenced", unfenced(source("acquire")))):
+            function, library = function_library(text)
+            loaded = server.call("FUNCTION", "LOAD", library)
+            if scripts or (isinstance(loaded, Error) and "already exists" not in loaded):
+                continue
+            self.take[name] = ("FCALL", function)
         self.client = str(uuid.uuid4())
         self.holders = 0
 
@@ -300,12 +324,13 @@ class Lockwarden:
 
     # The plain lock and claims
     def acquire(self, k, holder, fenced=True, expect=None):
-        sha = self.sha["acquire" if fenced else "unfenced"]
-        return Step(["EVALSHA", sha, 2, k["lock"], k["fence"], holder, LEASE], expect)
+        command, name = self.take["acquire" if fenced else "unfenced"]
+        return Step([command, name, 2, k["lock"], k["fence"], holder, LEASE], expect)
 
     def claim(self, k, holder, expect=None):
-        return Step(["EVALSHA", self.sha["acquire"], 3, k["lock"], k["fence"], k["done"],
-                     holder, LEASE], expect)
+        command, name = self.take["acquire"]
+        return Step([command, name, 3, k["lock"], k["fence"], k["done"], holder, LEASE],
+                    expect)
 
     def release_alone(self, k, holder):
         """A fresh holder's release: HDEL of its field, and the notice."""
@@ -480,10 +505,11 @@ def rows(server, n):
                sem.acquire(f"semh{i}", held.setdefault(("sem", i), lw.holder()), 1)]
                if rnd == 0 else []))
 
-    def lock_cycle(prefix, fenced=True, fresh=False):
+    def lock_cycle(prefix, fenced=True, fresh=False, via=lw):
         def steps(i, rnd):
-            k, h = keys(prefix, i, rnd if fresh else None), lw.holder()
-            return [lw.acquire(k, h, fenced, is_token if fenced else 0), *lw.release_alone(k, h)]
+            k, h = keys(prefix, i, rnd if fresh else None), via.holder()
+            return [via.acquire(k, h, fenced, is_token if fenced else 0),
+                    *via.release_alone(k, h)]
         return steps
 
     yield ("lock: acquire + release (a fresh holder's)", "lock", lambda: run(
@@ -500,16 +526,28 @@ def rows(server, n):
     yield ("lock, holder handed out: acquire + release script", "lock", lambda: run(
         server, lock_reentrant, n))
 
-    def lock_handoff(i, rnd):
-        k = keys("lh", i)
-        old, new = handoff("lh", i, lw.holder)
-        return [lw.acquire(k, new, True, refused), *lw.release_alone(k, old),
-                lw.acquire(k, new, True, is_token)]
+    def lock_handoff(prefix, via=lw):
+        def steps(i, rnd):
+            k = keys(prefix, i)
+            old, new = handoff(prefix, i, via.holder)
+            return [via.acquire(k, new, True, refused), *via.release_alone(k, old),
+                    via.acquire(k, new, True, is_token)]
 
-    yield ("lock handoff: refused attempt, release, acquire", "lock", lambda: run(
-        server, lock_handoff, n, subscribe=lambda i: keys("lh", i)["channel"],
-        before=lambda i, rnd: [lw.acquire(keys("lh", i), held.setdefault(("lh", i), lw.holder()),
-                                          True, is_token)] if rnd == 0 else []))
+        def before(i, rnd):
+            if rnd:
+                return []
+            holder = held.setdefault((prefix, i), via.holder())
+            return [via.acquire(keys(prefix, i), holder, True, is_token)]
+        return lambda: run(server, steps, n, before=before,
+                           subscribe=lambda i: keys(prefix, i)["channel"])
+
+    yield ("lock handoff: refused attempt, release, acquire", "lock", lock_handoff("lh"))
+    # As sent to Redis 6.2, or by a user without FUNCTION LOAD: the take as a script.
+    scripted = Lockwarden(server, scripts=True)
+    yield ("lock, the take as a script (EVALSHA): acquire + release", "lock", lambda: run(
+        server, lock_cycle("ls", via=scripted), n))
+    yield ("lock handoff, the take as a script (EVALSHA)", "lock", lock_handoff(
+        "lsh", via=scripted))
 
     def claim_cycle(i, rnd):
         k, h = keys("c", i, rnd), lw.holder()
