@@ -742,3 +742,32 @@ async fn a_server_that_lost_its_functions_is_given_them_again() {
     .await;
     assert_eq!(our_libraries(&server).len(), 1);
 }
+
+/// Promise: a server whose functions are switched off (`FUNCTION` and `FCALL` renamed
+/// away, as some hosted Redis do) connects as before, and the plain take goes by digest:
+/// the permission check counts a command the server does not know as refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_without_function_commands_gets_the_take_by_digest() {
+    let server = RedisServer::start_with(&[
+        "--rename-command",
+        "FUNCTION",
+        "",
+        "--rename-command",
+        "FCALL",
+        "",
+    ])
+    .unwrap();
+    let client = LockClient::connect(&server.url()).await.unwrap();
+    // The first take loads its script (`NOSCRIPT`, then the call again).
+    let guard = client.acquire("no-functions").await.unwrap();
+    guard.release().await.unwrap();
+    let before = server.command_calls("evalsha");
+    let guard = client.acquire("no-functions").await.unwrap();
+    assert_eq!(
+        server.command_calls("evalsha"),
+        before + 1,
+        "the take by digest"
+    );
+    guard.release().await.unwrap();
+    assert!(!server.exists("lockwarden:{no-functions}"));
+}

@@ -7,7 +7,8 @@
 //! `FUNCTION LOAD` and `FCALL` (asked of `ACL` with the permission check, which logs no
 //! refusal; `permissions.rs`). Each variant of the script is a library of its own, named by the
 //! script's digest (`scripts.rs`), so the clients of every version of the crate load their
-//! own and none replaces another's. Redis 6.2, a user refused them, or a client that skips
+//! own and none replaces another's. Redis 6.2, a server that renamed them away (the check
+//! counts a command it does not know as refused), a user refused them, or a client that skips
 //! the permission check gets the same text as a script. A server that later loses its functions (a restart without
 //! persistence, `FUNCTION FLUSH`, a node added to a cluster) is given them again when a
 //! call finds one missing, as it is given lost scripts (`commands.rs`).

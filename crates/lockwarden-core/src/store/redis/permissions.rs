@@ -149,7 +149,8 @@ pub(super) async fn check(
         .map(|&(name, _)| name.to_ascii_uppercase())
         .collect();
     let mut message = "found at connect, before any lock was taken (a command refused inside \
-                       a script cannot undo what the script wrote); grant the ACL line of lockwarden_core::guide::connecting"
+                       a script cannot undo what the script wrote); grant the ACL line of lockwarden_core::guide::connecting \
+                       (a command the server does not know, renamed away, counts as refused)"
         .to_owned();
     if commands.notices == Notices::Sharded {
         message.push_str(
