@@ -4,8 +4,8 @@
 -- KEYS[1] a key of the client's key space (Redis has checked the user may access it)
 -- ARGV[1] a channel of that space; ARGV[2..] each command with well-formed arguments,
 --   words split by spaces, `K` standing for the key and `C` for the channel.
--- Returns the positions (1 for ARGV[2]) of the refused commands, or false on a Redis
--- without `redis.acl_check_cmd` (before 7.0).
+-- Returns the positions (1 for ARGV[2]) of the refused commands (or unknown to the
+-- server), or false on a Redis without `redis.acl_check_cmd` (before 7.0).
 if not redis.acl_check_cmd then
   return false
 end
@@ -20,7 +20,10 @@ for i = 2, #ARGV do
     end
     table.insert(words, word)
   end
-  if not redis.acl_check_cmd(unpack(words)) then
+  -- A command the server does not know (renamed away, as some hosts do with FUNCTION)
+  -- makes acl_check_cmd raise: the user cannot run it either.
+  local known, allowed = pcall(redis.acl_check_cmd, unpack(words))
+  if not (known and allowed) then
     table.insert(refused, i - 1)
   end
 end

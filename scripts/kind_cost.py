@@ -14,7 +14,9 @@ warm-up pass of the same cycles. Commands per cycle count every command Redis ra
 (`INFO commandstats`), the calls inside scripts included.
 
 Each row sends what a client sends to one server (no call ids), with the scripts of
-`lua/` joined as `crates/lockwarden-core/src/store/redis/scripts.rs` joins them. A row
+`lua/` joined as `crates/lockwarden-core/src/store/redis/scripts.rs` joins them: where the
+server has functions (Redis 7), the plain take as a function (`FCALL`), and two rows send
+it as a script (`EVALSHA`), as to Redis 6.2 or a user without `FUNCTION LOAD`. A row
 whose cycle wakes a waiter has a subscriber connection on the channels it publishes to,
 as a waiting client has. The peers are written as their public projects send them, for
 this measurement only: `hexcowboy/rslock` (`SET key value NX PX ttl`, its
@@ -22,16 +24,23 @@ compare-and-delete script) and `swarthy/redis-semaphore` (its acquire script ove
 sorted set, `ZREM` to release; a refused acquire polls).
 
 `--only` keeps the rows of some groups: `peer` (rslock, redis-semaphore), `lock`, `claim`,
-`multi`, `rw`, `fair`, `permit` (e.g. `--only peer,lock`; `scripts/script_cost.sh` runs
-those two). The group `floor` (run only when asked for) measures prototypes that are not
-the library's, to show where a target's floor lies: the plain take written first
-(`HSETNX`, then `PEXPIRE .. NX`, Redis 7), `acquire.lua` as a Redis function (`FCALL`,
-Redis 7), and a semaphore whose holds live in its leases only (released with `ZREM` and
-`EXISTS`).
+`multi`, `rw`, `fair`, `permit`, `rate` (e.g. `--only peer,lock`; `scripts/script_cost.sh`
+runs those two). `rate` counts rate decisions (`lua/rate_limit.lua`, a policy of 100 per
+second, 20 at once: admitted on a key without a bucket, on one with a debt, refused, and
+under two policies) beside a minimal GCRA script, redis-cell's algorithm written in Lua
+for this comparison only, on the same keys in the same states, and prints their ratios.
+The group `floor` (run only when asked for) measures prototypes that are not the
+library's, to show where a target's floor lies: the plain take written first (`HSETNX`,
+then `PEXPIRE .. NX`, Redis 7), a release that publishes only when a waiter's refused
+attempt marked the hold (two fields, so that the count `HDEL` answers tells held from
+marked), the same with one mark named by the holder it waits on (found with
+`HRANDFIELD`), and a semaphore whose holds live in its leases only (released with `ZREM`
+and `EXISTS`).
 Needs valgrind and callgrind_annotate (apt-get install valgrind). A full run takes a few
 minutes.
 """
 import argparse
+import hashlib
 import os
 import random
 import shutil
@@ -71,7 +80,10 @@ class Server:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.conn = self.connect()
         self.dumps = 0
-        self.version = self.info_field("server", "redis_version")
+        # Valkey answers a `redis_version` of the Redis it is compatible with, and its own.
+        valkey = self.info_field("server", "valkey_version")
+        self.version = (f"Valkey {valkey}" if valkey != "?"
+                        else f"Redis {self.info_field('server', 'redis_version')}")
 
     def connect(self):
         deadline = time.monotonic() + 60
@@ -274,13 +286,44 @@ def source(name):
     return "".join(open(os.path.join(LUA, f)).read() for f in SCRIPTS[name])
 
 
-class Lockwarden:
-    """The calls of a lockwarden client to one server, by kind."""
+def replaced(text, old, new):
+    """`text` with `old` written as `new`; fails if `text` has no `old` (a script drifted)."""
+    if old not in text:
+        raise RuntimeError(f"no {old!r} in the script")
+    return text.replace(old, new)
 
-    def __init__(self, server):
+
+def unfenced(text):
+    return replaced(text, "\nlocal fenced = true\n", "\nlocal fenced = false\n")
+
+
+def function_library(text):
+    """A script as scripts.rs makes it a Redis function: a library of its own, named (as
+    its one function) by the script's digest. Returns (name, library)."""
+    name = "lockwarden_" + hashlib.sha1(text.encode()).hexdigest()
+    return name, (f"#!lua name={name}\nredis.register_function('{name}', "
+                  f"function(KEYS, ARGV)\n{text}end)\n")
+
+
+class Lockwarden:
+    """The calls of a lockwarden client to one server, by kind. Where the server has
+    functions (Redis 7) the plain take goes as one (`FCALL`), as the client sends it;
+    `scripts=True` sends it as a script (`EVALSHA`), as to Redis 6.2 or a user without
+    `FUNCTION LOAD`."""
+
+    def __init__(self, server, scripts=False):
         self.sha = {name: server.load(source(name)) for name in SCRIPTS}
-        self.sha["unfenced"] = server.load(
-            source("acquire").replace("\nlocal fenced = true\n", "\nlocal fenced = false\n"))
+        # The plain take's variants, each with its command and what names it: (FCALL,
+        # function) or (EVALSHA, digest).
+        takes = {"acquire": source("acquire"), "unfenced": unfenced(source("acquire"))}
+        self.take = {}
+        for name, text in takes.items():
+            self.take[name] = ("EVALSHA", server.load(text))
+            function, library = function_library(text)
+            loaded = server.call("FUNCTION", "LOAD", library)
+            if scripts or (isinstance(loaded, Error) and "already exists" not in loaded):
+                continue
+            self.take[name] = ("FCALL", function)
         self.client = str(uuid.uuid4())
         self.holders = 0
 
@@ -300,12 +343,13 @@ class Lockwarden:
 
     # The plain lock and claims
     def acquire(self, k, holder, fenced=True, expect=None):
-        sha = self.sha["acquire" if fenced else "unfenced"]
-        return Step(["EVALSHA", sha, 2, k["lock"], k["fence"], holder, LEASE], expect)
+        command, name = self.take["acquire" if fenced else "unfenced"]
+        return Step([command, name, 2, k["lock"], k["fence"], holder, LEASE], expect)
 
     def claim(self, k, holder, expect=None):
-        return Step(["EVALSHA", self.sha["acquire"], 3, k["lock"], k["fence"], k["done"],
-                     holder, LEASE], expect)
+        command, name = self.take["acquire"]
+        return Step([command, name, 3, k["lock"], k["fence"], k["done"], holder, LEASE],
+                    expect)
 
     def release_alone(self, k, holder):
         """A fresh holder's release: HDEL of its field, and the notice."""
@@ -480,10 +524,11 @@ def rows(server, n):
                sem.acquire(f"semh{i}", held.setdefault(("sem", i), lw.holder()), 1)]
                if rnd == 0 else []))
 
-    def lock_cycle(prefix, fenced=True, fresh=False):
+    def lock_cycle(prefix, fenced=True, fresh=False, via=lw):
         def steps(i, rnd):
-            k, h = keys(prefix, i, rnd if fresh else None), lw.holder()
-            return [lw.acquire(k, h, fenced, is_token if fenced else 0), *lw.release_alone(k, h)]
+            k, h = keys(prefix, i, rnd if fresh else None), via.holder()
+            return [via.acquire(k, h, fenced, is_token if fenced else 0),
+                    *via.release_alone(k, h)]
         return steps
 
     yield ("lock: acquire + release (a fresh holder's)", "lock", lambda: run(
@@ -500,16 +545,28 @@ def rows(server, n):
     yield ("lock, holder handed out: acquire + release script", "lock", lambda: run(
         server, lock_reentrant, n))
 
-    def lock_handoff(i, rnd):
-        k = keys("lh", i)
-        old, new = handoff("lh", i, lw.holder)
-        return [lw.acquire(k, new, True, refused), *lw.release_alone(k, old),
-                lw.acquire(k, new, True, is_token)]
+    def lock_handoff(prefix, via=lw):
+        def steps(i, rnd):
+            k = keys(prefix, i)
+            old, new = handoff(prefix, i, via.holder)
+            return [via.acquire(k, new, True, refused), *via.release_alone(k, old),
+                    via.acquire(k, new, True, is_token)]
 
-    yield ("lock handoff: refused attempt, release, acquire", "lock", lambda: run(
-        server, lock_handoff, n, subscribe=lambda i: keys("lh", i)["channel"],
-        before=lambda i, rnd: [lw.acquire(keys("lh", i), held.setdefault(("lh", i), lw.holder()),
-                                          True, is_token)] if rnd == 0 else []))
+        def before(i, rnd):
+            if rnd:
+                return []
+            holder = held.setdefault((prefix, i), via.holder())
+            return [via.acquire(keys(prefix, i), holder, True, is_token)]
+        return lambda: run(server, steps, n, before=before,
+                           subscribe=lambda i: keys(prefix, i)["channel"])
+
+    yield ("lock handoff: refused attempt, release, acquire", "lock", lock_handoff("lh"))
+    # As sent to Redis 6.2, or by a user without FUNCTION LOAD: the take as a script.
+    scripted = Lockwarden(server, scripts=True)
+    yield ("lock, the take as a script (EVALSHA): acquire + release", "lock", lambda: run(
+        server, lock_cycle("ls", via=scripted), n))
+    yield ("lock handoff, the take as a script (EVALSHA)", "lock", lock_handoff(
+        "lsh", via=scripted))
 
     def claim_cycle(i, rnd):
         k, h = keys("c", i, rnd), lw.holder()
@@ -640,45 +697,77 @@ def floors(server, n):
     lw = Lockwarden(server)
     held = {}
     write_first = server.load(WRITE_FIRST)
-    acquire = source("acquire")
-    server.call("FUNCTION", "LOAD", "REPLACE",
-                "#!lua name=kindcost\nredis.register_function('acquire', function(KEYS, ARGV)\n"
-                + acquire + "\nend)\n")
     leases_only = server.load(LEASES_ONLY)
+    # A waiter's mark, written by its refused attempts (a client with a waiter on the lock
+    # would send this variant), where acquire.lua answers busy: two fields `w1`, `w2`, so
+    # that the release `HDEL lock <holder> w1 w2` answers 1 held, 2 not held but marked
+    # (the mark on another's hold went: publish anyway), 3 held and marked...
+    def marking(mark):
+        text = source("acquire")
+        for busy in ("if first then\n  return -2 - ttl\nend", "\nreturn -2 - ttl"):
+            text = replaced(text, busy, busy.replace(
+                "return -2 - ttl", f"if ttl >= 0 then {mark} end\n  return -2 - ttl"))
+        name, library = function_library(text)
+        server.call("FUNCTION", "LOAD", "REPLACE", library)
+        return name
+    two_fields = marking("redis.call('HSET', KEYS[1], 'w1', '', 'w2', '')")
+    # ...or one field named by the holder it waits on, found with HRANDFIELD (the hash
+    # holds the holder's field, or that and its mark): `HDEL lock <holder> <holder>:w`.
+    by_holder = marking("local field = redis.call('HRANDFIELD', KEYS[1]) "
+                        "if string.sub(field, -2) ~= ':w' then "
+                        "redis.call('HSET', KEYS[1], field .. ':w', '1') end")
 
     def take(sha, k, holder, expect):
         return Step(["EVALSHA", sha, 2, k["lock"], k["fence"], holder, LEASE], expect)
 
-    def cycle(i, rnd):
-        k, h = lw.key(f"fw{i}"), lw.holder()
-        return [take(write_first, k, h, is_token), *lw.release_alone(k, h)]
+    def prototype(prefix, attempt, release, waited_release):
+        """A cycle and a handoff of a prototype: `attempt(k, holder, expect)`,
+        `release(k, holder)` nobody waiting, `waited_release(k, holder)` a waiter's."""
+        def cycle(i, rnd):
+            k, h = lw.key(f"{prefix}{i}"), lw.holder()
+            return [attempt(k, h, is_token), *release(k, h)]
 
-    yield ("floor: a take written first (HSETNX, PEXPIRE NX): cycle", "floor",
-           lambda: run(server, cycle, n))
+        def handoff(i, rnd):
+            k = lw.key(f"{prefix}h{i}")
+            old = held[(prefix, i)]
+            held[(prefix, i)] = new = lw.holder()
+            return [attempt(k, new, refused), *waited_release(k, old),
+                    attempt(k, new, is_token)]
 
-    def handoff(i, rnd):
-        k = lw.key(f"fwh{i}")
-        old = held[i]
-        held[i] = new = lw.holder()
-        return [take(write_first, k, new, refused), *lw.release_alone(k, old),
-                take(write_first, k, new, is_token)]
+        def before(i, rnd):
+            if rnd:
+                return []
+            held[(prefix, i)] = lw.holder()
+            return [attempt(lw.key(f"{prefix}h{i}"), held[(prefix, i)], is_token)]
+        return (lambda: run(server, cycle, n),
+                lambda: run(server, handoff, n, before=before,
+                            subscribe=lambda i: lw.key(f"{prefix}h{i}")["channel"]))
 
-    def before(i, rnd):
-        if rnd:
-            return []
-        held[i] = lw.holder()
-        return [take(write_first, lw.key(f"fwh{i}"), held[i], is_token)]
+    cycle, handoff = prototype("fw", lambda k, h, e: take(write_first, k, h, e),
+                               lw.release_alone, lw.release_alone)
+    yield ("floor: a take written first (HSETNX, PEXPIRE NX): cycle", "floor", cycle)
+    yield ("floor: a take written first (HSETNX, PEXPIRE NX): handoff", "floor", handoff)
 
-    yield ("floor: a take written first (HSETNX, PEXPIRE NX): handoff", "floor", lambda: run(
-        server, handoff, n, before=before, subscribe=lambda i: lw.key(f"fwh{i}")["channel"]))
+    def marked(function, fields, waited):
+        """A prototype's attempt by `function`; its release `HDEL lock <holder>
+        ..fields(holder)` answers 1 nobody waiting, `waited` where a waiter marked the hold
+        (then the notice)."""
+        def attempt(k, h, e):
+            return Step(["FCALL", function, 2, k["lock"], k["fence"], h, LEASE], e)
+        return (attempt,
+                lambda k, h: [Step(["HDEL", k["lock"], h, *fields(h)], 1)],
+                lambda k, h: [Step(["HDEL", k["lock"], h, *fields(h)], waited),
+                              Step(["PUBLISH", k["channel"], "0"])])
 
-    def function(i, rnd):
-        k, h = lw.key(f"fc{i}"), lw.holder()
-        call = Step(["FCALL", "acquire", 2, k["lock"], k["fence"], h, LEASE], is_token)
-        return [call, *lw.release_alone(k, h)]
-
-    yield ("floor: acquire.lua as a function (FCALL): cycle", "floor",
-           lambda: run(server, function, n))
+    cycle, handoff = prototype("wm", *marked(two_fields, lambda h: ("w1", "w2"), 3))
+    yield ("floor: a waiter's mark (w1 w2), the notice only then (FCALL): cycle", "floor", cycle)
+    yield ("floor: a waiter's mark (w1 w2), the notice only then (FCALL): handoff", "floor",
+           handoff)
+    cycle, handoff = prototype("bh", *marked(by_holder, lambda h: (h + ":w",), 2))
+    yield ("floor: a mark named by its holder (HRANDFIELD, <holder>:w; FCALL): cycle", "floor",
+           cycle)
+    yield ("floor: a mark named by its holder (HRANDFIELD, <holder>:w; FCALL): handoff",
+           "floor", handoff)
 
     def permit(i, rnd):
         k, h = lw.key(f"lo{i}"), lw.holder()
@@ -689,6 +778,87 @@ def floors(server, n):
 
     yield ("floor: a permit held in the leases only: acquire + ZREM + EXISTS", "floor",
            lambda: run(server, permit, n))
+
+
+# ---------------------------------------------------------------------------------------
+# Rate decisions (the group `rate`): lua/rate_limit.lua as the client sends it, beside a
+# minimal GCRA script, redis-cell's algorithm (`CL.THROTTLE key max_burst count period
+# quantity`: emission interval = period / count, tolerance = interval x (max_burst + 1), the
+# TAT read, compared, written with its expiry, a five-number reply) written in Lua, for
+# this comparison only, on the same keys in the same states.
+
+# The same file bench workload 10 times beside a decision.
+CELL = open(os.path.join(ROOT, "crates", "lockwarden-bench", "lua", "gcra_cell.lua")).read()
+# The decision bench 10 times as a floor: no TIME, the clock read from the key's expiry.
+EXPIRY = open(os.path.join(ROOT, "crates", "lockwarden-bench", "lua", "gcra_expiry.lua")).read()
+
+# Each decision's pair: (row of lua/rate_limit.lua, row of the minimal GCRA script).
+RATE_PAIRS = (
+    ("rate: admitted, a key without a bucket",
+     "minimal GCRA: admitted, a key without a bucket"),
+    ("rate: admitted, a key with a debt", "minimal GCRA: admitted, a key with a debt"),
+    ("rate: refused", "minimal GCRA: refused"),
+)
+
+
+def rates(server, n):
+    """A policy of 100 per second, 20 at once (the arguments the client sends: the µs a
+    decision adds, the most debt it may find, the spec), and the same for redis-cell's
+    arguments; keys without a bucket are new in each round."""
+    one = server.load("return 1")
+    cell = server.load(CELL)
+    rate = server.load(open(os.path.join(LUA, "rate_limit.lua")).read())
+
+    def bucket(name, policy="second"):
+        return f"lockwarden:rate:{{api:{name}}}:{policy}"
+
+    def admitted(reply):
+        return int(reply if not isinstance(reply, list) else reply[0]) >= 0
+
+    def refused(reply):
+        return int(reply if not isinstance(reply, list) else reply[0]) < 0
+
+    def cell_is(state):
+        return lambda reply: isinstance(reply, list) and reply[0] == state
+
+    policy = (10000, 190000, "10000:20")
+    # A debt that grows but never refuses: one per second, a million at once.
+    deep = (1000000, 999999000000, "1000000:1000000")
+    shut = (3600000000, 0, "3600000000:1")
+    day = (864000, 86399136000, "864000:100000")
+
+    def row(call, expect, before=None):
+        return lambda: run(server, lambda i, rnd: [Step(call(i, rnd), expect)], n,
+                           before=before)
+
+    def charge_shut(key, call):
+        return lambda i, rnd: [Step(call, None)] if rnd == 0 and i == 0 else []
+
+    yield ("EVALSHA of return 1 (one key)", "rate", row(
+        lambda i, rnd: ["EVALSHA", one, 1, bucket(f"one{rnd}:{i}")], 1))
+    yield (RATE_PAIRS[0][0], "rate", row(
+        lambda i, rnd: ["EVALSHA", rate, 1, bucket(f"fresh{rnd}:{i}"), *policy], admitted))
+    yield (RATE_PAIRS[0][1], "rate", row(
+        lambda i, rnd: ["EVALSHA", cell, 1, bucket(f"cfresh{rnd}:{i}"), 19, 100, 1, 1],
+        cell_is(0)))
+    yield (RATE_PAIRS[1][0], "rate", row(
+        lambda i, rnd: ["EVALSHA", rate, 1, bucket("deep"), *deep], admitted))
+    yield (RATE_PAIRS[1][1], "rate", row(
+        lambda i, rnd: ["EVALSHA", cell, 1, bucket("cdeep"), 999999, 1000000, 1000000, 1],
+        cell_is(0)))
+    yield (RATE_PAIRS[2][0], "rate", row(
+        lambda i, rnd: ["EVALSHA", rate, 1, bucket("shut"), *shut], refused,
+        before=charge_shut("shut", ["EVALSHA", rate, 1, bucket("shut"), *shut])))
+    yield (RATE_PAIRS[2][1], "rate", row(
+        lambda i, rnd: ["EVALSHA", cell, 1, bucket("cshut"), 0, 1, 3600, 1], cell_is(1),
+        before=charge_shut("cshut", ["EVALSHA", cell, 1, bucket("cshut"), 0, 1, 3600, 1])))
+    yield ("rate: two policies, admitted, a debt under each", "rate", row(
+        lambda i, rnd: ["EVALSHA", rate, 2, bucket("deep2"), bucket("deep2", "day"), *deep,
+                        *day], admitted))
+    expiry = server.load(EXPIRY)
+    yield ("clock from the key's expiry (ms): admitted, a debt", "rate", row(
+        lambda i, rnd: ["EVALSHA", expiry, 1, bucket("edeep"), 1, 999999000000],
+        lambda reply: int(reply) >= 0))
 
 
 def main():
@@ -702,18 +872,26 @@ def main():
     only = [w for w in args.only.split(",") if w]
     server = Server()
     try:
-        print(f"Redis {server.version} under callgrind: whole server minus serverCron, per "
+        print(f"{server.version} under callgrind: whole server minus serverCron, per "
               f"cycle, {args.cycles} pipelined cycles after a warm-up")
         print(f"| cycle | instructions | commands |")
         print(f"|---|---:|---:|")
-        every = list(rows(server, args.cycles))
+        every = list(rows(server, args.cycles)) + list(rates(server, args.cycles))
         if "floor" in only:
             every += list(floors(server, args.cycles))
+        measured = {}
         for name, group, measure in every:
             if only and group not in only:
                 continue
             instructions, commands = measure()
+            measured[name] = instructions
             print(f"| {name} | {instructions / 1000:,.1f}k | {commands:.2f} |", flush=True)
+        pairs = [(ours, cell) for ours, cell in RATE_PAIRS if ours in measured]
+        if pairs:
+            print("\n| rate decision | lockwarden | minimal GCRA | ratio |\n|---|---:|---:|---:|")
+            for ours, cell in pairs:
+                print(f"| {ours[len('rate: '):]} | {measured[ours]:,.0f} | "
+                      f"{measured[cell]:,.0f} | {measured[ours] / measured[cell]:.2f} |")
     finally:
         server.close()
 

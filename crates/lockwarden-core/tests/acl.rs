@@ -52,6 +52,10 @@ const REDISSON: &str = "~invoice:* ~redisson_lock__* &redisson_lock__*";
 /// Added for `wait_for_replicas`.
 const WAIT: &str = "+wait";
 
+/// Added on Redis 7 and Valkey for the plain take as a Redis function (`FCALL`), which
+/// costs the server less than the same script by digest.
+const FUNCTIONS: &str = "+function|load +fcall";
+
 const PASSWORD: &str = "s3cret-pw";
 
 /// A fixed lease long enough that a waiter served well before it was woken by a notice.
@@ -100,6 +104,7 @@ fn the_guide_gives_these_rules() {
         format!("ACL SETUSER locks reset on >CHANGE-ME {TAGGED} {COMMANDS}"),
         format!("ACL SETUSER locks reset on >CHANGE-ME {REDISSON} {COMMANDS}"),
         format!("ACL SETUSER locks {WAIT}"),
+        format!("ACL SETUSER locks {FUNCTIONS}"),
         format!("ACL SETUSER locks {CLUSTER}"),
         format!("ACL SETUSER locks {SHARDED}"),
     ] {
@@ -287,6 +292,50 @@ async fn every_lock_kind_works_with_the_redisson_rules() {
     let text = expect_refused(refused.map(drop), "EVALSHA (of acquire.lua)");
     assert!(refuses_a_key(&text), "{text}");
     assert!(!server.exists("order:1"));
+}
+
+/// Promise: with the functions' rules a client loads the plain take as a function and
+/// sends it as `FCALL`, and every lock kind works; without them, or with only one of
+/// them, it sends the same script by digest, and Redis logged no refusal (the client
+/// asked `ACL`, it did not try).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn functions_need_function_load_and_fcall() {
+    let server = RedisServer::start().unwrap();
+    let url = user(&server, "functions", &rules(&[TAGGED, COMMANDS, FUNCTIONS]));
+    let a = connect(&url, |b| b).await;
+    let b = connect(&url, |b| b).await;
+    let before = server.command_calls("fcall");
+    for kind in KINDS {
+        exercise(kind, &a, &b, &format!("invoice:fn:{kind:?}"), &server).await;
+    }
+    assert!(
+        server.command_calls("fcall") > before,
+        "the take went as FCALL"
+    );
+
+    let url = user(&server, "scripts", &rules(&[TAGGED, COMMANDS]));
+    let client = connect(&url, |b| b).await;
+    let before = server.command_calls("fcall");
+    let guard = client.acquire("invoice:scripts").await.unwrap();
+    guard.release().await.unwrap();
+    assert_eq!(server.command_calls("fcall"), before, "sent by digest");
+
+    for (user_name, half) in [("nofcall", "+function|load"), ("noload", "+fcall")] {
+        let url = user(&server, user_name, &rules(&[TAGGED, COMMANDS, half]));
+        let client = connect(&url, |b| b).await;
+        let before = server.command_calls("fcall");
+        let guard = client.acquire("invoice:half").await.unwrap();
+        guard.release().await.unwrap();
+        assert_eq!(
+            server.command_calls("fcall"),
+            before,
+            "{half}: sent by digest"
+        );
+    }
+    for user_name in ["scripts", "nofcall", "noload"] {
+        let logged = refusals_logged(&server, user_name);
+        assert!(logged.is_empty(), "{user_name}: {logged:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

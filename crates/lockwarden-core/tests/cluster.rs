@@ -523,7 +523,11 @@ async fn a_waiter_follows_a_failover_with_sharded_notices() {
         "the waiter ended: {:?}",
         waiter.await
     );
+    // The new master has the take's function (replicated from the old one): the waiter's
+    // take runs there as a function.
+    let calls = cluster.nodes()[second].command_calls("fcall");
     served_on_release(guard, waiter).await;
+    assert!(cluster.nodes()[second].command_calls("fcall") > calls);
 
     // SECOND, the master now, dies; FIRST takes over by itself. The waiter's client is
     // new, so it subscribes on SECOND (b's slot map may still name FIRST, and a replica
@@ -669,6 +673,8 @@ async fn connecting_with_a_master_down_fails_unless_the_notices_are_pinned() {
         .await
         .expect("classic notices ask no master");
     let name = name_on(&cluster, &client, 0, "alive");
+    // Not every master could load the take's function: it goes by digest everywhere.
+    let calls = cluster.nodes()[0].command_calls("fcall");
     client
         .acquire(&name)
         .await
@@ -676,4 +682,47 @@ async fn connecting_with_a_master_down_fails_unless_the_notices_are_pinned() {
         .release()
         .await
         .unwrap();
+    assert_eq!(cluster.nodes()[0].command_calls("fcall"), calls);
+}
+
+/// How many of lockwarden's function libraries node `node` holds (`FUNCTION LIST`).
+fn libraries_on(cluster: &RedisCluster, node: usize) -> usize {
+    let listed: Vec<redis::Value> = cluster.nodes()[node]
+        .query(&["FUNCTION", "LIST", "LIBRARYNAME", "lockwarden_*"])
+        .unwrap();
+    listed.len()
+}
+
+/// Promise: on a cluster the plain take's function is loaded on every master at connect
+/// and each master runs the take as a function (`FCALL`, no `EVALSHA`); a master that
+/// lost its functions (`FUNCTION FLUSH`) is given them again by the next take there,
+/// which then runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_plain_take_goes_as_a_function_on_every_master() {
+    let cluster = RedisCluster::start(3).unwrap();
+    let client = client(&cluster).await;
+    for node in 0..3 {
+        assert_eq!(libraries_on(&cluster, node), 1, "master {node}");
+        let name = name_on(&cluster, &client, node, "function");
+        let calls = |c| cluster.nodes()[node].command_calls(c);
+        let before = [calls("fcall"), calls("evalsha")];
+        let guard = client.acquire(&name).await.unwrap();
+        assert_eq!(
+            [calls("fcall") - before[0], calls("evalsha") - before[1]],
+            [1, 0],
+            "master {node}: FCALL, EVALSHA"
+        );
+        guard.release().await.unwrap();
+    }
+
+    let _: String = cluster.nodes()[1].query(&["FUNCTION", "FLUSH"]).unwrap();
+    assert_eq!(libraries_on(&cluster, 1), 0);
+    let name = name_on(&cluster, &client, 1, "flushed");
+    let guard = client.acquire(&name).await.unwrap();
+    assert_eq!(libraries_on(&cluster, 1), 1);
+    let key = guard.key().redis_key().to_owned();
+    let fields: Vec<String> = cluster.nodes()[1].query(&["HKEYS", &key]).unwrap();
+    assert_eq!(fields, [guard.holder().id()], "taken once");
+    guard.release().await.unwrap();
+    assert!(!cluster.exists_on(1, &key));
 }

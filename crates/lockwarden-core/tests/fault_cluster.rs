@@ -347,7 +347,7 @@ async fn sent_twice<T: Send + std::fmt::Debug + 'static>(
     call: impl std::future::Future<Output = T> + Send + 'static,
 ) -> T {
     let (proxy, node) = (proxy(cluster), &cluster.nodes()[NODE]);
-    let scripts_before = node.command_calls("evalsha");
+    let scripts_before = node.script_calls();
     let lost_before = proxy.lost_replies();
     proxy.drop_replies();
     let call = tokio::spawn(call);
@@ -362,7 +362,7 @@ async fn sent_twice<T: Send + std::fmt::Debug + 'static>(
     }
     proxy.heal();
     let done = finishes(Duration::from_secs(5), what, call).await;
-    let (scripts, lost) = (node.command_calls("evalsha"), proxy.lost_replies());
+    let (scripts, lost) = (node.script_calls(), proxy.lost_replies());
     assert!(
         scripts >= scripts_before + 2,
         "{what}: the script ran twice on the node; ran {} times, {} replies lost, answered {done:?}",

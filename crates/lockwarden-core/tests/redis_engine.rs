@@ -74,10 +74,10 @@ async fn a_release_wakes_one_local_waiter_not_all() {
     })
     .await;
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let before = server.command_calls("evalsha");
+    let before = server.script_calls();
     guard.release().await.unwrap();
     tokio::time::sleep(Duration::from_millis(150)).await;
-    let calls = server.command_calls("evalsha") - before;
+    let calls = server.script_calls() - before;
     // One release plus the woken waiter's acquire; a thundering herd would be ~51.
     assert!(calls <= 4, "{calls} scripts ran for one handoff");
     for task in tasks {
@@ -358,6 +358,12 @@ async fn a_new_locks_token_is_the_server_clock_in_microseconds() {
     }
 }
 
+/// Scripts run (by digest or as functions), `HDEL`s and `PUBLISH`es so far.
+fn calls(server: &RedisServer) -> [u64; 3] {
+    let [hdel, publish] = ["hdel", "publish"].map(|c| server.command_calls(c));
+    [server.script_calls(), hdel, publish]
+}
+
 /// Promise: the hold of a holder made for it and never handed out is released without a
 /// script (`HDEL` of its field deletes the hash, then the notice), released or dropped,
 /// and its notice wakes a waiter of another client at once.
@@ -368,7 +374,7 @@ async fn a_fresh_holders_release_is_two_commands_and_wakes_a_waiter() {
     let other = LockClient::connect(&server.url()).await.unwrap();
     for drop_it in [false, true] {
         let guard = client.acquire("solo").await.unwrap();
-        let before = ["evalsha", "hdel", "publish"].map(|c| server.command_calls(c));
+        let before = calls(&server);
         match drop_it {
             true => drop(guard),
             false => guard.release().await.unwrap(),
@@ -377,7 +383,7 @@ async fn a_fresh_holders_release_is_two_commands_and_wakes_a_waiter() {
             !server.exists("lockwarden:{solo}")
         })
         .await;
-        let after = ["evalsha", "hdel", "publish"].map(|c| server.command_calls(c));
+        let after = calls(&server);
         assert_eq!(
             [
                 after[0] - before[0],
@@ -385,7 +391,7 @@ async fn a_fresh_holders_release_is_two_commands_and_wakes_a_waiter() {
                 after[2] - before[2]
             ],
             [0, 1, 1],
-            "EVALSHA, HDEL, PUBLISH per release (dropped: {drop_it})"
+            "scripts, HDEL, PUBLISH per release (dropped: {drop_it})"
         );
     }
 
@@ -458,7 +464,7 @@ async fn a_handed_out_holder_whose_clones_are_gone_is_released_without_a_script(
     let server = RedisServer::start().unwrap();
     let client = LockClient::connect(&server.url()).await.unwrap();
     let other = LockClient::connect(&server.url()).await.unwrap();
-    let calls = || ["evalsha", "hdel"].map(|c| server.command_calls(c));
+    let calls = || [server.script_calls(), server.command_calls("hdel")];
     let released = |before: [u64; 2]| {
         let after = calls();
         [after[0] - before[0], after[1] - before[1]]
@@ -469,7 +475,7 @@ async fn a_handed_out_holder_whose_clones_are_gone_is_released_without_a_script(
     drop((guard.holder().clone(), guard.info()));
     let before = calls();
     guard.release().await.unwrap();
-    assert_eq!(released(before), [0, 1], "EVALSHA, HDEL: clones dropped");
+    assert_eq!(released(before), [0, 1], "scripts, HDEL: clones dropped");
 
     // Scoped as the current holder, re-entered inside the scope and released there.
     let guard = client.acquire("gone").await.unwrap();
@@ -484,7 +490,7 @@ async fn a_handed_out_holder_whose_clones_are_gone_is_released_without_a_script(
         .await;
     let before = calls();
     guard.release().await.unwrap();
-    assert_eq!(released(before), [0, 1], "EVALSHA, HDEL: after the scope");
+    assert_eq!(released(before), [0, 1], "scripts, HDEL: after the scope");
     assert!(!server.exists("lockwarden:{gone}"));
 
     // Re-entered by another client whose guard outlives the clone it was given: that
@@ -495,7 +501,7 @@ async fn a_handed_out_holder_whose_clones_are_gone_is_released_without_a_script(
     drop(holder);
     let before = calls();
     guard.release().await.unwrap();
-    assert_eq!(released(before), [1, 0], "EVALSHA, HDEL: a re-entry alive");
+    assert_eq!(released(before), [1, 0], "scripts, HDEL: a re-entry alive");
     let holder = inner.holder().clone();
     assert_eq!(other.lock("gone").hold_count(&holder).await.unwrap(), 1);
     inner.release().await.unwrap();
@@ -563,7 +569,10 @@ async fn a_client_without_fencing_tokens_reads_no_clock_and_writes_no_fence() {
     let server = RedisServer::start().unwrap();
     let fenced = LockClient::connect(&server.url()).await.unwrap();
     let unfenced = connect_with(&server.url(), |b| b.without_fencing_tokens()).await;
-    let calls = || ["evalsha", "time", "set"].map(|c| server.command_calls(c));
+    let calls = || {
+        let [time, set] = ["time", "set"].map(|c| server.command_calls(c));
+        [server.script_calls(), time, set]
+    };
     // Loads the variants of acquire.lua each client sends (a holder made for the take, and
     // the given holder of a re-entry), so the counted calls are single EVALSHAs.
     for client in [&fenced, &unfenced] {
@@ -580,7 +589,7 @@ async fn a_client_without_fencing_tokens_reads_no_clock_and_writes_no_fence() {
     assert_eq!(
         [0, 1, 2].map(|i| after[i] - before[i]),
         [1, 1, 1],
-        "EVALSHA, TIME, SET of a take with a token"
+        "a script (FCALL or EVALSHA), TIME, SET of a take with a token"
     );
     first.release().await.unwrap();
     let stored: String = server.query(&["GET", FENCE]).unwrap();
@@ -599,7 +608,7 @@ async fn a_client_without_fencing_tokens_reads_no_clock_and_writes_no_fence() {
     assert_eq!(
         [0, 1, 2].map(|i| after[i] - before[i]),
         [2, 0, 0],
-        "EVALSHA, TIME, SET of a take and a re-entry without tokens"
+        "scripts, TIME, SET of a take and a re-entry without tokens"
     );
     assert!(matches!(
         fenced.try_acquire("mixed", Duration::ZERO).await,
@@ -613,4 +622,152 @@ async fn a_client_without_fencing_tokens_reads_no_clock_and_writes_no_fence() {
     let next = fenced.acquire("mixed").await.unwrap();
     assert!(next.fencing_token() > token, "tokens still grow after it");
     next.release().await.unwrap();
+}
+
+/// The libraries of lockwarden's functions the server holds (`FUNCTION LIST`).
+fn our_libraries(server: &RedisServer) -> Vec<String> {
+    let listed: redis::Value = server
+        .query(&["FUNCTION", "LIST", "LIBRARYNAME", "lockwarden_*"])
+        .unwrap();
+    let redis::Value::Array(libraries) = listed else {
+        panic!("FUNCTION LIST answered {listed:?}")
+    };
+    libraries
+        .into_iter()
+        .filter_map(|library| {
+            let redis::Value::Array(fields) = library else {
+                return None;
+            };
+            let at = fields
+                .iter()
+                .position(|f| matches!(f, redis::Value::BulkString(b) if b == b"library_name"))?;
+            match &fields[at + 1] {
+                redis::Value::BulkString(name) => Some(String::from_utf8_lossy(name).into_owned()),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// Promise: where the server has functions (Redis 7, Valkey), the plain take goes as one
+/// (`FCALL`, one library per script variant named by its digest) and no `EVALSHA` of it is
+/// sent; other scripts go as before. A second client loads nothing new.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_plain_take_goes_as_a_function() {
+    let server = RedisServer::start().unwrap();
+    let client = LockClient::connect(&server.url()).await.unwrap();
+    let loaded = our_libraries(&server);
+    assert_eq!(
+        loaded.len(),
+        1,
+        "the take a first attempt sends: {loaded:?}"
+    );
+    assert!(loaded[0].len() == "lockwarden_".len() + 40, "{loaded:?}");
+
+    let calls = || ["fcall", "evalsha"].map(|c| server.command_calls(c));
+    let before = calls();
+    let guard = client.acquire("function").await.unwrap();
+    let took = calls();
+    assert_eq!([took[0] - before[0], took[1] - before[1]], [1, 0]);
+    // A re-entry by the given holder is another variant, loaded at its first call.
+    let again = client
+        .lock("function")
+        .holder(guard.holder())
+        .acquire()
+        .await
+        .unwrap();
+    assert_eq!(our_libraries(&server).len(), 2);
+    again.release().await.unwrap();
+    guard.release().await.unwrap();
+    // A busy attempt is the same function.
+    let holder = client.acquire("function").await.unwrap();
+    let before = calls();
+    assert!(matches!(
+        client.try_acquire("function", Duration::ZERO).await,
+        Err(LockError::Timeout { .. })
+    ));
+    let after = calls();
+    assert_eq!([after[0] - before[0], after[1] - before[1]], [1, 0]);
+    holder.release().await.unwrap();
+
+    let other = LockClient::connect(&server.url()).await.unwrap();
+    other
+        .acquire("function")
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    assert_eq!(our_libraries(&server).len(), 2, "nothing loaded twice");
+}
+
+/// Promise: a server that lost its functions (`FUNCTION FLUSH`, a restart without
+/// persistence) is given them again by the next call that finds one missing, which then
+/// runs once: the caller sees nothing of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_lost_its_functions_is_given_them_again() {
+    let mut server = RedisServer::start().unwrap();
+    let client = LockClient::connect(&server.url()).await.unwrap();
+    client
+        .acquire("lost")
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let _: String = server.query(&["FUNCTION", "FLUSH"]).unwrap();
+    assert!(our_libraries(&server).is_empty());
+    let guard = client.acquire("lost").await.unwrap();
+    assert_eq!(our_libraries(&server).len(), 1);
+    assert_eq!(guard.fencing_token(), {
+        let last: u64 = server.query(&["GET", "lockwarden:{lost}:fence"]).unwrap();
+        last
+    });
+    guard.release().await.unwrap();
+
+    server.restart().unwrap();
+    eventually(
+        Duration::from_secs(10),
+        "the client took the lock again",
+        || {
+            let client = client.clone();
+            async move {
+                match client.try_acquire("lost", Duration::ZERO).await {
+                    Ok(guard) => guard.release().await.is_ok(),
+                    Err(_) => false,
+                }
+            }
+        },
+    )
+    .await;
+    assert_eq!(our_libraries(&server).len(), 1);
+}
+
+/// Promise: a server whose functions are switched off (`FUNCTION` and `FCALL` renamed
+/// away, as some hosted Redis do) connects as before, and the plain take goes by digest:
+/// the permission check counts a command the server does not know as refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_without_function_commands_gets_the_take_by_digest() {
+    let server = RedisServer::start_with(&[
+        "--rename-command",
+        "FUNCTION",
+        "",
+        "--rename-command",
+        "FCALL",
+        "",
+    ])
+    .unwrap();
+    let client = LockClient::connect(&server.url()).await.unwrap();
+    // The first take loads its script (`NOSCRIPT`, then the call again).
+    let guard = client.acquire("no-functions").await.unwrap();
+    guard.release().await.unwrap();
+    let before = server.command_calls("evalsha");
+    let guard = client.acquire("no-functions").await.unwrap();
+    assert_eq!(
+        server.command_calls("evalsha"),
+        before + 1,
+        "the take by digest"
+    );
+    guard.release().await.unwrap();
+    assert!(!server.exists("lockwarden:{no-functions}"));
 }

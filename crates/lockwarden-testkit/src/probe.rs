@@ -143,6 +143,18 @@ impl RedisServer {
         parse_command_calls(&info, command)
     }
 
+    /// How many scripts the server has run, called by digest (`EVALSHA`) or as functions
+    /// (`FCALL`: lockwarden's plain take, where the server has functions), from one
+    /// `INFO commandstats`.
+    ///
+    /// # Panics
+    ///
+    /// If the server does not answer.
+    pub fn script_calls(&self) -> u64 {
+        let info: String = self.probe(&["INFO", "commandstats"]);
+        parse_command_calls(&info, "evalsha") + parse_command_calls(&info, "fcall")
+    }
+
     /// How many published messages this cluster node received from other nodes over the
     /// cluster bus, classic and sharded (`CLUSTER INFO`:
     /// `cluster_stats_messages_publish_received` plus `…_publishshard_received`): what

@@ -145,7 +145,7 @@ fn per_cycle(
     };
     PerCycle {
         all: after.keys().map(|name| delta(name)).sum(),
-        scripts: delta("evalsha"),
+        scripts: delta("evalsha") + delta("fcall"),
         subscriptions: delta("subscribe") + delta("unsubscribe"),
     }
 }
@@ -222,7 +222,7 @@ async fn readers_at_once(
             set.abort_all();
             continue;
         }
-        let before = ctx.evalsha_calls()?;
+        let before = ctx.script_calls()?;
         if let Some(idle) = idle {
             tokio::time::sleep(idle).await;
         }
@@ -230,7 +230,7 @@ async fn readers_at_once(
         held.release().await?;
         let waited = tokio::time::timeout(WAIT, all_in.wait()).await;
         if waited.is_ok() {
-            scripts += ctx.evalsha_calls()? - before;
+            scripts += ctx.script_calls()? - before;
             counted.wait().await;
         } else {
             ctx.checks.problem(format!(

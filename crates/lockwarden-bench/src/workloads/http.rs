@@ -832,7 +832,7 @@ async fn round(
     limit: Duration,
 ) -> Result<Totals, BoxError> {
     let (cpu, redis_cpu) = (cpu_time(), ctx.redis_cpu()?);
-    let evalsha = ctx.evalsha_calls()?;
+    let evalsha = ctx.script_calls()?;
     // Every admin query counts too (with whatever its fresh connection sends): measure it.
     let before = ctx.commands_processed()?;
     let commands = ctx.commands_processed()?;
@@ -871,7 +871,7 @@ async fn round(
         elapsed,
         cpu: cpu_time() - cpu,
         redis_cpu: ctx.redis_cpu()? - redis_cpu,
-        evalsha: ctx.evalsha_calls()? - evalsha,
+        evalsha: ctx.script_calls()? - evalsha,
         // Less the three queries after the count (the last one counts only once it has run).
         commands: ctx
             .commands_processed()?

@@ -42,10 +42,10 @@ impl Ctx {
         }
     }
 
-    /// `calls` of `cmdstat_evalsha` in `INFO commandstats` (every script call, pipelined
-    /// ones included).
-    pub fn evalsha_calls(&self) -> Result<u64, BoxError> {
-        Ok(self.command_counts()?.get("evalsha").copied().unwrap_or(0))
+    /// Script calls in `INFO commandstats`, pipelined ones included: `EVALSHA` and
+    /// `FCALL` (the plain take, where the server has functions).
+    pub fn script_calls(&self) -> Result<u64, BoxError> {
+        Ok(scripts_in(&self.command_counts()?))
     }
 
     /// Commands Redis has run, script-inner calls included (the sum of `calls` in
@@ -211,4 +211,13 @@ pub fn rss_bytes() -> Result<u64, BoxError> {
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     Ok(pages * page as u64)
+}
+
+/// Script calls among `counts` (`calls` per command of `INFO commandstats`): `EVALSHA`
+/// and `FCALL`.
+pub fn scripts_in(counts: &BTreeMap<String, u64>) -> u64 {
+    ["evalsha", "fcall"]
+        .iter()
+        .map(|name| counts.get(*name).copied().unwrap_or(0))
+        .sum()
 }

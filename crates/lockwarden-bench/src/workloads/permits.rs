@@ -405,7 +405,7 @@ async fn handoff(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
         let h = &all[kind as usize];
         let s = Summary::micros(&h.took);
         let n = s.n.max(1) as f64;
-        let scripts = h.commands.get("evalsha").copied().unwrap_or(0) as f64 / n;
+        let scripts = crate::workloads::scripts_in(&h.commands) as f64 / n;
         let commands = h.commands.values().sum::<u64>() as f64 / n;
         let what = match kind {
             Kind::Permit => "permit",
@@ -516,7 +516,7 @@ impl Round<'_> {
             ),
             Kind::Plain => (key.channel().to_owned(), None),
         };
-        let attempts = before.get("evalsha").copied().unwrap_or(0) + 2;
+        let attempts = crate::workloads::scripts_in(&before) + 2;
         if let Err(e) = queued(watch, &channel, waiting.as_deref(), attempts).await {
             task.abort();
             return Err(e);
@@ -656,8 +656,8 @@ async fn queued(
             Some(key) => redis::cmd("ZCARD").arg(key).query_async(watch).await?,
             None => 1,
         };
-        let scripts = commands_on(watch).await?.get("evalsha").copied();
-        if listening >= 1 && in_line == 1 && scripts.unwrap_or(0) >= attempts {
+        let scripts = crate::workloads::scripts_in(&commands_on(watch).await?);
+        if listening >= 1 && in_line == 1 && scripts >= attempts {
             return Ok(());
         }
     }
@@ -734,7 +734,7 @@ async fn waiters(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
         first.push(guard);
     }
 
-    let calls_before_wait = ctx.evalsha_calls()?;
+    let calls_before_wait = ctx.script_calls()?;
     let waited = Instant::now();
     let mut set = JoinSet::new();
     for w in 0..WAITERS {
@@ -768,9 +768,9 @@ async fn waiters(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
     let lined_up = waited.elapsed();
-    let waiting_scripts = ctx.evalsha_calls()? - calls_before_wait;
+    let waiting_scripts = ctx.script_calls()? - calls_before_wait;
 
-    let calls_before = ctx.evalsha_calls()?;
+    let calls_before = ctx.script_calls()?;
     let started = Instant::now();
     for guard in first {
         occupancy.exit();
@@ -778,7 +778,7 @@ async fn waiters(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
     }
     join_all(set, WAIT + Duration::from_secs(10)).await?;
     let served = started.elapsed();
-    let serving_scripts = ctx.evalsha_calls()? - calls_before;
+    let serving_scripts = ctx.script_calls()? - calls_before;
     let releases = (WAITERS + CAPACITY as usize) as u64;
 
     // The last notices land; then nothing may be held, in line or subscribed.

@@ -69,7 +69,7 @@ async fn once(ctx: &Ctx, report: &mut Report, n: usize, ping: f64) -> Result<f64
     });
     shared.exclusion.enter(Some(holder.fencing_token()));
 
-    let calls_before_wait = ctx.evalsha_calls()?;
+    let calls_before_wait = ctx.script_calls()?;
     let mut set = JoinSet::new();
     for task in 0..n {
         set.spawn(waiter(task + 1, client.clone(), shared.clone()));
@@ -77,7 +77,7 @@ async fn once(ctx: &Ctx, report: &mut Report, n: usize, ping: f64) -> Result<f64
     // Every waiter tries once, subscribes, and tries once more before it sleeps.
     let settle = Instant::now();
     loop {
-        let calls = ctx.evalsha_calls()? - calls_before_wait;
+        let calls = ctx.script_calls()? - calls_before_wait;
         if calls >= 2 * n as u64 {
             break;
         }
@@ -90,7 +90,7 @@ async fn once(ctx: &Ctx, report: &mut Report, n: usize, ping: f64) -> Result<f64
     let connections_waiting = ctx.connections_since(last_id)?.0;
     let channels = client.stats().waited_channels;
 
-    let calls_before = ctx.evalsha_calls()?;
+    let calls_before = ctx.script_calls()?;
     let started = Instant::now();
     shared.exclusion.exit();
     shared.handoff.releasing(0);
@@ -103,7 +103,7 @@ async fn once(ctx: &Ctx, report: &mut Report, n: usize, ping: f64) -> Result<f64
     .await?;
     let handoffs = join_all(set, WAIT + Duration::from_secs(10)).await?;
     let elapsed = started.elapsed();
-    let calls = ctx.evalsha_calls()? - calls_before;
+    let calls = ctx.script_calls()? - calls_before;
 
     // Nothing may be left subscribed once nobody waits.
     tokio::time::sleep(Duration::from_millis(100)).await;

@@ -45,11 +45,11 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
 
     // Sample the counters once per renewal period for three lease periods.
     let (mut commands, mut cpu) = (Vec::new(), Vec::new());
-    let mut last = (ctx.evalsha_calls()?, cpu_time());
+    let mut last = (ctx.script_calls()?, cpu_time());
     let started = Instant::now();
     for n in 1..=9u32 {
         tokio::time::sleep_until((started + period * n).into()).await;
-        let now = (ctx.evalsha_calls()?, cpu_time());
+        let now = (ctx.script_calls()?, cpu_time());
         commands.push((now.0 - last.0) as f64);
         cpu.push((now.1 - last.1).as_secs_f64() * 1e3);
         last = now;

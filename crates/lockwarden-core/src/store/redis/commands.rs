@@ -41,14 +41,18 @@ pub(super) struct Commands {
     pub(super) timeout: Duration,
     /// How the scripts publish release notices (each call is sent in that variant).
     pub(super) notices: Notices,
+    /// Whether the scripts that may be are called as Redis functions (see
+    /// `Lua::called_as_function`), found at connect.
+    pub(super) functions: bool,
 }
 
 impl Commands {
-    /// The variant of every script this connection sends (see [`Lua::with`]).
+    /// The variant of every script this connection sends (see `Lua::call`).
     pub(super) fn variant(&self) -> Variant {
         Variant {
             notices: self.notices,
             cluster: self.conn.is_cluster(),
+            functions: self.functions,
         }
     }
 
@@ -126,14 +130,14 @@ impl Commands {
                     }
                 }
             }
-            // `NOSCRIPT` means the script did not run, so loading it and sending the call
-            // again is always safe. A second load covers a failover between the load and
-            // the call (the new primary never saw the load); the bound keeps a server
-            // that keeps forgetting from holding the call here.
+            // `NOSCRIPT` (or a function not found) means the script did not run, so
+            // loading it and sending the call again is always safe. A second load covers a
+            // failover between the load and the call (the new primary never saw the load);
+            // the bound keeps a server that keeps forgetting from holding the call here.
             let mut loads = LOADS_PER_CALL;
             loop {
                 match call.cmd.query_async(&mut conn).await {
-                    Err(e) if is_noscript(&e) && loads > 0 => {
+                    Err(e) if is_unloaded(&e) && loads > 0 => {
                         // Made only now: a load carries the script's whole text. The
                         // second goes to every node: the first went where a failover may
                         // have just moved the slot from.
@@ -250,7 +254,7 @@ impl Commands {
         let mut conn = self.conn.clone();
         let sent = bounded(self.timeout, pipe.query_async::<Vec<i64>>(&mut conn)).await;
         match sent.map_err(|error| naming(error, what)) {
-            Err(BackendError::Redis(e)) if is_noscript(&e) => {
+            Err(BackendError::Redis(e)) if is_unloaded(&e) => {
                 let loads = scripts::load_all(self.variant());
                 bounded(self.timeout, conn.load_scripts(loads, slot)).await?;
                 bounded(self.timeout, pipe.query_async::<Vec<i64>>(&mut conn)).await
@@ -269,7 +273,9 @@ pub(super) fn slot_of(cmd: &redis::Cmd) -> Option<Slot> {
     }
 }
 
-/// Whether Redis answered that it does not know a script (it lost its script cache).
-pub(super) fn is_noscript(e: &redis::RedisError) -> bool {
+/// Whether Redis answered that it does not know a script (it lost its script cache) or
+/// function (it lost its functions, or never had ours): the call did not run.
+pub(super) fn is_unloaded(e: &redis::RedisError) -> bool {
     e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+        || scripts::is_function_missing(e)
 }

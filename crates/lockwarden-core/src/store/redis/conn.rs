@@ -246,14 +246,21 @@ impl Conn {
     /// (elsewhere on the one server): for a call that met `NOSCRIPT` again after loading
     /// its script on its slot's master, which a failover had just made a replica (the
     /// client's slot map still named it; the call was redirected to the new master).
+    /// A function's library goes to every master only: replicas refuse `FUNCTION LOAD`
+    /// and get it from their master.
     pub(super) async fn load_everywhere(&self, load: Cmd) -> RedisResult<()> {
-        match self {
+        let nodes = match is_function_load(&load) {
+            true => MultipleNodeRoutingInfo::AllMasters,
+            false => MultipleNodeRoutingInfo::AllNodes,
+        };
+        let loaded = match self {
             Conn::Cluster(cluster) => {
-                let every = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllNodes, None));
+                let every = RoutingInfo::MultiNode((nodes, None));
                 cluster.clone().route_command(load, every).await.map(drop)
             }
             conn => load.query_async::<Value>(&mut conn.clone()).await.map(drop),
-        }
+        };
+        loaded_already(loaded)
     }
 
     /// Loads scripts (`SCRIPT LOAD` commands) where a call on `slot` runs: on a cluster,
@@ -278,6 +285,7 @@ impl Conn {
                     }
                     (conn, _) => load.query_async::<Value>(conn).await.map(drop),
                 }
+                .or_else(|error| loaded_already(Err(error)))
             }
         });
         // All at once: one after the other they cost a round trip each, which on a slow
@@ -320,6 +328,23 @@ impl Conn {
             )));
         }
         Ok(replies)
+    }
+}
+
+/// Whether `load` loads a function's library (not a script).
+fn is_function_load(load: &Cmd) -> bool {
+    matches!(
+        load.args_iter().next(),
+        Some(redis::Arg::Simple(b"FUNCTION"))
+    )
+}
+
+/// A load that found its function's library there already did what was asked (ours are
+/// named by their text, see `scripts.rs`).
+fn loaded_already(loaded: RedisResult<()>) -> RedisResult<()> {
+    match loaded {
+        Err(error) if super::scripts::is_loaded_already(&error) => Ok(()),
+        other => other,
     }
 }
 

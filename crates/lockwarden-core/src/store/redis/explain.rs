@@ -98,14 +98,23 @@ pub(super) fn refuses_a_key(text: &str) -> bool {
 }
 
 /// The script and line of an error raised inside one of our scripts (`... script:
-/// <sha>, on @user_script:<line>.`). The last `script: ` counts: Redis 7.2 and later, and
-/// Valkey, begin the text with `ACL failure in script: `.
+/// <sha>, on @user_script:<line>.`), or inside one called as a function (`... script:
+/// <function>, on @user_function:<line>.`, the line of its library). The last `script: `
+/// counts: Redis 7.2 and later, and Valkey, begin the text with `ACL failure in script: `.
 fn in_script(detail: &str) -> Option<(&'static scripts::Lua, usize)> {
     let (_, after) = detail.rsplit_once("script: ")?;
-    let (sha, rest) = after.split_once(',')?;
-    let (_, line) = rest.split_once("@user_script:")?;
+    let (name, rest) = after.split_once(',')?;
+    let (lua, before, line) = match rest.split_once("@user_script:") {
+        Some((_, line)) => (scripts::by_digest(name.trim())?, 0, line),
+        None => {
+            let (_, line) = rest.split_once("@user_function:")?;
+            let (lua, before) = scripts::by_function(name.trim())?;
+            (lua, before, line)
+        }
+    };
     let line: String = line.chars().take_while(char::is_ascii_digit).collect();
-    Some((scripts::by_digest(sha.trim())?, line.parse().ok()?))
+    let line: usize = line.parse().ok()?;
+    Some((lua, line.checked_sub(before)?))
 }
 
 /// `pexpire` in `... to run the 'pexpire' command`.
@@ -203,6 +212,20 @@ mod tests {
             text.starts_with("ERR ACL failure in script: User"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_refusal_inside_a_function_names_the_command_on_its_scripts_line() {
+        // Redis 7.0 names the function and the line of its library, two lines before
+        // the script's own (the library's name, the function's registration).
+        let (hash, line, pexpire) = acquire_pexpire();
+        let detail = format!(
+            "The user executing the script can't run this command or subcommand script: \
+             lockwarden_{hash}, on @user_function:{}.",
+            line + 2
+        );
+        let (command, _) = refusal(&server_error("ERR", &detail)).expect("a refusal");
+        assert_eq!(command, format!("PEXPIRE (line {pexpire} of acquire.lua)"));
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //! | `permissions.rs` | the check at connect that the user may run every command needed |
 //! | `rate.rs` | a rate decision: its call and its reply |
 //! | `explain.rs` | what a Redis error means: a TLS failure, an ACL refusal naming its command |
+//! | `functions.rs` | whether the plain take goes as a Redis function, found at connect |
 //! | `conn.rs` | where commands go: one server, a cluster, or the primary Sentinel names |
 //! | `sentinel.rs` | following the primary across failovers |
 //! | `pubsub.rs` | the client's one pub/sub connection, which wakes waiters |
@@ -23,6 +24,7 @@ mod commands;
 mod conn;
 mod credentials;
 mod explain;
+mod functions;
 mod multi;
 mod notices;
 mod orphan;
@@ -113,13 +115,18 @@ impl RedisStore {
                 Notices::on_cluster(asked, &hello)?
             }
         };
-        let commands = Commands {
+        let mut commands = Commands {
             conn,
             timeout,
             notices,
+            functions: false,
         };
+        // Without the check (a user meant for some operations only) the take stays a
+        // script: nothing is loaded, nothing refused.
         if let Some(probe) = probe {
-            permissions::check(&commands, probe, options.replicas.is_some()).await?;
+            let permitted =
+                permissions::check(&commands, probe, options.replicas.is_some()).await?;
+            commands.functions = permitted.functions && functions::load(&commands).await?;
         }
         let replicated = match options.replicas {
             None => None,

@@ -62,6 +62,21 @@ const NEEDED: &[(&str, &str)] = &[
 /// With `wait_for_replicas`.
 const WAIT: (&str, &str) = ("wait", "wait 0 0");
 
+/// Not needed, but asked with the rest: may the plain take go as a Redis function
+/// (`functions.rs`)? Asking `ACL` rather than trying logs no refusal for a user without
+/// them.
+const FUNCTIONS: [(&str, &str); 2] = [
+    ("function|load", "function load x"),
+    ("fcall", "fcall f 1 K"),
+];
+
+/// What the user may do beyond what lockwarden needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Permitted {
+    /// Load and call Redis functions (only Redis 7 and later can tell).
+    pub(super) functions: bool,
+}
+
 /// With sharded notices (a cluster), in place of `subscribe`, `unsubscribe`, `publish`.
 const SHARDED: [(&str, &str); 3] = [
     ("ssubscribe", "ssubscribe C"),
@@ -71,13 +86,15 @@ const SHARDED: [(&str, &str); 3] = [
 
 /// Fails with [`BackendError::NotPermitted`] naming every command of [`NEEDED`] (and
 /// `WAIT` when acquisitions wait for replicas) the user may not run on `probe`'s key and
-/// channel. Passes unchecked on a Redis before 7.0, which cannot tell, and for a user
-/// that may not access `probe`'s key.
+/// channel; else answers what more it may do ([`FUNCTIONS`]). Passes unchecked (and
+/// permits nothing more) on a Redis before 7.0, which cannot tell, and for a user that
+/// may not access `probe`'s key.
 pub(super) async fn check(
     commands: &Commands,
     probe: &Key,
     wait: bool,
-) -> Result<(), BackendError> {
+) -> Result<Permitted, BackendError> {
+    const NOTHING_MORE: Permitted = Permitted { functions: false };
     let mut needed = NEEDED.to_vec();
     if commands.notices == Notices::Sharded {
         needed.splice(1..4, SHARDED);
@@ -85,11 +102,15 @@ pub(super) async fn check(
     if wait {
         needed.push(WAIT);
     }
-    let lines: Vec<&str> = needed.iter().map(|&(_, line)| line).collect();
+    let asked: Vec<&str> = needed
+        .iter()
+        .chain(&FUNCTIONS)
+        .map(|&(_, line)| line)
+        .collect();
     let call = scripts::permissions(
         probe.fence_key(),
         probe.channel(),
-        &lines,
+        &asked,
         commands.variant(),
     );
     let refused: Option<Vec<usize>> = match commands.run(call).await {
@@ -99,16 +120,28 @@ pub(super) async fn check(
                 key = probe.fence_key(),
                 "permissions not checked: the user may not access this key of the namespace"
             );
-            return Ok(());
+            return Ok(NOTHING_MORE);
         }
         Err(other) => return Err(other),
     };
     let Some(refused) = refused else {
         tracing::debug!("permissions not checked: Redis has no redis.acl_check_cmd");
-        return Ok(());
+        return Ok(NOTHING_MORE);
     };
+    // Positions from 1; those past the needed ones are the functions'.
+    let (optional, refused): (Vec<usize>, Vec<usize>) =
+        refused.into_iter().partition(|&at| at > needed.len());
+    let permitted = Permitted {
+        functions: optional.is_empty(),
+    };
+    if !permitted.functions {
+        tracing::info!(
+            "the plain take goes by digest (EVALSHA): the user may not load or call Redis \
+             functions (+function|load +fcall would let it go as the cheaper FCALL)"
+        );
+    }
     if refused.is_empty() {
-        return Ok(());
+        return Ok(permitted);
     }
     let names: Vec<String> = refused
         .iter()
@@ -116,7 +149,8 @@ pub(super) async fn check(
         .map(|&(name, _)| name.to_ascii_uppercase())
         .collect();
     let mut message = "found at connect, before any lock was taken (a command refused inside \
-                       a script cannot undo what the script wrote); grant the ACL line of lockwarden_core::guide::connecting"
+                       a script cannot undo what the script wrote); grant the ACL line of lockwarden_core::guide::connecting \
+                       (a command the server does not know, renamed away, counts as refused)"
         .to_owned();
     if commands.notices == Notices::Sharded {
         message.push_str(
@@ -171,7 +205,7 @@ mod tests {
 
     #[test]
     fn each_check_runs_the_command_it_names() {
-        for (name, line) in NEEDED {
+        for (name, line) in NEEDED.iter().chain([&super::WAIT]).chain(&super::FUNCTIONS) {
             let words: Vec<&str> = line.split(' ').collect();
             assert_eq!(words[..name.split('|').count()].join("|"), *name);
         }

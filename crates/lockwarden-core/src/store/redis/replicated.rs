@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use redis::RedisResult;
 
-use super::commands::{is_noscript, Commands};
+use super::commands::{is_unloaded, Commands};
 use super::conn::Conn;
 use super::scripts::{self, Call, Reply};
 use crate::hold::Hold;
@@ -74,7 +74,7 @@ impl Replicated {
             .arg(self.replicas)
             .arg(scripts::millis(self.timeout));
         match pipe.query_async(&mut conn).await {
-            Err(e) if is_noscript(&e) => {
+            Err(e) if is_unloaded(&e) => {
                 if let Some(lua) = call.script {
                     let load = lua.load(main.variant());
                     conn.load_scripts([load], slot).await?;

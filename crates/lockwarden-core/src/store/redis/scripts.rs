@@ -23,6 +23,9 @@ use crate::store::contract::{
 pub(super) struct Lua {
     /// The files it is made of, in order, with their text.
     parts: &'static [(&'static str, &'static str)],
+    /// Whether it is called as a Redis function (`FCALL`) where the server has them (see
+    /// [`Lua::called_as_function`]).
+    function: bool,
     /// As written: what one server and Sentinel run.
     script: Compiled,
     /// For a cluster, if it counts (after `lua/once.lua`): the call's id read from the last
@@ -37,16 +40,42 @@ pub(super) struct Lua {
 struct Compiled {
     script: Script,
     source: Box<str>,
+    /// Its name as a Redis function, in a library of its own of the same name:
+    /// `lockwarden_<digest>`. Named by its text, a function never meets another version
+    /// of itself: clients of two versions of the crate load and call their own (one
+    /// library per function, since a function's name must be unique across libraries).
+    function: Box<str>,
 }
 
 impl Compiled {
     fn new(source: &str) -> Self {
+        let script = Script::new(source);
         Self {
-            script: Script::new(source),
+            function: [FUNCTION_PREFIX, script.get_hash()].concat().into(),
+            script,
             source: source.into(),
         }
     }
+
+    /// `FUNCTION LOAD` of the library that holds it as its one function. The body starts
+    /// on the library's third line ([`FUNCTION_FIRST_LINE`]).
+    fn load_function(&self) -> Cmd {
+        let name = &*self.function;
+        let library = format!(
+            "#!lua name={name}\nredis.register_function('{name}', function(KEYS, ARGV)\n{}end)\n",
+            self.source
+        );
+        let mut load = redis::cmd("FUNCTION");
+        load.arg("LOAD").arg(library);
+        load
+    }
 }
+
+/// How every function of ours is named: then its script's digest.
+const FUNCTION_PREFIX: &str = "lockwarden_";
+/// The line of its library on which a function's script begins (after the library's name
+/// and the function's registration), to read Redis's line numbers as the script's.
+const FUNCTION_FIRST_LINE: usize = 3;
 
 /// Which variant of every script a connection sends (see [`Lua::with`]). Each call is
 /// built for it, digest included: rewriting a built `EVALSHA` for another variant cost a
@@ -57,6 +86,9 @@ pub(super) struct Variant {
     pub(super) notices: Notices,
     /// Whether the connection is a cluster's, which may send a call twice.
     pub(super) cluster: bool,
+    /// Whether the server runs Redis functions and the user may load them: then the
+    /// scripts that may be are called with `FCALL` (see [`Lua::called_as_function`]).
+    pub(super) functions: bool,
 }
 
 /// `lua/once.lua`'s line that reads no call id, as written for one server...
@@ -91,6 +123,7 @@ impl Lua {
         let cluster_source = clustered.as_deref().unwrap_or(source);
         Lua {
             parts,
+            function: false,
             script: Compiled::new(source),
             sharded: cluster_source
                 .contains(CLASSIC)
@@ -99,17 +132,61 @@ impl Lua {
         }
     }
 
-    /// The script as sent over a connection of `variant`. The variants differ within
-    /// lines, never in their number, so an error's line reads the same in each (see
-    /// [`Lua::line`]).
-    pub(super) fn with(&self, variant: Variant) -> &Script {
-        &self.compiled(variant).script
+    /// The same script, called as a Redis function (`FCALL`) over a connection whose
+    /// server has them ([`Variant::functions`]): Redis 7 finds a function by its name
+    /// once where it looks an `EVALSHA`'s digest up twice, ~4,000 instructions a call, a
+    /// twelfth of a plain lock cycle (`scripts/kind_cost.py`). Only the plain take is
+    /// one: the call of every lock cycle and of every attempt a waiter makes.
+    fn called_as_function(self) -> Self {
+        Self {
+            function: true,
+            ..self
+        }
     }
 
-    /// `SCRIPT LOAD` of the script as sent over a connection of `variant`.
+    /// Whether calls over a connection of `variant` go as `FCALL`.
+    fn is_function(&self, variant: Variant) -> bool {
+        self.function && variant.functions
+    }
+
+    /// The command that calls the script over a connection of `variant`, up to its
+    /// keys: `EVALSHA <digest>` or `FCALL <function>`, with room for `args` more
+    /// arguments of `bytes` in all. The variants differ within lines, never in their
+    /// number, so an error's line reads the same in each (see [`Lua::line`]).
+    fn call(&self, variant: Variant, args: usize, bytes: usize) -> Cmd {
+        let compiled = self.compiled(variant);
+        match self.is_function(variant) {
+            true => {
+                let mut cmd = with_room("FCALL", args + OWN_ARGS, bytes + OWN_BYTES);
+                cmd.arg(&*compiled.function);
+                cmd
+            }
+            false => {
+                let mut cmd = with_room("EVALSHA", args + OWN_ARGS, bytes + OWN_BYTES);
+                cmd.arg(compiled.script.get_hash());
+                cmd
+            }
+        }
+    }
+
+    /// What a call of it over a connection of `variant` is, for errors.
+    fn what(&self, variant: Variant) -> What {
+        match self.is_function(variant) {
+            true => What::Function(self.name()),
+            false => What::Script(self.name()),
+        }
+    }
+
+    /// `SCRIPT LOAD` of the script as sent over a connection of `variant`, or `FUNCTION
+    /// LOAD` of its function's library where it is called as one (loading a library
+    /// that is there already fails, harmlessly: see [`is_loaded_already`]).
     pub(super) fn load(&self, variant: Variant) -> Cmd {
+        let compiled = self.compiled(variant);
+        if self.is_function(variant) {
+            return compiled.load_function();
+        }
         let mut load = redis::cmd("SCRIPT");
-        load.arg("LOAD").arg(&*self.compiled(variant).source);
+        load.arg("LOAD").arg(&*compiled.source);
         load
     }
 
@@ -130,15 +207,21 @@ impl Lua {
     fn replaced(&self, from: &str, to: &str) -> Self {
         let source = &self.script.source;
         assert!(source.contains(from), "{} has no `{from}`", self.name());
-        Lua::new(self.parts, &source.replace(from, to))
+        Lua {
+            function: self.function,
+            ..Lua::new(self.parts, &source.replace(from, to))
+        }
     }
 
     /// Every variant.
     fn variants(&self) -> impl Iterator<Item = &Script> {
+        self.every_compiled().map(|compiled| &compiled.script)
+    }
+
+    fn every_compiled(&self) -> impl Iterator<Item = &Compiled> {
         std::iter::once(&self.script)
             .chain(self.clustered.as_ref())
             .chain(self.sharded.as_ref())
-            .map(|compiled| &compiled.script)
     }
 
     /// The file that makes it what it is (the last one: the read-write scripts run after
@@ -175,7 +258,8 @@ impl std::ops::Deref for Lua {
 /// `fair: f` and `rw: f` put a fair or read-write script after the clock, the count-once
 /// helpers, the token maker and its kind's prelude (layout, pruning; the fair one also the
 /// handoff); `permits: f` a semaphore's after the clock, the token maker and its prelude
-/// (its holders are made for each acquisition, so it needs no count-once helpers).
+/// (its holders are made for each acquisition, so it needs no count-once helpers);
+/// `function: f` one called as a Redis function where the server has them.
 macro_rules! script {
     (permits: $file:literal) => {
         script!("clock.lua", "token.lua", "permits_prelude.lua", $file)
@@ -186,23 +270,28 @@ macro_rules! script {
     (rw: $file:literal) => {
         script!("clock.lua", "once.lua", "token.lua", "rw_prelude.lua", $file)
     };
-    ($($file:literal),+) => {
-        LazyLock::new(|| {
-            const PARTS: &[(&str, &str)] = &[$((
-                $file,
-                include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/", $file)),
-            )),+];
-            Lua::new(
-                PARTS,
-                concat!($(include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/", $file))),+),
-            )
-        })
+    (function: $file:literal) => {
+        LazyLock::new(|| script!(@lua $file).called_as_function())
     };
+    ($($file:literal),+) => {
+        LazyLock::new(|| script!(@lua $($file),+))
+    };
+    (@lua $($file:literal),+) => {{
+        const PARTS: &[(&str, &str)] = &[$((
+            $file,
+            include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/", $file)),
+        )),+];
+        Lua::new(
+            PARTS,
+            concat!($(include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/", $file))),+),
+        )
+    }};
 }
 
 /// `acquire.lua` for the first send of an attempt of a holder made for the acquisition,
-/// on one server, with fencing tokens.
-static ACQUIRE: LazyLock<Lua> = script!("acquire.lua");
+/// on one server, with fencing tokens; it and its variants are called as functions where
+/// the server has them.
+static ACQUIRE: LazyLock<Lua> = script!(function: "acquire.lua");
 /// `acquire.lua` for a client built without fencing tokens: no fencing key.
 static ACQUIRE_UNFENCED: LazyLock<Lua> = LazyLock::new(|| ACQUIRE.replaced(FENCED, UNFENCED));
 /// `acquire.lua` sent again (or on a cluster, which sends it again by itself): a refused
@@ -273,7 +362,10 @@ pub(super) struct Call {
 /// What a [`Call`] sends, for errors that must name it.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum What {
+    /// A script's `EVALSHA`, by its file.
     Script(&'static str),
+    /// A script's `FCALL`, by its file.
+    Function(&'static str),
     Command(&'static str),
 }
 
@@ -281,6 +373,7 @@ impl std::fmt::Display for What {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             What::Script(file) => write!(f, "EVALSHA (of {file})"),
+            What::Function(file) => write!(f, "FCALL (of {file})"),
             What::Command(name) => f.write_str(name),
         }
     }
@@ -289,10 +382,8 @@ impl std::fmt::Display for What {
 impl Call {
     pub(super) fn script(script: &'static LazyLock<Lua>, variant: Variant, keys: &[&str]) -> Self {
         let lua: &'static Lua = script;
-        let mut cmd = evalsha(keys.len(), keys.iter().map(|k| k.len()).sum());
-        cmd.arg(lua.with(variant).get_hash())
-            .arg(keys.len())
-            .arg(keys);
+        let mut cmd = lua.call(variant, keys.len(), keys.iter().map(|k| k.len()).sum());
+        cmd.arg(keys.len()).arg(keys);
         Self {
             script: Some(lua),
             counted: None,
@@ -300,7 +391,7 @@ impl Call {
             turn: None,
             cmd,
             then: None,
-            what: What::Script(lua.name()),
+            what: lua.what(variant),
         }
     }
 
@@ -367,8 +458,8 @@ impl Call {
         } else {
             return;
         };
-        let mut cmd = evalsha(0, 0);
-        cmd.arg(lua.with(variant).get_hash());
+        // The same keys and arguments after the command and the digest or function.
+        let mut cmd = lua.call(variant, 0, 0);
         for arg in self.cmd.args_iter().skip(2) {
             if let redis::Arg::Simple(bytes) = arg {
                 cmd.arg(bytes);
@@ -400,15 +491,11 @@ impl Call {
     }
 }
 
-/// An `EVALSHA` command with room for `args` more arguments of `bytes` in all and the
-/// script's own (digest, key count, a handful of `ARGV`).
-fn evalsha(args: usize, bytes: usize) -> Cmd {
-    /// A digest and a key count, and the `ARGV` of the longest scripts.
-    const OWN_ARGS: usize = 12;
-    /// The 40-byte digest, and `ARGV` such as holder ids and channel names.
-    const OWN_BYTES: usize = 256;
-    with_room("EVALSHA", args + OWN_ARGS, bytes + OWN_BYTES)
-}
+/// The room a script call needs beyond its keys: a digest (or function name) and a key
+/// count, and the `ARGV` of the longest scripts...
+const OWN_ARGS: usize = 12;
+/// ...the digest or function name, and `ARGV` such as holder ids and channel names.
+const OWN_BYTES: usize = 256;
 
 /// The command `name` with room for `args` more arguments of `bytes` in all, so building
 /// it allocates once: growing from empty reallocated at almost every argument (about
@@ -429,6 +516,55 @@ pub(super) fn load_all(variant: Variant) -> Vec<Cmd> {
 /// The script whose SHA1 digest is `sha` (as Redis names it in errors), any variant.
 pub(super) fn by_digest(sha: &str) -> Option<&'static Lua> {
     every().find(|lua| lua.variants().any(|script| script.get_hash() == sha))
+}
+
+/// The script called as the function `name` (as Redis names it in errors), any variant,
+/// and how many lines of its library come before the script's first.
+pub(super) fn by_function(name: &str) -> Option<(&'static Lua, usize)> {
+    let lua = by_digest(name.strip_prefix(FUNCTION_PREFIX)?)?;
+    lua.function.then_some((lua, FUNCTION_FIRST_LINE - 1))
+}
+
+/// Whether `error` answers a `FUNCTION LOAD` of a library the server has already: one
+/// of ours holds one function named by its text, so it is the same.
+pub(super) fn is_loaded_already(error: &redis::RedisError) -> bool {
+    first_detail(error, |detail| {
+        detail.starts_with("Library") && detail.ends_with("already exists")
+    })
+}
+
+/// Whether Redis answered that it has no such function: the call did not run (it lost
+/// its functions, or never had ours: a restart without persistence, `FUNCTION FLUSH`, a
+/// cluster node added since).
+pub(super) fn is_function_missing(error: &redis::RedisError) -> bool {
+    first_detail(error, |detail| detail == "Function not found")
+}
+
+/// Whether the text of `error`'s (first, in a pipeline's) server error passes `test`.
+fn first_detail(error: &redis::RedisError, test: impl Fn(&str) -> bool) -> bool {
+    match error.detail() {
+        Some(detail) => test(detail),
+        None => error.clone().into_server_errors().is_some_and(|errors| {
+            errors
+                .first()
+                .and_then(|(_, error)| error.details())
+                .is_some_and(test)
+        }),
+    }
+}
+
+/// `FUNCTION LOAD` of the plain take as a connection of `variant` (with functions) calls
+/// it first: at connect, to learn whether the server has functions and the user may load
+/// them.
+pub(super) fn load_functions(variant: Variant) -> Cmd {
+    let first = Variant {
+        functions: true,
+        ..variant
+    };
+    match variant.cluster {
+        true => ACQUIRE_AGAIN.load(first),
+        false => ACQUIRE.load(first),
+    }
 }
 
 /// The text of every file of every lock script, for tests.
@@ -1169,6 +1305,7 @@ mod tests {
         let variant = Variant {
             notices: Notices::Classic,
             cluster: false,
+            functions: false,
         };
         let lease = Duration::from_secs(30);
         fn hold<K>(kind: K, key: &Key, holder: &Holder) -> Hold<K> {
@@ -1431,6 +1568,7 @@ mod tests {
         let variant = |cluster| Variant {
             notices: Notices::Classic,
             cluster,
+            functions: false,
         };
         let mut first = acquire(&ask(true), variant(false));
         assert_eq!(words(&first)[0], ACQUIRE.get_hash());
@@ -1444,6 +1582,85 @@ mod tests {
         assert_eq!(words(&cluster)[0], clustered.script.get_hash());
         let given = acquire(&ask(false), variant(false));
         assert_eq!(words(&given)[0], ACQUIRE_GIVEN.get_hash());
+    }
+
+    /// Where the server has functions the plain take goes as `FCALL` of the function
+    /// named by its variant's digest, with the keys and arguments of its `EVALSHA`; a
+    /// send again keeps to functions; every other script stays a script. Its library's
+    /// third line is the script's first, as errors are read.
+    #[test]
+    fn the_plain_take_is_a_function_where_the_server_has_them() {
+        let key = crate::key::KeySpace::default().key("function").unwrap();
+        let holder = Holder::new("client", 1);
+        let ask = Acquire {
+            key: &key,
+            holder: &holder,
+            lease: Duration::from_secs(30),
+            how: How::Plain,
+            fresh: true,
+            fenced: true,
+        };
+        let variant = |functions| Variant {
+            notices: Notices::Classic,
+            cluster: false,
+            functions,
+        };
+        let script = acquire(&ask, variant(false));
+        let mut function = acquire(&ask, variant(true));
+        assert_eq!(command(&script), "EVALSHA");
+        assert_eq!(command(&function), "FCALL");
+        assert_eq!(
+            words(&function)[0],
+            format!("lockwarden_{}", ACQUIRE.get_hash())
+        );
+        assert_eq!(words(&function)[1..], words(&script)[1..]);
+        assert_eq!(function.what.to_string(), "FCALL (of acquire.lua)");
+        function.again(variant(true));
+        assert_eq!(command(&function), "FCALL");
+        assert_eq!(
+            words(&function)[0],
+            format!("lockwarden_{}", ACQUIRE_AGAIN.get_hash())
+        );
+        let hold = Hold {
+            kind: HoldKind::PLAIN,
+            key: key.clone(),
+            holder: holder.clone(),
+        };
+        assert_eq!(command(&release(&hold, Some(7), variant(true))), "EVALSHA");
+
+        let load = ACQUIRE.load(variant(true));
+        let texts: Vec<String> = load
+            .args_iter()
+            .filter_map(|arg| match arg {
+                redis::Arg::Simple(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(texts[..2], ["FUNCTION", "LOAD"]);
+        let library = &texts[2];
+        let name = format!("lockwarden_{}", ACQUIRE.get_hash());
+        assert!(
+            library.starts_with(&format!("#!lua name={name}\n")),
+            "{library}"
+        );
+        let first = library.lines().nth(FUNCTION_FIRST_LINE - 1).unwrap();
+        assert_eq!(Some(first), ACQUIRE.script.source.lines().next());
+        let (lua, before) = by_function(&name).unwrap();
+        assert!(std::ptr::eq(lua, &*ACQUIRE));
+        assert_eq!(before, FUNCTION_FIRST_LINE - 1);
+        assert!(by_function(&format!("lockwarden_{}", RELEASE.get_hash())).is_none());
+        assert!(matches!(
+            load_functions(variant(false)).args_iter().next(),
+            Some(redis::Arg::Simple(b"FUNCTION"))
+        ));
+    }
+
+    /// The command a call sends.
+    fn command(call: &Call) -> String {
+        match call.cmd.args_iter().next() {
+            Some(redis::Arg::Simple(bytes)) => String::from_utf8_lossy(bytes).into_owned(),
+            _ => String::new(),
+        }
     }
 
     /// The words of `call` after `EVALSHA`: digest, key count, keys, arguments.
@@ -1463,7 +1680,11 @@ mod tests {
             key,
             holder: Holder::new("client", 1),
         };
-        let variant = |notices, cluster| Variant { notices, cluster };
+        let variant = |notices, cluster| Variant {
+            notices,
+            cluster,
+            functions: false,
+        };
         let sent = |notices, cluster| {
             words(&release(&hold, Some(7), variant(notices, cluster)).sent(cluster))
         };
