@@ -26,6 +26,10 @@ use crate::target::Target;
 /// should do.
 pub const MAX_PERMITS: u32 = 1 << 20;
 
+/// The longest a waiter's place in line is kept without its asking again: it asks every
+/// half of it (Redis keeps a place at most 509 s: see `lua/permits_prelude.lua`).
+const MAX_REGISTRATION: Duration = Duration::from_secs(480);
+
 /// One named semaphore of `capacity` permits, made by
 /// [`LockClient::semaphore`](crate::LockClient::semaphore): at most that many permits are
 /// held at once, by every process that uses it. Set options, then acquire a permit (or
@@ -361,8 +365,10 @@ impl Semaphore {
                 capacity: self.capacity,
                 fifo: self.fifo,
                 // How long a place in line outlives the waiter's last attempt: long enough
-                // for the retry that keeps it (at half of it, at the latest).
-                register: self.engine.watchdog().lease(),
+                // for the retry that keeps it (at half of it, at the latest). Redis keeps a
+                // place at most 509 s without asking.
+                register: self.engine.watchdog().lease().min(MAX_REGISTRATION),
+                queued: false,
             },
             registered: None,
         };
@@ -408,6 +414,14 @@ impl PermitAttempts<'_> {
             lease: self.target.lease(),
         }
     }
+
+    /// The kind of the hold this acquisition takes.
+    fn hold(&self) -> HoldKind {
+        HoldKind::Permits {
+            permits: self.asked.permits,
+            lease: self.target.lease(),
+        }
+    }
 }
 
 impl Attempts for PermitAttempts<'_> {
@@ -420,7 +434,7 @@ impl Attempts for PermitAttempts<'_> {
         // is after the last attempt that kept the place in line was sent.
         let expires = self.registered.map(|at| at + self.target.lease());
         let channel = &self.target.key.names().granted;
-        if let Some(guard) = self.target.granted(HoldKind::Permits, channel, expires) {
+        if let Some(guard) = self.target.granted(self.hold(), channel, expires) {
             return Ok(Tried::Won(guard.holding_permits(permits), Acquired::Taken));
         }
         // A place in line never outlives the wait budget (none for a last attempt).
@@ -430,6 +444,7 @@ impl Attempts for PermitAttempts<'_> {
         });
         let how = How::Permits(PermitsAsked {
             register,
+            queued: self.registered.is_some(),
             ..self.asked
         });
         let target = &self.target;
@@ -474,12 +489,12 @@ impl Attempts for PermitAttempts<'_> {
     }
 
     fn kind(&self) -> &'static str {
-        HoldKind::Permits.name()
+        "permits"
     }
 
     fn unanswered(&mut self) -> bool {
         let waiter = self.waiter();
-        let forgot = self.target.forget_holder(HoldKind::Permits, Some(waiter));
+        let forgot = self.target.forget_holder(self.hold(), Some(waiter));
         if forgot {
             self.stop_waiting();
         }
