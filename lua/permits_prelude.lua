@@ -47,17 +47,17 @@ if taking then
     if not many then
       redis.call('ZADD', KEYS[1], ARGV[3], 'capacity', deadline, ARGV[1])
     else
-      local args = {'ZADD', KEYS[1], ARGV[3], 'capacity', deadline, ARGV[1]}
+      local args = {ARGV[3], 'capacity', deadline, ARGV[1]}
       for i = 2, tonumber(string.match(ARGV[1], '^%d+')) do
         args[#args + 1] = deadline
         args[#args + 1] = ARGV[1] .. '#' .. i
         if #args >= 1000 then
-          redis.call(unpack(args))
-          args = {'ZADD', KEYS[1]}
+          redis.call('ZADD', KEYS[1], unpack(args))
+          args = {}
         end
       end
-      if #args > 2 then
-        redis.call(unpack(args))
+      if #args > 0 then
+        redis.call('ZADD', KEYS[1], unpack(args))
       end
     end
     redis.call('PEXPIREAT', KEYS[1], deadline)
@@ -95,15 +95,18 @@ local function permits_of(first, k, score)
   return list
 end
 
--- Calls `command` on the semaphore with `args`, a thousand at a time (unpack has a limit),
--- as `ZADD XX GT` if `renew`.
+-- Calls `command` (`ZADD` or `ZREM`) on the semaphore with `args`, a thousand at a time
+-- (unpack has a limit), as `ZADD XX GT` if `renew`. Each call names its command on its
+-- line: Redis 7.0 names only the line of a call it refused.
 local function in_batches(command, args, renew)
   for i = 1, #args, 1000 do
     local j = math.min(i + 999, #args)
-    if renew then
-      redis.call(command, KEYS[1], 'XX', 'GT', unpack(args, i, j))
+    if command == 'ZREM' then
+      redis.call('ZREM', KEYS[1], unpack(args, i, j))
+    elseif renew then
+      redis.call('ZADD', KEYS[1], 'XX', 'GT', unpack(args, i, j))
     else
-      redis.call(command, KEYS[1], unpack(args, i, j))
+      redis.call('ZADD', KEYS[1], unpack(args, i, j))
     end
   end
 end

@@ -184,12 +184,12 @@ impl RedisStore {
         };
         if waiting > 0 {
             // Waiters of other clients: what the release freed is theirs, granted now. A
-            // failure leaves it to their next attempt (each asks again when a lease could
-            // have run out, and every half registration); the release itself is done.
+            // grant that fails fails the release, which, sent again, finds its hold gone
+            // (and ended, by its token) and grants again; left alone, the waiters get the
+            // permits at their next attempt (when a lease could have run out, and every
+            // half registration).
             let grant = scripts::grant_permits(key, self.commands.variant());
-            if let Err(error) = self.commands.run::<i64>(grant).await {
-                tracing::warn!(%key, %error, "released permits not granted to the waiters in line");
-            }
+            self.commands.run::<i64>(grant).await?;
         }
         if removed > 0 {
             return Ok(Released::Freed);
