@@ -512,7 +512,7 @@ impl Round<'_> {
         let (channel, waiting) = match kind {
             Kind::Permit => (
                 format!("{}:granted", key.redis_key()),
-                Some(format!("{}:waiting", key.redis_key())),
+                Some(key.redis_key().to_owned()),
             ),
             Kind::Plain => (key.channel().to_owned(), None),
         };
@@ -653,7 +653,15 @@ async fn queued(
             .query_async(watch)
             .await?;
         let in_line: usize = match waiting {
-            Some(key) => redis::cmd("ZCARD").arg(key).query_async(watch).await?,
+            // A semaphore's line: its members scored from 1e15 (its holds are below).
+            Some(key) => {
+                redis::cmd("ZCOUNT")
+                    .arg(key)
+                    .arg("1e15")
+                    .arg("+inf")
+                    .query_async(watch)
+                    .await?
+            }
             None => 1,
         };
         let scripts = commands_on(watch).await?.get("evalsha").copied();
@@ -707,7 +715,8 @@ async fn waiters(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
         clients.push(LockClient::connect(&ctx.url).await?);
     }
     let hash = clients[0].key(name)?.redis_key().to_owned();
-    let (waiting, channel) = (format!("{hash}:waiting"), format!("{hash}:granted"));
+    // The line is the semaphore's members scored from 1e15.
+    let (waiting, channel) = (hash.clone(), format!("{hash}:granted"));
 
     // Every grant notice, as a waiting client hears it.
     let mut pubsub = redis::Client::open(ctx.url.as_str())?
@@ -747,8 +756,10 @@ async fn waiters(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
     let mut watch = connection_manager(&ctx.url).await?;
     loop {
         let (in_line, (_, listening)): (usize, (String, usize)) = redis::pipe()
-            .cmd("ZCARD")
+            .cmd("ZCOUNT")
             .arg(&waiting)
+            .arg("1e15")
+            .arg("+inf")
             .cmd("PUBSUB")
             .arg("NUMSUB")
             .arg(&channel)
