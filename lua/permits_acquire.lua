@@ -17,13 +17,22 @@
 local first = true
 
 -- A new place's score, or a place's with its registration moved (`place`: its score), for
--- a registration of `ms` from now (at most 509 s: the client asks again sooner).
+-- a registration of `ms` from now (at most 509 s: the client asks again sooner). A new
+-- place comes after every place before it, even one taken in the same ms: when places
+-- arrived this ms or later (usually none, an empty reply), its arrival is the last one's
+-- + 1 ms.
 local function placed(place, ms)
   local until_s = math.floor((now + math.min(ms, 509000) + 999) / 1000) % 1024
   if place then
     return string.format('%d', place - place % 1024 + until_s)
   end
-  return string.format('%d', now * 1024 + until_s)
+  local arrival = now
+  local later = redis.call('ZRANGEBYSCORE', KEYS[1], string.format('%d', now * 1024), '+inf',
+    'WITHSCORES')
+  if later[1] then
+    arrival = math.floor(later[#later] / 1024) + 1
+  end
+  return string.format('%d', arrival * 1024 + until_s)
 end
 
 local capacity, fifo, lowest

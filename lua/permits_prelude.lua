@@ -9,7 +9,8 @@
 --             of k permits is k members, `<k>:<lease ms>:<holder id>`, then the same with
 --             `#2` .. `#k`;
 --           every waiter, `<k>:<lease ms>:<holder id>` -> its place, from 1e15: its arrival
---             (server ms) * 1024 + when its registration runs out (server seconds, modulo
+--             (server ms; a ms after the last place at least, so places never tie) * 1024
+--             + when its registration runs out (server seconds, modulo
 --             1024; a place is kept at most 510 s without asking again). Asking again
 --             moves only the registration, never the place; a grant moves the member to
 --             its lease's deadline, so the place becomes the first permit of the hold.

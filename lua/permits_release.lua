@@ -3,8 +3,10 @@
 -- found waiters in line (`ZREM`, `ZREMRANGEBYRANK <key> -1 0`, `ZCOUNT <key> 1e15 +inf`).
 -- ARGV[1] the hold's first member (see permits_acquire.lua), or '' to grant only, ARGV[2]
 -- the channel grants are told on
--- Returns 0 released (or left the line, or granted); not held (released already, expired,
--- or force-unlocked): -1 - the semaphore's last fencing token (-1: none). The caller tells
+-- Returns 0 released (or left the line, or granted), 1 the same with waiters maybe left in
+-- line (the client's next release of this semaphore then runs this script, which grants in
+-- the same step); not held (released already, expired, or force-unlocked): -1 - the
+-- semaphore's last fencing token (-1: none). The caller tells
 -- "ran before" from "lost" by its hold's token: the last one only if nobody took permits
 -- since (this very release ran before, a cluster client having sent it again when its
 -- connection broke; or the hold ran out with nobody after it).
@@ -38,5 +40,6 @@ local used, _, _, left = admit(capacity, fifo, redis.call('ZCOUNT', KEYS[1], '0'
 if used == 0 and not (left and redis.call('ZCOUNT', KEYS[1], '1e15', '+inf') > 0) then
   -- Only the capacity is left: the semaphore is idle.
   redis.call('DEL', KEYS[1])
+  return 0
 end
-return 0
+return left and 1 or 0

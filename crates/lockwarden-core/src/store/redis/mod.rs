@@ -18,9 +18,11 @@
 //! | `timeout.rs` | the bound on every command |
 //! | `tls.rs` | TLS settings for `rediss://` URLs, applied to every connection |
 //! | `turns.rs` | a given holder's counting calls, one at a time on a cluster |
+//! | `contended.rs` | the semaphores whose last release left waiters: released by script |
 
 mod commands;
 mod conn;
+mod contended;
 mod credentials;
 mod explain;
 mod multi;
@@ -92,6 +94,9 @@ pub(crate) struct RedisStore {
     /// This client's waiters: a semaphore whose line has some of them is released by the
     /// script that grants in the same step (see [`RedisStore::release_permits`]).
     waiters: Arc<Waiters>,
+    /// The semaphores whose last release left waiters in line (of any client): released
+    /// by the script too.
+    contended: Arc<contended::Contended>,
     _listener: Arc<AbortOnDropHandle<()>>,
 }
 
@@ -141,15 +146,17 @@ impl RedisStore {
             replicated,
             dropped,
             waiters,
+            contended: Arc::default(),
             _listener: Arc::new(AbortOnDropHandle::new(listener)),
         })
     }
 
     /// Releases a semaphore's hold of `permits` (its holder made for it: nobody else can
-    /// have touched it). Where this client has waiters of the semaphore (it is contended),
-    /// by `permits_release.lua`, which grants what it frees in the same step. Otherwise as
-    /// plain commands (`scripts::release_permits_alone`), and only if that finds waiters
-    /// in line (of other clients) the grant after it.
+    /// have touched it). Where this client has waiters of the semaphore, or its last
+    /// release left waiters in line (it is contended), by `permits_release.lua`, which
+    /// grants what it frees in the same step. Otherwise as plain commands
+    /// (`scripts::release_permits_alone`), and only if that finds waiters in line (of other
+    /// clients) the grant after it; the next release then goes by the script.
     async fn release_permits(
         &self,
         hold: &Hold,
@@ -160,10 +167,14 @@ impl RedisStore {
         // Sent again if its connection broke: the token tells a second run's "not held"
         // from a hold that was lost.
         let resend = token.is_some();
-        if self.waiters.is_wanted(&key.names().granted) {
+        if self.waiters.is_wanted(&key.names().granted) || self.contended.seen(key.redis_key()) {
             let call = scripts::release(hold, token, self.commands.variant()).resendable(resend);
             return match self.commands.run(call).await {
-                Ok(reply) => Ok(scripts::permits_released(reply, token)),
+                Ok(reply) => {
+                    self.contended
+                        .note(key.redis_key(), scripts::permits_left_waiting(reply));
+                    Ok(scripts::permits_released(reply, token))
+                }
                 // The name holds a lock of another kind: this hold is gone.
                 Err(BackendError::Redis(error)) if explain::wrong_type(&error) => {
                     Ok(Released::NotHeld)
@@ -189,7 +200,9 @@ impl RedisStore {
             // permits at their next attempt (when a lease could have run out, and every
             // half registration).
             let grant = scripts::grant_permits(key, self.commands.variant());
-            self.commands.run::<i64>(grant).await?;
+            let left: i64 = self.commands.run(grant).await?;
+            self.contended
+                .note(key.redis_key(), scripts::permits_left_waiting(left));
         }
         if removed > 0 {
             return Ok(Released::Freed);

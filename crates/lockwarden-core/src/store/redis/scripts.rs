@@ -809,7 +809,7 @@ pub(super) fn release(hold: &Hold, token: Option<u64>, variant: Variant) -> Call
 
 /// `permits_release.lua` for the hold of `permits` whose first member is `member` (its
 /// place in line, for a waiter that leaves), or, with `''`, to grant alone: it grants what
-/// it frees. Read its answer with [`permits_released`].
+/// it frees. Read its answer with [`permits_released`] and [`permits_left_waiting`].
 fn release_permits(key: &Key, member: &str, permits: u32, variant: Variant) -> Call {
     let lua = match permits > 1 {
         true => &PERMITS_RELEASE_MANY,
@@ -859,6 +859,11 @@ fn plain(name: &'static str, key: &Key, args: usize) -> Cmd {
     let mut cmd = with_room(name, 1 + args, key.redis_key().len() + 64 * args);
     cmd.arg(key.redis_key());
     cmd
+}
+
+/// Whether `permits_release.lua`'s answer says waiters may be left in line (`1`).
+pub(super) fn permits_left_waiting(reply: i64) -> bool {
+    reply > 0
 }
 
 /// A semaphore release's answer (`permits_release.lua`, or the members
