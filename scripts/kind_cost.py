@@ -380,24 +380,30 @@ class Lockwarden:
                      k["granted"]], expect)
 
     def permit_release(self, k, holder, waiting=0):
-        """A release where none of the client's waiters wait: ZREM, the capacity with the
-        last hold, the count of the line; the grant script when someone waits."""
+        """A release of a semaphore the client has seen no waiters of: ZREM, the capacity
+        with the last hold, the count of the line; the grant script when someone waits."""
         steps = [Step(["ZREM", k["lock"], self.permit_member(holder)], 1),
                  Step(["ZREMRANGEBYRANK", k["lock"], -1, 0]),
                  Step(["ZCOUNT", k["lock"], "1e15", "+inf"], waiting)]
         if waiting:
             steps.append(Step(["EVALSHA", self.sha["permits_release"], *self.permits_keys(k),
-                               "", k["granted"]], 0))
+                               "", k["granted"]], released))
         return steps
 
     def permit_release_script(self, k, holder):
-        """A release by a client with waiters of its own in line: the script that grants."""
+        """A release of a contended semaphore (the client has waiters of its own in line,
+        or its last release of it left waiters): the script that grants."""
         return [Step(["EVALSHA", self.sha["permits_release"], *self.permits_keys(k),
-                      self.permit_member(holder), k["granted"]], 0)]
+                      self.permit_member(holder), k["granted"]], released)]
 
 
 def is_token(reply):
     return isinstance(reply, int) and reply > 0
+
+
+def released(reply):
+    """A semaphore release's answer: 0, or 1 with waiters maybe left in line."""
+    return reply in (0, 1)
 
 
 def refused(reply):
@@ -611,8 +617,8 @@ def rows(server, n):
         old, new = handoff("ph", i, lw.holder)
         return [lw.permit(k, new, 1, WAIT, refused), *lw.permit_release(k, old, waiting=1)]
 
-    yield ("permit handoff: the next one (another client's) waits in line, the holder's "
-           "release grants it", "permit", lambda: run(
+    yield ("permit handoff, first seen: the next one waits in line, the holder's plain "
+           "release finds it, the grant follows", "permit", lambda: run(
                server, permit_handoff, n, subscribe=lambda i: keys("ph", i)["granted"],
                before=lambda i, rnd: [lw.permit(keys("ph", i), held.setdefault(
                    ("ph", i), lw.holder()), 1, 0, is_token)] if rnd == 0 else []))
@@ -622,8 +628,8 @@ def rows(server, n):
         old, new = handoff("phs", i, lw.holder)
         return [lw.permit(k, new, 1, WAIT, refused), *lw.permit_release_script(k, old)]
 
-    yield ("permit handoff within one client: its release is the script that grants",
-           "permit", lambda: run(
+    yield ("permit handoff, contended: the next one waits in line, the holder's release "
+           "is the script that grants", "permit", lambda: run(
                server, permit_handoff_script, n, subscribe=lambda i: keys("phs", i)["granted"],
                before=lambda i, rnd: [lw.permit(keys("phs", i), held.setdefault(
                    ("phs", i), lw.holder()), 1, 0, is_token)] if rnd == 0 else []))

@@ -91,17 +91,26 @@ const MAX_REGISTRATION: Duration = Duration::from_secs(480);
 ///
 /// # Layout on Redis
 ///
-/// The hash at [`Key::redis_key`] holds `permits` (the capacity), `used`, `fifo` (with
-/// [`fair`](Self::fair)) and one field per holder, `<holder id>` = `<permits>:<token>`;
-/// `<key>:leases` is a sorted set of each holder's deadline (server ms); `<key>:waiting`
-/// and `<key>:waiting-until` hold the line, each waiter a member
-/// `<permits>:<lease ms>:<holder id>` (what it waits for, and the lease a grant gives
-/// it), scored by arrival (server µs) and by registration deadline (server ms); grants
-/// are told `permits:<first token>:<holder id> ..` on `<key>:granted`. `<key>:fence`
-/// keeps the last fencing token issued; it expires with the hash and leases, a lease
-/// after the latest hold's deadline (60 s after the last acquisition or renewal, with
-/// the default 30 s watchdog lease), and outlives them when the semaphore goes idle, so
-/// the tokens of its next use still grow. Scripts in `lua/permits_*.lua`. A name is a
+/// One sorted set at [`Key::redis_key`] holds it all, each part in a range of scores:
+/// the member `capacity`, scored `-<capacity>` (`-<capacity> - 0.5` with
+/// [`fair`](Self::fair)); each permit held, scored by its lease's deadline (server ms): a
+/// hold of k permits is the members `<k>:<lease ms>:<holder id>`, then the same with `#2`
+/// .. `#k`; each waiter, the member `<k>:<lease ms>:<holder id>` (what it waits for, and
+/// the lease a grant gives it), scored from 1e15 by its place: its arrival (server ms, a
+/// ms after the last place at least, so that places never tie) × 1024 plus when its
+/// registration runs out (server seconds, modulo 1024). A grant moves
+/// a waiter's member to its lease's deadline, and tells `permits:<first token>:<holder
+/// id> ..` on `<key>:granted`. So the permits in use are one `ZCOUNT`, holds whose lease
+/// ran out go with one `ZREMRANGEBYSCORE` by the server's clock, and a release of a
+/// semaphore the client has not seen contended is plain commands in one round trip (`ZREM`
+/// of its members, `ZREMRANGEBYRANK <key> -1 0`, which takes the capacity when it is the
+/// last member left, `ZCOUNT` of the line), followed by the granting script only when
+/// someone waits; while the client sees waiters (its own in line, or left by its last
+/// release), it releases with the script, which grants in the same step. `<key>:fence` keeps the last fencing token issued: written with the take's lease
+/// when missing, moved with the set by renewals, waiters and takes of a semaphore in use
+/// (a lease past their deadline), left alone by the take of an idle one; a token issued
+/// while it is missing is the server clock in µs, so tokens still grow, as a lock's do.
+/// Scripts in `lua/permits_*.lua`. A name is a
 /// semaphore or a lock of another kind, not both: each keeps the other out, on both
 /// stores.
 ///

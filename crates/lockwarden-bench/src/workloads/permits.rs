@@ -12,8 +12,9 @@
 //!   trips (PINGs taken in every round). The plain lock the same way, rounds interleaved.
 //! * **Waiters at scale**: 1,000 tasks over 2 clients wait on a semaphore of 10 permits
 //!   that 10 others hold; once all are in line the 10 release, and every waiter, granted a
-//!   permit, holds it ~1 ms and releases. Counted: scripts per handoff (the release
-//!   grants the next waiter, who takes the permit from the notice without a round trip),
+//!   permit, holds it ~1 ms and releases. Counted: scripts per handoff (the release, or the
+//!   grant after a release sent as plain commands, grants the next waiter, who takes the
+//!   permit from the notice without a round trip),
 //!   holders named per grant notice (a release wakes only as many waiters as it freed),
 //!   and acquire attempts beyond each waiter's first.
 //! * **Contended**: 16 tasks of one client take turns at a semaphore of 3 permits, each
@@ -263,7 +264,7 @@ async fn uncontended(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
         Row::new(
             NAME,
             "raw ConnectionManager",
-            "lockwarden's permits_acquire.lua + permits_release.lua, called directly",
+            "lockwarden's permits_acquire.lua + ZREM, ZREMRANGEBYRANK, ZCOUNT, called directly",
             "µs",
         )
         .summary(raw_permits)
