@@ -6,7 +6,13 @@
 -- ARGV[1] release channel, ARGV[2] readers' channel, ARGV[3] fair wake channel prefix,
 -- ARGV[4] a semaphore's grant channel
 -- Returns 1 if a lock was deleted, 0 if there was none.
-if redis.call('DEL', KEYS[1]) == 0 then
+if redis.call('TYPE', KEYS[1]).ok == 'zset' then
+  -- A semaphore (see permits_prelude.lua): its capacity and every permit held go; its
+  -- waiters keep their places in line.
+  if redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(1e13') == 0 then
+    return 0
+  end
+elseif redis.call('DEL', KEYS[1]) == 0 then
   return 0
 end
 -- Readers' registrations go too: an admitted reader stays registered while it holds, and

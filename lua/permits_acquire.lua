@@ -1,122 +1,129 @@
--- Take permits of a semaphore, or wait for them in line (after permits_prelude.lua).
--- ARGV[1] holder id (made for this acquisition), ARGV[2] lease in ms, ARGV[3] permits
--- asked, ARGV[4] capacity (stored if the semaphore is idle), ARGV[5] '1' strict arrival
--- order (stored with it), ARGV[6] how long a registration lasts (ms; '0' for a single
--- try, which never waits in line), ARGV[7] the channel grants are told on
--- Returns the token taken (bare, see acquire.lua); {0, ms} refused: retry on a grant or
--- after ms; {3, capacity} refused for good: more permits asked than the semaphore has.
-local me, asked = ARGV[1], tonumber(ARGV[3])
--- An idle semaphore nobody waits for (the common case; no leases left by a force unlock
--- either): stored with this acquire's capacity and order, and taken, in as few calls as
--- there are keys to write. Its hash and leases live a lease longer than the hold (as
--- keep() would move them), the fencing key as long, through the token's write.
-if redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[4]) == 0 then
-  if asked > tonumber(ARGV[4]) then
-    return {3, tonumber(ARGV[4])}
+-- Take permits of a semaphore, or wait for them in line (after permits_prelude.lua, which
+-- takes an idle semaphore).
+-- ARGV[1] the hold's first member, `<permits>:<lease ms>:<holder id>` (a holder made for
+-- this acquisition; the member is also its place in line), ARGV[2] the lease in ms,
+-- ARGV[3] the capacity to store if the semaphore is idle, as stored (`-<capacity>`, or
+-- `-<capacity>.5` in strict arrival order), ARGV[4] how long a place in line is kept
+-- without asking again (ms; '0' for a single try, which never waits in line), ARGV[5] the
+-- channel grants are told on
+-- Returns the token taken (bare, see acquire.lua); refused, bare: -2 - ms, retry on a grant
+-- or after ms (when the earliest lease could run out; -1: none will); {3, capacity}
+-- refused for good: more permits asked than the capacity stored.
+
+-- Whether an earlier attempt of this acquisition may have left its place in line (or been
+-- granted permits): the first attempt's variant (`local first = true`) looks for neither;
+-- a later one, a send again after a broken connection and every send on a cluster run
+-- `local first = false`.
+local first = true
+
+-- A new place's score, or a place's with its registration moved (`place`: its score), for
+-- a registration of `ms` from now (at most 509 s: the client asks again sooner). A new
+-- place comes after every place before it, even one taken in the same ms: when places
+-- arrived this ms or later (usually none, an empty reply), its arrival is the last one's
+-- + 1 ms.
+local function placed(place, ms)
+  local until_s = math.floor((now + math.min(ms, 509000) + 999) / 1000) % 1024
+  if place then
+    return string.format('%d', place - place % 1024 + until_s)
   end
-  local until_ms = now + tonumber(ARGV[2])
-  local at = int(until_ms + (until_ms - now))
-  redis.call('ZADD', KEYS[2], until_ms, me)
-  local token = issue_token(KEYS[3], 'PXAT', at)
-  local text = int(token)
-  if ARGV[5] == '1' then
-    redis.call('HSET', KEYS[1], 'permits', ARGV[4], 'used', ARGV[3], 'fifo', '1', me, ARGV[3] .. ':' .. text)
-  else
-    redis.call('HSET', KEYS[1], 'permits', ARGV[4], 'used', ARGV[3], me, ARGV[3] .. ':' .. text)
+  local arrival = now
+  local later = redis.call('ZRANGEBYSCORE', KEYS[1], string.format('%d', now * 1024), '+inf',
+    'WITHSCORES')
+  if later[1] then
+    arrival = math.floor(later[#later] / 1024) + 1
   end
-  redis.call('PEXPIREAT', KEYS[1], at)
-  redis.call('PEXPIREAT', KEYS[2], at)
-  redis.call('PEXPIREAT', KEYS[3], at)
-  return token
+  return string.format('%d', arrival * 1024 + until_s)
 end
--- Its place in line names what it waits for: the permits, and the lease a grant gives.
-local member = ARGV[3] .. ':' .. ARGV[2] .. ':' .. me
-local capacity, used, fifo, held, waiting = prune(me)
-if capacity == 'foreign' then
-  -- Refused until that lock's lease ends (-1: it has none, not one of ours).
-  return {0, redis.call('PTTL', KEYS[1])}
+
+local capacity, fifo, lowest
+if head[1] == 'capacity' then
+  capacity, fifo = stored(head[2])
+  lowest = tonumber(head[4])
+else
+  -- No capacity: a force unlock took it with the holds, and waiters kept their places.
+  -- This acquire's is stored.
+  capacity, fifo = stored(ARGV[3])
+  lowest = tonumber(head[2])
+  redis.call('ZADD', KEYS[1], ARGV[3], 'capacity')
 end
-if held then
-  -- Granted while this acquisition waited (its notice missed), or this very call ran
-  -- before (a holder is made for each acquisition): taken, with at least this lease.
-  if waiting then
-    redis.call('ZREM', KEYS[4], member)
-    redis.call('ZREM', KEYS[5], member)
+local k = many and tonumber(string.match(ARGV[1], '^%d+')) or 1
+-- Where this acquisition stands: holding (a score below 1e13), in line (from 1e15), or
+-- neither.
+local mine
+if not first then
+  mine = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]))
+  if mine and mine < 1e13 and mine > now then
+    -- Granted while this acquisition waited (its notice missed), or this very call ran
+    -- before: taken, with at least this lease, and a token of its own (the first never
+    -- reached this client).
+    local deadline = now + ARGV[2]
+    in_batches('ZADD', permits_of(ARGV[1], k, string.format('%d', deadline)), true)
+    keep(deadline)
+    return issue(1, string.format('%d', deadline))
   end
-  local until_ms = now + tonumber(ARGV[2])
-  redis.call('ZADD', KEYS[2], 'GT', until_ms, me)
-  keep(until_ms)
-  return tonumber(string.match(held, ':(%d+)$'))
 end
-local created = not capacity
-if created then
-  -- Idle: this acquire's capacity and order are stored (waiters from before a force
-  -- unlock keep their places in line).
-  capacity, used, fifo = tonumber(ARGV[4]), 0, ARGV[5] == '1'
-end
-if asked > capacity then
+if k > capacity then
+  -- The stored capacity is smaller than what this asks for: it would wait for ever.
+  if mine and mine >= 1e15 then
+    redis.call('ZREM', KEYS[1], ARGV[1])
+    admit(capacity, fifo, capacity, ARGV[5])
+  end
   return {3, capacity}
 end
-if created then
-  if fifo then
-    redis.call('HSET', KEYS[1], 'permits', ARGV[4], 'used', '0', 'fifo', '1')
-  else
-    redis.call('HSET', KEYS[1], 'permits', ARGV[4], 'used', '0')
+-- Holds whose lease ran out give their permits back (looked for only once the earliest
+-- one has).
+if lowest and lowest < 1e13 and lowest <= now then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '0', now)
+  lowest = tonumber(redis.call('ZRANGE', KEYS[1], '1', '1', 'WITHSCORES')[2])
+  if mine and mine < 1e13 then
+    mine = nil
   end
 end
-local rank
-if waiting then
-  -- Permits freed without a grant (a lease ran out, a waiter left): waiters first.
-  local mine
-  used, mine = admit(capacity, used, fifo, ARGV[7], me, used, true)
+-- Permits held: none if the earliest member is no hold; with one permit, at least one is
+-- enough to know.
+local used = 0
+if lowest and lowest < 1e13 then
+  used = capacity == 1 and 1 or redis.call('ZCOUNT', KEYS[1], '0', '(1e13')
+end
+if used + k <= capacity then
+  -- Permits are free. Waiters first: free permits with a line (a lease ran out, a waiter
+  -- left, the capacity grew) go to it in order.
+  local waiting = mine ~= nil or redis.call('ZCOUNT', KEYS[1], '1e15', '+inf') > 0
+  if waiting then
+    local token, at
+    used, token, at, waiting = admit(capacity, fifo, used, ARGV[5], ARGV[1])
+    if at then
+      return token + at - 1
+    elseif at == false then
+      -- Dropped: its registration had run out. It asks again as a newcomer.
+      mine = nil
+    end
+    if waiting and fifo and used + k <= capacity then
+      waiting = redis.call('ZCOUNT', KEYS[1], '1e15', '+inf') > (mine and 1 or 0)
+    end
+  end
+  -- In strict order nobody passes a waiter; in the default order, one that did not fit.
+  if used + k <= capacity and not (fifo and waiting) then
+    local deadline = now + ARGV[2]
+    local text = string.format('%d', deadline)
+    in_batches('ZADD', permits_of(ARGV[1], k, text))
+    keep(deadline)
+    return issue(1, text)
+  end
+end
+
+if ARGV[4] ~= '0' then
+  -- In line (or still): its registration runs to now + ARGV[4], and the semaphore lives
+  -- until a grant then would end.
   if mine then
-    return mine
+    redis.call('ZADD', KEYS[1], 'XX', placed(mine, ARGV[4]), ARGV[1])
+  else
+    redis.call('ZADD', KEYS[1], placed(nil, ARGV[4]), ARGV[1])
   end
-  rank = redis.call('ZRANK', KEYS[4], member)
-  waiting = redis.call('EXISTS', KEYS[4]) == 1
+  keep(now + ARGV[4] + ARGV[2])
 end
--- In strict order, only the head of the line (or anyone, with nobody in line) may take.
-local behind = fifo and waiting and rank ~= 0
-if asked <= capacity - used and not behind then
-  local until_ms = now + tonumber(ARGV[2])
-  redis.call('ZADD', KEYS[2], until_ms, me)
-  local token = issue_token(KEYS[3], 'PXAT', int(keep(until_ms)))
-  local text = int(token)
-  redis.call('HSET', KEYS[1], me, ARGV[3] .. ':' .. text, 'used', used + asked)
-  if rank then
-    redis.call('ZREM', KEYS[4], member)
-    redis.call('ZREM', KEYS[5], member)
-  end
-  return token
+-- Asked again when the earliest lease could run out (it may let this waiter in).
+if lowest and lowest < 1e13 then
+  return -2 - (lowest - now)
 end
-
-if tonumber(ARGV[6]) > 0 then
-  -- The deadline first: a place in line is never without one.
-  redis.call('ZADD', KEYS[5], int(now + tonumber(ARGV[6])), member)
-  if not rank then
-    local arrival = clock[1] .. string.sub('000000', #clock[2] + 1) .. clock[2]
-    redis.call('ZADD', KEYS[4], arrival, member)
-    rank = redis.call('ZRANK', KEYS[4], member)
-  end
-  -- The line outlives no waiter: both sets go once the last registration has passed,
-  -- and the hash (its capacity) lives as long.
-  local last = redis.call('ZRANGE', KEYS[5], '-1', '-1', 'WITHSCORES')
-  local gone_at = int(tonumber(last[2]) + 1)
-  redis.call('PEXPIREAT', KEYS[4], gone_at)
-  redis.call('PEXPIREAT', KEYS[5], gone_at)
-  keep(tonumber(last[2]))
-elseif created then
-  -- Made for waiters in line (from before a force unlock): the hash lives as they do.
-  local last = redis.call('ZRANGE', KEYS[5], '-1', '-1', 'WITHSCORES')
-  keep(tonumber(last[2] or now))
-end
-
--- Sleep until enough holds could have run out for this waiter to get in without a
--- notice: those ahead in line (counted one permit each) and its own, less what is free.
-local needed = (rank or redis.call('ZCARD', KEYS[4])) + asked - (capacity - used)
-local nth = redis.call('ZRANGE', KEYS[2], math.max(needed, 1) - 1, math.max(needed, 1) - 1, 'WITHSCORES')
-if nth[2] then
-  return {0, math.max(tonumber(nth[2]) - now, 0)}
-end
--- No hold running out lets it in: only a release (or a waiter ahead leaving) does.
-return {0, -1}
+return -1

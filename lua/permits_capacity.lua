@@ -4,10 +4,19 @@
 -- ARGV[1] the new capacity, ARGV[2] the channel grants are told on
 -- Returns 1 changed, 0 the semaphore is idle (nothing is stored; the next acquire
 -- stores its own capacity).
-local capacity, used, fifo, _, waiting = prune('')
-if not capacity or capacity == 'foreign' then
+local head = redis.call('ZRANGE', KEYS[1], '0', '0', 'WITHSCORES')
+if head[1] ~= 'capacity' then
   return 0
 end
-redis.call('HSET', KEYS[1], 'permits', ARGV[1])
-admit(tonumber(ARGV[1]), used, fifo, ARGV[2], nil, used, waiting)
+local _, fifo = stored(head[2])
+local capacity = tonumber(ARGV[1])
+redis.call('ZADD', KEYS[1], 'XX', fifo and -capacity - 0.5 or -capacity, 'capacity')
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '0', now)
+local used = redis.call('ZCOUNT', KEYS[1], '0', '(1e13')
+local _, left
+used, _, _, left = admit(capacity, fifo, used, ARGV[2])
+if used == 0 and not (left and redis.call('ZCOUNT', KEYS[1], '1e15', '+inf') > 0) then
+  redis.call('DEL', KEYS[1])
+  return 0
+end
 return 1

@@ -277,13 +277,20 @@ SCRIPTS = {
     "rw_release": ("clock.lua", "once.lua", "token.lua", "rw_prelude.lua", "rw_release.lua"),
     "fair_acquire": ("clock.lua", "once.lua", "token.lua", "fair_prelude.lua", "fair_acquire.lua"),
     "fair_release": ("clock.lua", "once.lua", "token.lua", "fair_prelude.lua", "fair_release.lua"),
-    "permits_acquire": ("clock.lua", "token.lua", "permits_prelude.lua", "permits_acquire.lua"),
-    "permits_release": ("clock.lua", "token.lua", "permits_prelude.lua", "permits_release.lua"),
+    "permits_acquire": ("permits_prelude.lua", "permits_acquire.lua"),
+    "permits_release": ("permits_prelude.lua", "permits_release.lua"),
 }
+# The lines of a script's variants the client picks (scripts.rs): an acquire of a semaphore
+# takes an idle one first, its first attempt on one server does not look for its place.
+VARIANTS = {"permits_acquire": [("\nlocal taking = false\n", "\nlocal taking = true\n")]}
 
 
 def source(name):
-    return "".join(open(os.path.join(LUA, f)).read() for f in SCRIPTS[name])
+    text = "".join(open(os.path.join(LUA, f)).read() for f in SCRIPTS[name])
+    for written, sent in VARIANTS.get(name, []):
+        assert written in text, f"{name}: no line {written!r}"
+        text = text.replace(written, sent)
+    return text
 
 
 def replaced(text, old, new):
@@ -401,22 +408,46 @@ class Lockwarden:
     def wake_channel(self, k):
         return k["channel"] + ":" + self.client
 
-    # Semaphores
+    # Semaphores: one sorted set at the lock's name, and the fencing key
     @staticmethod
     def permits_keys(k):
-        return [5, k["lock"], k["leases"], k["fence"], k["waiting"], k["waiting_until"]]
+        return [2, k["lock"], k["fence"]]
+
+    @staticmethod
+    def permit_member(holder):
+        """A hold's first member (and its place in line): `<permits>:<lease ms>:<holder>`."""
+        return f"1:{LEASE}:{holder}"
 
     def permit(self, k, holder, capacity, register=0, expect=None):
-        return Step(["EVALSHA", self.sha["permits_acquire"], *self.permits_keys(k), holder,
-                     LEASE, 1, capacity, "0", register, k["granted"]], expect)
+        return Step(["EVALSHA", self.sha["permits_acquire"], *self.permits_keys(k),
+                     self.permit_member(holder), LEASE, f"-{capacity}", register,
+                     k["granted"]], expect)
 
-    def permit_release(self, k, holder):
-        return [Step(["EVALSHA", self.sha["permits_release"], *self.permits_keys(k), holder,
-                      k["granted"], ""], 0)]
+    def permit_release(self, k, holder, waiting=0):
+        """A release of a semaphore the client has seen no waiters of: ZREM, the capacity
+        with the last hold, the count of the line; the grant script when someone waits."""
+        steps = [Step(["ZREM", k["lock"], self.permit_member(holder)], 1),
+                 Step(["ZREMRANGEBYRANK", k["lock"], -1, 0]),
+                 Step(["ZCOUNT", k["lock"], "1e15", "+inf"], waiting)]
+        if waiting:
+            steps.append(Step(["EVALSHA", self.sha["permits_release"], *self.permits_keys(k),
+                               "", k["granted"]], released))
+        return steps
+
+    def permit_release_script(self, k, holder):
+        """A release of a contended semaphore (the client has waiters of its own in line,
+        or its last release of it left waiters): the script that grants."""
+        return [Step(["EVALSHA", self.sha["permits_release"], *self.permits_keys(k),
+                      self.permit_member(holder), k["granted"]], released)]
 
 
 def is_token(reply):
     return isinstance(reply, int) and reply > 0
+
+
+def released(reply):
+    """A semaphore release's answer: 0, or 1 with waiters maybe left in line."""
+    return reply in (0, 1)
 
 
 def refused(reply):
@@ -641,13 +672,24 @@ def rows(server, n):
     def permit_handoff(i, rnd):
         k = keys("ph", i)
         old, new = handoff("ph", i, lw.holder)
-        return [lw.permit(k, new, 1, WAIT, refused), *lw.permit_release(k, old)]
+        return [lw.permit(k, new, 1, WAIT, refused), *lw.permit_release(k, old, waiting=1)]
 
-    yield ("permit handoff: the next one waits in line, the holder's release grants it",
-           "permit", lambda: run(
+    yield ("permit handoff, first seen: the next one waits in line, the holder's plain "
+           "release finds it, the grant follows", "permit", lambda: run(
                server, permit_handoff, n, subscribe=lambda i: keys("ph", i)["granted"],
                before=lambda i, rnd: [lw.permit(keys("ph", i), held.setdefault(
                    ("ph", i), lw.holder()), 1, 0, is_token)] if rnd == 0 else []))
+
+    def permit_handoff_script(i, rnd):
+        k = keys("phs", i)
+        old, new = handoff("phs", i, lw.holder)
+        return [lw.permit(k, new, 1, WAIT, refused), *lw.permit_release_script(k, old)]
+
+    yield ("permit handoff, contended: the next one waits in line, the holder's release "
+           "is the script that grants", "permit", lambda: run(
+               server, permit_handoff_script, n, subscribe=lambda i: keys("phs", i)["granted"],
+               before=lambda i, rnd: [lw.permit(keys("phs", i), held.setdefault(
+                   ("phs", i), lw.holder()), 1, 0, is_token)] if rnd == 0 else []))
 
 
 # ---------------------------------------------------------------------------------------
@@ -771,7 +813,7 @@ def floors(server, n):
 
     def permit(i, rnd):
         k, h = lw.key(f"lo{i}"), lw.holder()
-        keys = lw.permits_keys(k)
+        keys = [4, k["lock"], k["leases"], k["fence"], k["waiting"]]
         return [Step(["EVALSHA", leases_only, *keys, h, LEASE, 1, 10, "0", 0, k["granted"]],
                      is_token),
                 Step(["ZREM", k["leases"], h], 1), Step(["EXISTS", k["waiting"]], 0)]

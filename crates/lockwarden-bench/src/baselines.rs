@@ -42,22 +42,16 @@ const RELEASE_SOURCE: &str = concat!(
     include_str!("../../../lua/once.lua"),
     include_str!("../../../lua/release.lua")
 );
-// A semaphore's, as the client sends them: after the clock, the token maker and the
-// semaphore's prelude (its holders are made for each acquisition: no count-once helpers).
-const PERMITS_ACQUIRE_SOURCE: &str = concat!(
-    include_str!("../../../lua/clock.lua"),
-    include_str!("../../../lua/token.lua"),
-    include_str!("../../../lua/permits_prelude.lua"),
-    include_str!("../../../lua/permits_acquire.lua")
-);
-const PERMITS_RELEASE_SOURCE: &str = concat!(
-    include_str!("../../../lua/clock.lua"),
-    include_str!("../../../lua/token.lua"),
-    include_str!("../../../lua/permits_prelude.lua"),
-    include_str!("../../../lua/permits_release.lua")
-);
-static PERMITS_ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(PERMITS_ACQUIRE_SOURCE));
-static PERMITS_RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(PERMITS_RELEASE_SOURCE));
+// A semaphore's acquire, as the client sends it for the first attempt of one permit: its
+// prelude (the take of an idle semaphore switched on), then the script. A release nobody
+// of the client waits for is plain commands (see `own_permits_pair`).
+static PERMITS_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    let source = concat!(
+        include_str!("../../../lua/permits_prelude.lua"),
+        include_str!("../../../lua/permits_acquire.lua")
+    );
+    Script::new(&source.replace("\nlocal taking = false\n", "\nlocal taking = true\n"))
+});
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_SOURCE));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_SOURCE));
 // As a cluster client sends them by default (the core's `Lua::with`): the call's id read
@@ -369,43 +363,52 @@ pub async fn own_scripts_pair(
     Ok(())
 }
 
-/// lockwarden's semaphore scripts on `key`, called directly as the client sends them for
-/// one permit of an idle semaphore of `capacity` (watchdog lease, 30 s): the Redis side of
-/// a permit cycle, with no client-side work.
+/// lockwarden's semaphore calls on `key`, sent directly as the client sends them for one
+/// permit of an idle semaphore of `capacity` (watchdog lease, 30 s): the acquire script and
+/// the release as plain commands, the Redis side of a permit cycle, with no client-side
+/// work.
 pub async fn own_permits_pair(
     conn: &mut impl redis::aio::ConnectionLike,
     key: &str,
     capacity: u32,
 ) -> Result<(), BoxError> {
-    let hash = format!("raw:{{{key}}}");
-    let keys = [
-        hash.clone(),
-        format!("{hash}:leases"),
-        format!("{hash}:fence"),
-        format!("{hash}:waiting"),
-        format!("{hash}:waiting-until"),
-    ];
-    let channel = format!("{hash}:granted");
-    let mut take = PERMITS_ACQUIRE.prepare_invoke();
-    let mut give = PERMITS_RELEASE.prepare_invoke();
-    for k in &keys {
-        take.key(k);
-        give.key(k);
-    }
-    // Holder, lease, permits, capacity, strict order, registration (ms), channel.
-    take.arg("bench-holder")
+    let set = format!("raw:{{{key}}}");
+    let fence = format!("{set}:fence");
+    let channel = format!("{set}:granted");
+    // The hold's first member: `<permits>:<lease ms>:<holder id>`.
+    let member = "1:30000:bench-holder";
+    // Member, lease, capacity as stored (`-<capacity>`), registration (ms), channel.
+    let token: i64 = PERMITS_ACQUIRE
+        .key(&set)
+        .key(&fence)
+        .arg(member)
         .arg(30_000)
-        .arg(1)
-        .arg(capacity)
-        .arg("0")
+        .arg(format!("-{capacity}"))
         .arg(30_000)
-        .arg(&channel);
-    // Holder, channel, the hold's token ('' unknown: only read when not held).
-    give.arg("bench-holder").arg(&channel).arg("");
-    let token: i64 = take.invoke_async(conn).await?;
-    let left: i64 = give.invoke_async(conn).await?;
-    if token <= 0 || left != 0 {
-        return Err(format!("own permit scripts answered {token} / {left} on a fresh key").into());
+        .arg(&channel)
+        .invoke_async(conn)
+        .await?;
+    // The release nobody of this client waits for: ZREM, the capacity with the last hold,
+    // the waiters in line (none here: no grant follows).
+    let (removed, _, waiting): (i64, i64, i64) = redis::pipe()
+        .cmd("ZREM")
+        .arg(&set)
+        .arg(member)
+        .cmd("ZREMRANGEBYRANK")
+        .arg(&set)
+        .arg(-1)
+        .arg(0)
+        .cmd("ZCOUNT")
+        .arg(&set)
+        .arg("1e15")
+        .arg("+inf")
+        .query_async(conn)
+        .await?;
+    if token <= 0 || removed != 1 || waiting != 0 {
+        return Err(format!(
+            "own permit calls answered {token} / {removed} / {waiting} on a fresh key"
+        )
+        .into());
     }
     Ok(())
 }

@@ -3,27 +3,28 @@
 //! `SHARDNUMSUB` on a cluster).
 //!
 //! Kind detection (Redis keeps no "kind" field; the shape of the keys says it):
-//! - a hash with a `permits` field is a **semaphore** (its capacity; `used`, `fifo` and one
-//!   field per holder beside it);
+//! - a sorted set at the lock's name is a **semaphore** (its whole state: a `capacity`
+//!   member, one member per permit held scored by its lease's deadline, one per waiter
+//!   scored by its place; see the core's `permits_prelude.lua`); with no `capacity`
+//!   member it was force-unlocked, its waiters about to take their permits in their
+//!   places;
 //! - a hash with a `mode` field is a **read-write** lock;
 //! - a hash without one is **fair** if the lock has a queue (`…:queue`), else **plain**
 //!   (a fair lock nobody waits for looks exactly like a plain one);
 //! - no hash, but a queue: **fair** (free, its next waiter about to take it); no hash but
-//!   registered writers or readers: **read-write** (free, a waiter about to take it); no
-//!   hash but a line of waiters: **semaphore** (force-unlocked, its waiters about to take
-//!   their permits, in their places);
+//!   registered writers or readers: **read-write** (free, a waiter about to take it);
 //! - no hash, a stored outcome (`…:done`): **claim-outcome** (a completed claim);
 //! - only a fencing key (a lock released less than a lease ago): **free**;
 //! - nothing: no such lock.
 //!
-//! In the Redisson layout a hash found by name alone must also look like a lock: every
-//! field `<id>:<number>` with a positive count, or a `mode` of `read`/`write`, or a
-//! semaphore's (a positive `permits`, a `used` count, `fifo` = `1`, and holders
-//! `<id>:<number>` = `<permits>:<token>`), and an expiry; at most [`MAX_FIELDS`] fields.
+//! In the Redisson layout a key found by name alone must also look like a lock: a hash
+//! with every field `<id>:<number>` with a positive count, or a `mode` of `read`/`write`,
+//! and an expiry, at most [`MAX_FIELDS`] fields; a sorted set whose members are a
+//! semaphore's.
 //!
 //! What a lock's scripts would drop at their next call is not counted: waiters whose
 //! places lapsed, and a semaphore's holds whose leases ran out (their permits are free:
-//! the core's `permits_prelude.lua` takes them back before it looks).
+//! the core's semaphore scripts take them back before they count).
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -92,11 +93,8 @@ pub struct HolderView {
     /// Re-entry count; a semaphore's: the permits this hold has.
     pub count: u64,
     /// The lease this hold has left (read-write, semaphore: its own; else the lock's), ms.
+    /// (A semaphore's hold keeps no token in Redis: its holder alone has it.)
     pub lease_ms: Option<i64>,
-    /// A semaphore's hold: its own fencing token (absent for other kinds, whose token is
-    /// the lock's).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub fencing_token: Option<u64>,
 }
 
 /// A fair lock's waiter in the queue.
@@ -193,8 +191,9 @@ pub struct LockView {
     pub lease_ms: Option<i64>,
     /// The last fencing token issued (read-write: the current phase's).
     pub fencing_token: Option<u64>,
-    /// How long the current hold (phase; a semaphore's oldest hold) has lasted, from its
-    /// token (µs of the server clock at acquisition), ms.
+    /// How long the current hold (a read-write lock's: phase) has lasted, from its token
+    /// (µs of the server clock at acquisition), ms; `null` for a semaphore (Redis keeps no
+    /// hold's own token).
     pub held_for_ms: Option<u64>,
     /// A fair lock's queue length (waiters whose deadline has not passed: the lock
     /// drops the others at its next call).
@@ -283,6 +282,13 @@ async fn read_one(
         .keys(name)
         .map_err(|e| CliError::Usage(format!("bad lock name {name:?}: {e}")))?;
     let redisson = space.layout() == KeyLayout::Redisson;
+    // A semaphore is a sorted set at the lock's name, which a hash command would fail on.
+    let mut pipe = redis::pipe();
+    pipe.cmd("TYPE").arg(&keys.lock);
+    let type_of = target.keyed(&mut pipe).await?;
+    if type_of.first().and_then(status).as_deref() == Some("zset") {
+        return read_semaphore(target, name, &keys, redisson).await;
+    }
     // A Redisson-layout hash is just a name: look before reading it all.
     let mut hash_usable = true;
     if redisson {
@@ -339,14 +345,7 @@ async fn read_one(
         .cmd("STRLEN")
         .arg(&keys.done)
         .cmd("PTTL")
-        .arg(&keys.done)
-        .cmd("ZCARD")
-        .arg(&keys.waiting)
-        .cmd("ZRANGE")
-        .arg(&keys.waiting)
-        .arg(0)
-        .arg(SHOWN - 1)
-        .arg("WITHSCORES");
+        .arg(&keys.done);
     let v = target.keyed(&mut pipe).await?;
     let now_us = server_time_us(&v[0])?;
     let now_ms = (now_us / 1000) as i64;
@@ -388,13 +387,8 @@ async fn read_one(
         }),
     };
     let remaining = |deadline: Option<&f64>| deadline.map(|d| *d as i64 - now_ms);
-    let (in_line, line) = match uint(&v[14]) {
-        0 => (0, Vec::new()),
-        stored => line_of(target, &keys, now_us, stored, scored(&v[15])).await?,
-    };
 
     let held = !hash.is_empty();
-    let semaphore = hash.iter().any(|(f, _)| f == "permits");
     let mode = hash
         .iter()
         .find(|(f, _)| f == "mode")
@@ -405,40 +399,15 @@ async fn read_one(
         None
     };
     let kind = match (held, &mode) {
-        (true, _) if semaphore => Kind::Semaphore,
         (true, Some(_)) => Kind::ReadWrite,
         (true, None) if queue_length > 0 => Kind::Fair,
         (true, None) => Kind::Plain,
         (false, _) if queue_length > 0 => Kind::Fair,
         (false, _) if writers_waiting + readers_registered > 0 => Kind::ReadWrite,
-        (false, _) if in_line > 0 => Kind::Semaphore,
         (false, _) if outcome.is_some() => Kind::ClaimOutcome,
         (false, _) if fence.is_some() => Kind::Free,
         (false, _) => return Ok(None),
     };
-    if kind == Kind::Semaphore {
-        let permits = permits_view(&hash, &leases, now_us, (in_line, line));
-        return Ok(Some(LockView {
-            name: name.to_owned(),
-            key: keys.lock.clone(),
-            kind,
-            mode: None,
-            holders: permits.holders,
-            lease_ms: permits.lease_ms,
-            fencing_token: fence,
-            held_for_ms: permits.held_for_ms,
-            queue_length: 0,
-            queue: Vec::new(),
-            writers_waiting: 0,
-            waiting_writers: Vec::new(),
-            readers_waiting: 0,
-            waiting_readers: Vec::new(),
-            subscribers: 0,
-            channels: semaphore_channels(&keys),
-            outcome,
-            semaphore: Some(permits.semaphore),
-        }));
-    }
     let mut holders = Vec::new();
     let mut token = fence;
     for (field, value) in &hash {
@@ -466,7 +435,6 @@ async fn read_one(
                     side,
                     count,
                     lease_ms: remaining(leases.get(field)).or(lease_ms),
-                    fencing_token: None,
                 });
             }
             None => holders.push(HolderView {
@@ -474,7 +442,6 @@ async fn read_one(
                 side: "exclusive",
                 count,
                 lease_ms,
-                fencing_token: None,
             }),
         }
     }
@@ -555,157 +522,195 @@ async fn read_one(
     Ok(Some(view))
 }
 
-/// A semaphore's holds and numbers, as its scripts see them (`prune` in
-/// `permits_prelude.lua`): a hold whose lease ran out holds nothing, its permits are free.
-struct PermitsRead {
-    holders: Vec<HolderView>,
-    lease_ms: Option<i64>,
-    held_for_ms: Option<u64>,
-    semaphore: SemaphoreView,
-}
-
-/// Reads a semaphore's hash (`hash`, empty when none is stored) with its holds' leases;
-/// `in_line` is its line, read by [`line_of`].
-fn permits_view(
-    hash: &[(String, String)],
-    leases: &HashMap<String, f64>,
-    now_us: u64,
-    in_line: (u64, Vec<PermitWaiterView>),
-) -> PermitsRead {
-    let now_ms = (now_us / 1000) as i64;
-    let field = |name: &str| {
-        hash.iter()
-            .find(|(f, _)| f == name)
-            .map(|(_, v)| v.as_str())
-    };
-    let mut holders = Vec::new();
-    let mut lapsed = 0u64;
-    for (id, value) in hash {
-        if matches!(id.as_str(), "permits" | "used" | "fifo") {
-            continue;
-        }
-        // `<permits>:<fencing token>`.
-        let (permits, token) = value.split_once(':').unwrap_or((value, ""));
-        let permits: u64 = permits.parse().unwrap_or(0);
-        let deadline = leases.get(id).map(|d| *d as i64);
-        if deadline.is_some_and(|d| d <= now_ms) {
-            lapsed += permits;
-            continue;
-        }
-        holders.push(HolderView {
-            id: id.clone(),
-            side: "permits",
-            count: permits,
-            lease_ms: deadline.map(|d| d - now_ms),
-            fencing_token: token.parse().ok(),
-        });
-    }
-    holders.sort_by(|a, b| (a.fencing_token, &a.id).cmp(&(b.fencing_token, &b.id)));
-    let live: u64 = holders.iter().map(|h| h.count).sum();
-    let in_use = field("used")
-        .and_then(|u| u.parse::<u64>().ok())
-        .map_or(live, |used| used.saturating_sub(lapsed));
-    let (waiting, line) = in_line;
-    PermitsRead {
-        lease_ms: holders.iter().filter_map(|h| h.lease_ms).max(),
-        held_for_ms: holders
-            .iter()
-            .filter_map(|h| h.fencing_token)
-            .min()
-            .and_then(|t| now_us.checked_sub(t))
-            .map(|us| us / 1000),
-        holders,
-        semaphore: SemaphoreView {
-            capacity: field("permits").and_then(|c| c.parse().ok()),
-            in_use,
-            order: if field("fifo") == Some("1") {
-                "strict"
-            } else {
-                "arrival"
-            },
-            waiting,
-            line,
-        },
-    }
-}
-
-/// A semaphore's line as its scripts see it: the places whose registration (in
-/// `…:waiting-until`) has not lapsed, how many, and the first [`SHOWN`] of them in arrival
-/// order. `stored` and `page` are the line's size and first [`SHOWN`] members, as read;
-/// further pages are read only while lapsed places hide live ones.
-async fn line_of(
+/// Reads the semaphore at `keys.lock` (a sorted set: see the module docs) as its scripts
+/// see it: a hold whose lease ran out holds nothing (its permits are free), a place in
+/// line whose registration lapsed is no waiter. Its holds carry no fencing token: each is
+/// given to its holder only (the view has the semaphore's last). `None` for a sorted set in
+/// the Redisson layout that is no semaphore.
+async fn read_semaphore(
     target: &Target,
+    name: &str,
     keys: &LockKeys,
-    now_us: u64,
-    stored: u64,
-    mut page: Vec<(String, f64)>,
-) -> Result<(u64, Vec<PermitWaiterView>), CliError> {
+    redisson: bool,
+) -> Result<Option<LockView>, CliError> {
+    let lock = &keys.lock;
+    let mut pipe = redis::pipe();
+    pipe.cmd("TIME")
+        .cmd("ZRANGE")
+        .arg(lock)
+        .arg(0)
+        .arg(0)
+        .arg("WITHSCORES")
+        .cmd("GET")
+        .arg(&keys.fence)
+        .cmd("ZCOUNT")
+        .arg(lock)
+        .arg(0)
+        .arg("(1e13")
+        .cmd("ZRANGEBYSCORE")
+        .arg(lock)
+        .arg(0)
+        .arg("(1e13")
+        .arg("WITHSCORES")
+        .arg("LIMIT")
+        .arg(0)
+        .arg(MAX_FIELDS)
+        .cmd("ZCOUNT")
+        .arg(lock)
+        .arg("1e15")
+        .arg("+inf")
+        .cmd("ZRANGEBYSCORE")
+        .arg(lock)
+        .arg("1e15")
+        .arg("+inf")
+        .arg("WITHSCORES")
+        .arg("LIMIT")
+        .arg(0)
+        .arg(MAX_FIELDS);
+    let v = target.keyed(&mut pipe).await?;
+    let now_us = server_time_us(&v[0])?;
     let now_ms = (now_us / 1000) as i64;
-    let mut live: Option<u64> = None;
-    let mut shown: Vec<PermitWaiterView> = Vec::new();
-    let mut read = 0usize;
-    loop {
-        let mut pipe = redis::pipe();
-        if live.is_none() {
-            pipe.cmd("ZCOUNT")
-                .arg(&keys.waiting_until)
-                .arg(format!("({now_ms}"))
-                .arg("+inf");
+    let capacity = scored(&v[1])
+        .into_iter()
+        .find(|(member, _)| member == "capacity")
+        .map(|(_, score)| score);
+    let (held, places) = (scored(&v[4]), scored(&v[6]));
+    if redisson
+        && !held
+            .iter()
+            .chain(&places)
+            .all(|(member, _)| permit_shaped(member))
+    {
+        return Ok(None);
+    }
+    let (holders, semaphore) = semaphore_of(
+        now_ms,
+        capacity,
+        (uint(&v[3]), &held),
+        (uint(&v[5]), &places),
+    );
+    let view = LockView {
+        name: name.to_owned(),
+        key: lock.clone(),
+        kind: Kind::Semaphore,
+        mode: None,
+        lease_ms: holders.iter().filter_map(|h| h.lease_ms).max(),
+        holders,
+        fencing_token: int(&v[2]).and_then(|t| u64::try_from(t).ok()),
+        held_for_ms: None,
+        queue_length: 0,
+        queue: Vec::new(),
+        writers_waiting: 0,
+        waiting_writers: Vec::new(),
+        readers_waiting: 0,
+        waiting_readers: Vec::new(),
+        subscribers: 0,
+        channels: semaphore_channels(keys),
+        outcome: None,
+        semaphore: Some(semaphore),
+    };
+    Ok(Some(view))
+}
+
+/// A semaphore's holds and numbers from its sorted set as read at `now_ms`: its capacity
+/// member's score (`-<capacity>`, `.5` more in strict order), and how many permits held
+/// and places in line it has with the first of each (member, score), as read.
+fn semaphore_of(
+    now_ms: i64,
+    capacity: Option<f64>,
+    (held_count, held): (u64, &[(String, f64)]),
+    (line_count, places): (u64, &[(String, f64)]),
+) -> (Vec<HolderView>, SemaphoreView) {
+    // Each hold is its first member `<k>:<lease ms>:<holder id>` and `..#2` .. `..#k`,
+    // all with its lease's deadline.
+    let mut holds: Vec<(String, u64, f64)> = Vec::new();
+    let mut lapsed = 0u64;
+    for (member, deadline) in held {
+        if *deadline <= now_ms as f64 {
+            lapsed += 1;
+            continue;
         }
-        for (member, _) in &page {
-            pipe.cmd("ZSCORE").arg(&keys.waiting_until).arg(member);
+        let first = member
+            .rsplit_once('#')
+            .map_or(member.as_str(), |(first, _)| first);
+        match holds.iter_mut().find(|(m, _, _)| m == first) {
+            Some(hold) => hold.1 += 1,
+            None => holds.push((first.to_owned(), 1, *deadline)),
         }
-        let v = target.keyed(&mut pipe).await?;
-        let scores = match live {
-            None => {
-                live = Some(v.first().map_or(0, uint));
-                v.get(1..).unwrap_or_default()
-            }
-            Some(_) => &v[..],
-        };
-        for ((member, arrival), score) in page.iter().zip(scores) {
-            if shown.len() == SHOWN {
-                break;
-            }
-            let Some(deadline) = int_or_float(score).filter(|d| *d > now_ms as f64) else {
-                continue;
-            };
-            // `<permits>:<lease ms>:<holder id>` (the lease a grant gives it).
-            let mut parts = member.splitn(3, ':');
-            let (permits, holder) = match (parts.next(), parts.next(), parts.next()) {
-                (Some(permits), Some(_lease), Some(holder)) => (permits, holder),
-                _ => ("", member.as_str()),
-            };
-            shown.push(PermitWaiterView {
-                position: shown.len() as u64 + 1,
-                holder: holder.to_owned(),
-                permits: permits.parse().unwrap_or(0),
-                deadline_ms: deadline as i64 - now_ms,
-                waited_ms: now_us.saturating_sub(*arrival as u64) / 1000,
+    }
+    holds.sort_by(|a, b| a.2.total_cmp(&b.2).then_with(|| a.0.cmp(&b.0)));
+    let holders = holds
+        .into_iter()
+        .map(|(first, count, deadline)| HolderView {
+            id: holder_of(&first).to_owned(),
+            side: "permits",
+            count,
+            lease_ms: Some(deadline as i64 - now_ms),
+        })
+        .collect();
+    // A place is its arrival (server ms) * 1024 + when its registration runs out (server
+    // seconds, modulo 1024): it lives while that is 1 to 510 s ahead.
+    let now_s = now_ms.div_euclid(1000);
+    let mut line = Vec::new();
+    let mut gone = 0u64;
+    for (member, place) in places {
+        let ahead = ((*place as i64).rem_euclid(1024) - now_s).rem_euclid(1024);
+        if !(1..=510).contains(&ahead) {
+            gone += 1;
+            continue;
+        }
+        if line.len() < SHOWN {
+            let arrival_ms = (*place / 1024.0).floor() as i64;
+            line.push(PermitWaiterView {
+                position: line.len() as u64 + 1,
+                holder: holder_of(member).to_owned(),
+                permits: member
+                    .split(':')
+                    .next()
+                    .and_then(|k| k.parse().ok())
+                    .unwrap_or(0),
+                deadline_ms: ahead * 1000 - now_ms.rem_euclid(1000),
+                waited_ms: u64::try_from(now_ms - arrival_ms).unwrap_or(0),
             });
         }
-        read += page.len();
-        let done = shown.len() == SHOWN
-            || shown.len() as u64 >= live.unwrap_or(0)
-            || page.is_empty()
-            || read as u64 >= stored.min(MAX_FIELDS as u64);
-        if done {
-            break;
-        }
-        let mut pipe = redis::pipe();
-        pipe.cmd("ZRANGE")
-            .arg(&keys.waiting)
-            .arg(read)
-            .arg(read + SHOWN - 1)
-            .arg("WITHSCORES");
-        page = target
-            .keyed(&mut pipe)
-            .await?
-            .first()
-            .map(scored)
-            .unwrap_or_default();
     }
-    Ok((live.unwrap_or(0), shown))
+    let capacity = capacity.map(|score| -score);
+    let semaphore = SemaphoreView {
+        capacity: capacity.map(|c| c.floor() as u64),
+        in_use: held_count.saturating_sub(lapsed),
+        order: match capacity {
+            Some(c) if c.fract() != 0.0 => "strict",
+            _ => "arrival",
+        },
+        waiting: line_count.saturating_sub(gone),
+        line,
+    };
+    (holders, semaphore)
+}
+
+/// The holder id in a semaphore's member `<k>:<lease ms>:<holder id>`.
+fn holder_of(member: &str) -> &str {
+    member.splitn(3, ':').nth(2).unwrap_or(member)
+}
+
+/// Whether `member` may be a semaphore's: `capacity`, or `<k>:<lease ms>:<holder id>`
+/// (with `#<i>` for a hold's further permits).
+fn permit_shaped(member: &str) -> bool {
+    let number = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let mut parts = member.splitn(3, ':');
+    member == "capacity"
+        || matches!((parts.next(), parts.next(), parts.next()),
+            (Some(k), Some(lease), Some(holder)) if number(k) && number(lease)
+                && holder_id(holder.rsplit_once('#').map_or(holder, |(h, _)| h)))
+}
+
+/// The status or text of a reply (`TYPE` answers a status).
+fn status(v: &Value) -> Option<String> {
+    match v {
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        _ => None,
+    }
 }
 
 /// How many of the read holds `fields` are registered in `key` past `now_ms`: read
@@ -859,28 +864,8 @@ fn lock_shaped(hash: &[(String, String)]) -> bool {
     if let Some((_, mode)) = hash.iter().find(|(f, _)| f == "mode") {
         return mode == "read" || mode == "write";
     }
-    if hash.iter().any(|(f, _)| f == "permits") {
-        return semaphore_shaped(hash);
-    }
     hash.iter()
         .all(|(field, value)| holder_id(field) && value.parse::<u64>().is_ok_and(|n| n > 0))
-}
-
-/// Whether a hash with a `permits` field looks like a semaphore: a positive capacity, a
-/// `used` count, `fifo` = `1`, and holders `<id>:<n>` = `<permits>:<token>`.
-fn semaphore_shaped(hash: &[(String, String)]) -> bool {
-    let number = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    hash.iter().all(|(field, value)| match field.as_str() {
-        "permits" => value.parse::<u64>().is_ok_and(|n| n > 0),
-        "used" => number(value),
-        "fifo" => value == "1",
-        _ => {
-            holder_id(field)
-                && value
-                    .split_once(':')
-                    .is_some_and(|(permits, token)| number(permits) && number(token))
-        }
-    })
 }
 
 /// Whether `field` is a holder id, `<id>:<number>`.
@@ -997,55 +982,58 @@ mod tests {
         assert!(!lock_shaped(&h(&[("a:1", "0")])));
         assert!(!lock_shaped(&h(&[("a:x", "1")])));
         assert!(!lock_shaped(&h(&[("mode", "other")])));
-        let holder = ("6f1c-uuid:3", "2:1795435573926900");
-        assert!(lock_shaped(&h(&[("permits", "3"), ("used", "2"), holder])));
-        assert!(lock_shaped(&h(&[
-            ("permits", "3"),
-            ("used", "0"),
-            ("fifo", "1")
-        ])));
-        assert!(!lock_shaped(&h(&[("permits", "0"), ("used", "0")])));
-        assert!(!lock_shaped(&h(&[("permits", "3"), ("fifo", "yes")])));
-        assert!(!lock_shaped(&h(&[("permits", "3"), ("6f1c-uuid:3", "2")])));
-        assert!(!lock_shaped(&h(&[("permits", "3"), ("name", "1:2")])));
+        // A semaphore is a sorted set, never a hash.
+        assert!(!lock_shaped(&h(&[("permits", "3"), ("used", "0")])));
     }
 
     #[test]
     fn a_semaphore_reads_as_its_scripts_see_it() {
-        let now_us = 1_000_000_000_000;
-        let now_ms = 1_000_000_000.0;
-        let hash = h(&[
-            ("permits", "4"),
-            ("used", "4"),
-            ("c:2", "1:999999000000"),
-            ("c:1", "2:999998000000"),
-            ("dead:1", "1:999990000000"),
-        ]);
-        let leases = HashMap::from([
-            ("c:1".to_owned(), now_ms + 5_000.0),
-            ("c:2".to_owned(), now_ms + 9_000.0),
+        let now_ms: i64 = 1_000_000_000_000;
+        let at = |ms: i64| (now_ms + ms) as f64;
+        let held = [
+            ("2:30000:c:1".to_owned(), at(5_000)),
+            ("2:30000:c:1#2".to_owned(), at(5_000)),
+            ("1:30000:c:2".to_owned(), at(9_000)),
             // Its lease ran out: the next script takes its permit back.
-            ("dead:1".to_owned(), now_ms),
-        ]);
-        let read = permits_view(&hash, &leases, now_us, (0, Vec::new()));
-        let ids: Vec<&str> = read.holders.iter().map(|h| h.id.as_str()).collect();
+            ("1:30000:dead:1".to_owned(), at(0)),
+        ];
+        // A place: arrival ms * 1024 + its registration's end, seconds modulo 1024.
+        let place = |arrived_ago: i64, lives_s: i64| {
+            ((now_ms - arrived_ago) * 1024 + (now_ms / 1000 + lives_s).rem_euclid(1024)) as f64
+        };
+        let places = [
+            ("1:30000:w:1".to_owned(), place(2_000, 28)),
+            ("3:400:w:2".to_owned(), place(1_000, 29)),
+            // Its registration ran out.
+            ("1:30000:gone:1".to_owned(), place(40_000, -10)),
+        ];
+        let (holders, sem) = semaphore_of(now_ms, Some(-4.0), (4, &held), (3, &places));
+        let ids: Vec<(&str, u64)> = holders.iter().map(|h| (h.id.as_str(), h.count)).collect();
         assert_eq!(
             ids,
-            ["c:1", "c:2"],
-            "oldest token first, the dead hold left out"
+            [("c:1", 2), ("c:2", 1)],
+            "earliest lease first, the dead hold left out"
         );
-        assert_eq!(read.holders[0].count, 2);
-        assert_eq!(read.holders[0].fencing_token, Some(999_998_000_000));
-        assert_eq!(read.holders[0].lease_ms, Some(5_000));
-        assert_eq!(read.lease_ms, Some(9_000), "the longest lease");
-        assert_eq!(read.held_for_ms, Some(2_000), "the oldest hold's age");
-        assert_eq!(read.semaphore.capacity, Some(4));
-        assert_eq!(read.semaphore.in_use, 3);
-        assert_eq!(read.semaphore.order, "arrival");
-        let gone = permits_view(&[], &HashMap::new(), now_us, (1, Vec::new()));
-        assert_eq!(gone.semaphore.capacity, None);
-        assert_eq!(gone.semaphore.in_use, 0);
-        assert!(gone.holders.is_empty() && gone.lease_ms.is_none());
+        assert_eq!(holders[0].lease_ms, Some(5_000));
+        assert_eq!(
+            (sem.capacity, sem.in_use, sem.order),
+            (Some(4), 3, "arrival")
+        );
+        assert_eq!(sem.waiting, 2);
+        let line: Vec<(&str, u64, u64)> = sem
+            .line
+            .iter()
+            .map(|w| (w.holder.as_str(), w.permits, w.waited_ms))
+            .collect();
+        assert_eq!(line, [("w:1", 1, 2_000), ("w:2", 3, 1_000)]);
+        assert!(sem.line[0].deadline_ms > 27_000 && sem.line[0].deadline_ms <= 28_000);
+        let (none, forced) = semaphore_of(now_ms, None, (0, &[]), (1, &places[..1]));
+        assert!(none.is_empty());
+        assert_eq!((forced.capacity, forced.waiting), (None, 1));
+        let (_, strict) = semaphore_of(now_ms, Some(-2.5), (0, &[]), (0, &[]));
+        assert_eq!((strict.capacity, strict.order), (Some(2), "strict"));
+        assert!(permit_shaped("capacity") && permit_shaped("2:30000:c:1#2"));
+        assert!(!permit_shaped("member") && !permit_shaped("x:30000:c:1"));
     }
 
     #[test]

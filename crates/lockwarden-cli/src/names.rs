@@ -31,23 +31,18 @@ pub enum Part {
     Queue,
     /// A fair lock's waiters' deadlines (a zset: holder id → server ms).
     Deadlines,
-    /// A read-write lock's hold leases (a zset: hold field → server ms), or a semaphore's
-    /// (holder id → server ms).
+    /// A read-write lock's hold leases (a zset: hold field → server ms).
     Leases,
     /// A read-write lock's waiting writers (a zset: holder id → server ms).
     Writers,
     /// A read-write lock's waiting readers (a zset: holder id → server ms).
     Readers,
-    /// A semaphore's line (a zset: `<permits>:<lease ms>:<holder id>` → arrival, server µs).
-    Waiting,
-    /// When each place in a semaphore's line lapses (a zset: the same members → server
-    /// ms).
-    WaitingUntil,
 }
 
 impl Part {
     /// Every companion (every part but the hash), with the word the layouts use for it.
-    pub const COMPANIONS: [(Part, &'static str); 9] = [
+    /// (A semaphore has none but its fencing key: it is one sorted set at the lock's name.)
+    pub const COMPANIONS: [(Part, &'static str); 7] = [
         (Part::Fence, "fence"),
         (Part::Done, "done"),
         (Part::Queue, "queue"),
@@ -55,8 +50,6 @@ impl Part {
         (Part::Leases, "leases"),
         (Part::Writers, "writers"),
         (Part::Readers, "readers"),
-        (Part::Waiting, "waiting"),
-        (Part::WaitingUntil, "waiting-until"),
     ];
 
     fn from_word(word: &str) -> Option<Part> {
@@ -91,16 +84,12 @@ pub struct LockKeys {
     pub queue: String,
     /// A fair lock's waiters' deadlines.
     pub deadlines: String,
-    /// A read-write lock's hold leases, or a semaphore's.
+    /// A read-write lock's hold leases.
     pub leases: String,
     /// A read-write lock's waiting writers.
     pub writers: String,
     /// A read-write lock's waiting readers.
     pub waiting_readers: String,
-    /// A semaphore's line, by arrival.
-    pub waiting: String,
-    /// A semaphore's line, by registration deadline.
-    pub waiting_until: String,
     /// The release channel (plain waiters, waiting writers, Redisson's waiters).
     pub channel: String,
     /// The channel of a read-write lock's waiting readers.
@@ -126,8 +115,6 @@ impl LockKeys {
             Part::Leases => &self.leases,
             Part::Writers => &self.writers,
             Part::Readers => &self.waiting_readers,
-            Part::Waiting => &self.waiting,
-            Part::WaitingUntil => &self.waiting_until,
         }
     }
 }
@@ -191,8 +178,6 @@ impl Space {
             leases: companion("leases"),
             writers: companion("writers"),
             waiting_readers: companion("readers"),
-            waiting: companion("waiting"),
-            waiting_until: companion("waiting-until"),
             readers_channel: companion("readable"),
             granted_channel: companion("granted"),
             channel: key.channel().to_owned(),
@@ -597,9 +582,11 @@ mod tests {
             Some(("{x}".into(), Part::Queue))
         );
         assert_eq!(
-            s.decode("lockwarden:{a}:waiting-until"),
-            Some(("a".into(), Part::WaitingUntil))
+            s.decode("lockwarden:{a}:deadlines"),
+            Some(("a".into(), Part::Deadlines))
         );
+        // A semaphore has no companions but its fencing key.
+        assert_eq!(s.decode("lockwarden:{a}:waiting-until"), None);
         assert_eq!(s.decode("lockwarden:{a}:released"), None);
         assert_eq!(s.decode("lockwarden:{a}:granted"), None);
         // A fenced value (`LockClient::fenced`) is the resource's, not a lock.
@@ -619,9 +606,10 @@ mod tests {
             Some(("res:1".into(), Part::Fence))
         );
         assert_eq!(
-            s.decode("redisson_lock__waiting:{res:1}"),
-            Some(("res:1".into(), Part::Waiting))
+            s.decode("redisson_lock__writers:{res:1}"),
+            Some(("res:1".into(), Part::Writers))
         );
+        assert_eq!(s.decode("redisson_lock__waiting:{res:1}"), None);
         assert_eq!(s.decode("redisson_lock__channel:{res:1}"), None);
         assert_eq!(s.decode("redisson_lock__granted:{res:1}"), None);
         assert_eq!(s.decode("redisson_lock__fenced:{res:1}"), None);

@@ -159,9 +159,9 @@ pub fn show(v: &LockView) -> String {
     if let Some(s) = &v.semaphore {
         kv("capacity", capacity_line(s));
     }
-    let (lease_of, hold) = match v.kind {
-        Kind::Semaphore => (" (the longest hold's)", "the last issued; the oldest hold"),
-        _ => ("", "this hold"),
+    let lease_of = match v.kind {
+        Kind::Semaphore => " (the longest hold's)",
+        _ => "",
     };
     kv(
         "lease",
@@ -172,10 +172,14 @@ pub fn show(v: &LockView) -> String {
     );
     kv(
         "token",
-        match (v.fencing_token, v.held_for_ms) {
-            (Some(t), Some(age)) => format!("{t} ({hold} began {} ago)", opt_u64_ms(Some(age))),
-            (Some(t), None) => t.to_string(),
-            (None, _) => "-".into(),
+        match (v.fencing_token, v.held_for_ms, v.kind) {
+            (Some(t), Some(age), _) => {
+                format!("{t} (this hold began {} ago)", opt_u64_ms(Some(age)))
+            }
+            // Each hold's token is its holder's alone: Redis keeps the last one issued.
+            (Some(t), None, Kind::Semaphore) => format!("{t} (the last issued)"),
+            (Some(t), None, _) => t.to_string(),
+            (None, _, _) => "-".into(),
         },
     );
     kv("holders", v.holders.len().to_string());
@@ -188,10 +192,6 @@ pub fn show(v: &LockView) -> String {
             h.count,
             opt_ms(h.lease_ms)
         );
-        // A semaphore's holds have a token each.
-        if let Some(token) = h.fencing_token {
-            let _ = write!(out, "  token {token}");
-        }
         out.push('\n');
     }
     match &v.semaphore {

@@ -1,6 +1,7 @@
 //! Holds: which kind of lock a holder holds, and the triple that names one hold.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use crate::holder::Holder;
 use crate::key::Key;
@@ -50,8 +51,9 @@ pub(crate) enum HoldKind {
     /// One side of a read-write lock.
     ReadWrite(RwMode),
     /// Permits of a semaphore, held by a holder made for them (never re-entered: each
-    /// acquisition takes permits of its own).
-    Permits,
+    /// acquisition takes permits of its own): how many, and the lease their acquisition
+    /// asked for (with the holder, they name the hold on Redis: see `permits_prelude.lua`).
+    Permits { permits: u32, lease: Duration },
 }
 
 impl HoldKind {
@@ -65,7 +67,7 @@ impl HoldKind {
             HoldKind::Exclusive(Exclusive::Fair) => "fair",
             HoldKind::ReadWrite(RwMode::Read) => "read",
             HoldKind::ReadWrite(RwMode::Write) => "write",
-            HoldKind::Permits => "permits",
+            HoldKind::Permits { .. } => "permits",
         }
     }
 }

@@ -53,7 +53,7 @@ pub enum KeyLayout {
 /// | the channel on which a fair waiter hears its turn (named in the message) | `<release channel>:<client id>` | the same |
 /// | a read-write lock's hold leases, waiting writers and waiting readers | `<lock key>:leases`, `<lock key>:writers`, `<lock key>:readers` | `redisson_lock__leases:{..}`, `redisson_lock__writers:{..}`, `redisson_lock__readers:{..}` |
 /// | the channel on which waiting readers hear they were admitted (or may try) | `<lock key>:readable` | `redisson_lock__readable:{..}` |
-/// | a semaphore's holds' leases, its waiters in arrival order and their registrations' deadlines | `<lock key>:leases`, `<lock key>:waiting`, `<lock key>:waiting-until` | `redisson_lock__leases:{..}`, `redisson_lock__waiting:{..}`, `redisson_lock__waiting-until:{..}` |
+/// | a semaphore: its capacity, permits held and line of waiters, one sorted set | the lock hash's name | the same |
 /// | the channel on which a semaphore's waiters hear they were granted permits (or may try) | `<lock key>:granted` | `redisson_lock__granted:{..}` |
 /// | a value only the newest fencing token writes ([`LockClient::fenced`](crate::LockClient::fenced)) | `<lock key>:fenced` | `redisson_lock__fenced:{..}` |
 ///
@@ -107,12 +107,6 @@ pub(crate) struct Names {
     pub(crate) readers: Box<str>,
     /// A value written only by the newest fencing token (see `LockClient::fenced`).
     pub(crate) fenced: Box<str>,
-    /// A semaphore's waiters in arrival order: a sorted set of `<permits>:<holder id>` to
-    /// server µs.
-    pub(crate) waiting: Box<str>,
-    /// When each of a semaphore's waiters' registration runs out: the same members, to
-    /// server ms.
-    pub(crate) waiting_until: Box<str>,
     /// The channel on which a semaphore's waiters are told they were granted permits (or,
     /// after a force unlock, that they may try).
     pub(crate) granted: Box<str>,
@@ -216,8 +210,6 @@ impl Key {
             waiting_readers: self.companion("readers"),
             readers: self.companion("readable"),
             fenced: self.companion("fenced"),
-            waiting: self.companion("waiting"),
-            waiting_until: self.companion("waiting-until"),
             granted: self.companion("granted"),
         })
     }

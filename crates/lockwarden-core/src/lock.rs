@@ -261,6 +261,7 @@ impl<W: Won> Attempts for PlainAttempts<'_, W> {
     }
 
     fn unanswered(&mut self) -> bool {
-        self.target.forget_holder(W::HOW.kind(), None)
+        self.target
+            .forget_holder(W::HOW.kind(self.target.lease()), None)
     }
 }

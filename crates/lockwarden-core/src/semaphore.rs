@@ -26,6 +26,10 @@ use crate::target::Target;
 /// should do.
 pub const MAX_PERMITS: u32 = 1 << 20;
 
+/// The longest a waiter's place in line is kept without its asking again: it asks every
+/// half of it (Redis keeps a place at most 509 s: see `lua/permits_prelude.lua`).
+const MAX_REGISTRATION: Duration = Duration::from_secs(480);
+
 /// One named semaphore of `capacity` permits, made by
 /// [`LockClient::semaphore`](crate::LockClient::semaphore): at most that many permits are
 /// held at once, by every process that uses it. Set options, then acquire a permit (or
@@ -87,17 +91,26 @@ pub const MAX_PERMITS: u32 = 1 << 20;
 ///
 /// # Layout on Redis
 ///
-/// The hash at [`Key::redis_key`] holds `permits` (the capacity), `used`, `fifo` (with
-/// [`fair`](Self::fair)) and one field per holder, `<holder id>` = `<permits>:<token>`;
-/// `<key>:leases` is a sorted set of each holder's deadline (server ms); `<key>:waiting`
-/// and `<key>:waiting-until` hold the line, each waiter a member
-/// `<permits>:<lease ms>:<holder id>` (what it waits for, and the lease a grant gives
-/// it), scored by arrival (server µs) and by registration deadline (server ms); grants
-/// are told `permits:<first token>:<holder id> ..` on `<key>:granted`. `<key>:fence`
-/// keeps the last fencing token issued; it expires with the hash and leases, a lease
-/// after the latest hold's deadline (60 s after the last acquisition or renewal, with
-/// the default 30 s watchdog lease), and outlives them when the semaphore goes idle, so
-/// the tokens of its next use still grow. Scripts in `lua/permits_*.lua`. A name is a
+/// One sorted set at [`Key::redis_key`] holds it all, each part in a range of scores:
+/// the member `capacity`, scored `-<capacity>` (`-<capacity> - 0.5` with
+/// [`fair`](Self::fair)); each permit held, scored by its lease's deadline (server ms): a
+/// hold of k permits is the members `<k>:<lease ms>:<holder id>`, then the same with `#2`
+/// .. `#k`; each waiter, the member `<k>:<lease ms>:<holder id>` (what it waits for, and
+/// the lease a grant gives it), scored from 1e15 by its place: its arrival (server ms, a
+/// ms after the last place at least, so that places never tie) × 1024 plus when its
+/// registration runs out (server seconds, modulo 1024). A grant moves
+/// a waiter's member to its lease's deadline, and tells `permits:<first token>:<holder
+/// id> ..` on `<key>:granted`. So the permits in use are one `ZCOUNT`, holds whose lease
+/// ran out go with one `ZREMRANGEBYSCORE` by the server's clock, and a release of a
+/// semaphore the client has not seen contended is plain commands in one round trip (`ZREM`
+/// of its members, `ZREMRANGEBYRANK <key> -1 0`, which takes the capacity when it is the
+/// last member left, `ZCOUNT` of the line), followed by the granting script only when
+/// someone waits; while the client sees waiters (its own in line, or left by its last
+/// release), it releases with the script, which grants in the same step. `<key>:fence` keeps the last fencing token issued: written with the take's lease
+/// when missing, moved with the set by renewals, waiters and takes of a semaphore in use
+/// (a lease past their deadline), left alone by the take of an idle one; a token issued
+/// while it is missing is the server clock in µs, so tokens still grow, as a lock's do.
+/// Scripts in `lua/permits_*.lua`. A name is a
 /// semaphore or a lock of another kind, not both: each keeps the other out, on both
 /// stores.
 ///
@@ -361,8 +374,10 @@ impl Semaphore {
                 capacity: self.capacity,
                 fifo: self.fifo,
                 // How long a place in line outlives the waiter's last attempt: long enough
-                // for the retry that keeps it (at half of it, at the latest).
-                register: self.engine.watchdog().lease(),
+                // for the retry that keeps it (at half of it, at the latest). Redis keeps a
+                // place at most 509 s without asking.
+                register: self.engine.watchdog().lease().min(MAX_REGISTRATION),
+                queued: false,
             },
             registered: None,
         };
@@ -408,6 +423,14 @@ impl PermitAttempts<'_> {
             lease: self.target.lease(),
         }
     }
+
+    /// The kind of the hold this acquisition takes.
+    fn hold(&self) -> HoldKind {
+        HoldKind::Permits {
+            permits: self.asked.permits,
+            lease: self.target.lease(),
+        }
+    }
 }
 
 impl Attempts for PermitAttempts<'_> {
@@ -420,7 +443,7 @@ impl Attempts for PermitAttempts<'_> {
         // is after the last attempt that kept the place in line was sent.
         let expires = self.registered.map(|at| at + self.target.lease());
         let channel = &self.target.key.names().granted;
-        if let Some(guard) = self.target.granted(HoldKind::Permits, channel, expires) {
+        if let Some(guard) = self.target.granted(self.hold(), channel, expires) {
             return Ok(Tried::Won(guard.holding_permits(permits), Acquired::Taken));
         }
         // A place in line never outlives the wait budget (none for a last attempt).
@@ -430,6 +453,7 @@ impl Attempts for PermitAttempts<'_> {
         });
         let how = How::Permits(PermitsAsked {
             register,
+            queued: self.registered.is_some(),
             ..self.asked
         });
         let target = &self.target;
@@ -474,12 +498,12 @@ impl Attempts for PermitAttempts<'_> {
     }
 
     fn kind(&self) -> &'static str {
-        HoldKind::Permits.name()
+        "permits"
     }
 
     fn unanswered(&mut self) -> bool {
         let waiter = self.waiter();
-        let forgot = self.target.forget_holder(HoldKind::Permits, Some(waiter));
+        let forgot = self.target.forget_holder(self.hold(), Some(waiter));
         if forgot {
             self.stop_waiting();
         }

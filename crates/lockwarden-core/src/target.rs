@@ -167,7 +167,7 @@ impl<'a> Target<'a> {
         let (attempt, sent) = self.ask(how).await?;
         let attempt = attempt.narrowed(how, narrow)?;
         Ok(self
-            .tried((attempt, sent), how.kind())
+            .tried((attempt, sent), how.kind(self.lease))
             .unwrap_or_else(|r| Tried::Refused(refused(r))))
     }
 

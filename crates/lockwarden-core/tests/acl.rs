@@ -37,9 +37,9 @@ const KINDS: [Kind; 5] = [
 /// The commands lockwarden sends or its scripts call, every lock kind included; see the
 /// guide's "ACL users" section (`src/guide/connecting.md`) for what each one is for.
 const COMMANDS: &str = "+evalsha +script|load +subscribe +unsubscribe +publish +time \
-+exists +get +incr +set +del +pexpire +pexpireat +pttl +hget +hmget +hset +hexists +hincrby +hdel \
-+llen +lindex +lpop +lpos +lrem +rpush +zadd +zrem +zcard +zscore +zrank +zrange +zrangebyscore \
-+zremrangebyscore +copy";
++exists +get +incr +incrby +set +del +pexpire +pexpireat +pttl +hget +hmget +hset +hexists +hincrby \
++hdel +llen +lindex +lpop +lpos +lrem +rpush +zadd +zrem +zcard +zcount +zscore +zrange \
++zrangebyscore +zremrangebyscore +zremrangebyrank +copy +type";
 
 /// Keys and channels of the default layout and namespace (`lockwarden:`).
 const TAGGED: &str = "~lockwarden:* &lockwarden:*";
@@ -757,8 +757,8 @@ async fn every_operation(
 }
 
 /// Everything a semaphore does, by `weak`: permits taken, inspected and released; a
-/// waiter in line granted its permit by a release, one that gives up; a new capacity; a
-/// renewal; a forced unlock.
+/// waiter in line granted its permit by a release, one that gives up; two waiters granted
+/// by one release; a new capacity; a renewal; a forced unlock.
 async fn permits(
     weak: &LockClient,
     admin: &LockClient,
@@ -799,6 +799,27 @@ async fn permits(
     blocker.release().await.unwrap();
     match waiting.await.unwrap() {
         Ok(held) => keep(held.release().await),
+        Err(e) => keep(Err(e)),
+    }
+    // A release that frees two permits grants two waiters at once (their tokens from one
+    // INCRBY).
+    let pair = weak.semaphore(format!("{name}:pair"), 2);
+    match pair.acquire_many(2).await {
+        Ok(held) => {
+            let waiters: Vec<_> = (0..2)
+                .map(|_| {
+                    let sem = admin.semaphore(format!("{name}:pair"), 2);
+                    tokio::spawn(async move { sem.try_acquire(Duration::from_secs(2)).await })
+                })
+                .collect();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            keep(held.release().await);
+            for waiter in waiters {
+                if let Ok(granted) = waiter.await.unwrap() {
+                    granted.release().await.unwrap();
+                }
+            }
+        }
         Err(e) => keep(Err(e)),
     }
     match renewing

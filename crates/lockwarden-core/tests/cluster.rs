@@ -212,8 +212,8 @@ async fn a_semaphore_on_each_master_grants_by_notice() {
             let two = sem.acquire_many(2).await.unwrap();
             let key = two.key().redis_key().to_owned();
             assert!(cluster.exists_on(node, &key), "{key} not on master {node}");
-            let leases = format!("{key}:leases");
-            assert!(cluster.exists_on(node, &leases), "{leases} elsewhere");
+            let fence = format!("{key}:fence");
+            assert!(cluster.exists_on(node, &fence), "{fence} elsewhere");
             assert!(matches!(
                 b.semaphore(&name, 2).try_acquire(Duration::ZERO).await,
                 Err(LockError::Timeout { .. })

@@ -3,8 +3,9 @@
 //! all-or-nothing `acquire_many`; leases per permit (fixed, or renewed by the watchdog);
 //! dropped guards and cancelled acquires leave nothing; a token per permit hold; the
 //! stored capacity and its admin change; force unlock; bad numbers refused with nothing
-//! held; a semaphore and a lock of one name keep each other out. On Redis also: a release
-//! wakes only the waiters it grants to, counted in commands.
+//! held; a semaphore and a lock of one name keep each other out. On Redis also: a
+//! release nobody waits for is plain commands, and a contended semaphore's the script
+//! that grants, counted in commands.
 
 mod common;
 
@@ -730,4 +731,41 @@ async fn permits_are_not_reentrant(env: Env) {
         second.release().await.unwrap();
     })
     .await;
+}
+
+/// Promise (Redis): a release nobody waits for is plain commands (`ZREMRANGEBYRANK` among
+/// them, which no script calls); one that finds another client's waiter is the same, then
+/// the grant; the next release of that semaphore by the same client is the script that
+/// grants in the same step, no plain command. Every waiter gets its permit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_a_contended_semaphore_is_released_by_the_script_that_grants() {
+    let env = Env::redis();
+    let server = env.server();
+    let (a, b) = (env.client().await, env.client().await);
+    let (ours, theirs) = (a.semaphore("handoffs", 1), b.semaphore("handoffs", 1));
+    let plain = || server.command_calls("zremrangebyrank");
+
+    let held = ours.acquire().await.unwrap();
+    let before = plain();
+    held.release().await.unwrap();
+    assert_eq!(plain(), before + 1, "uncontended: plain commands");
+
+    for (round, sent_plain) in [(1, 1), (2, 0)] {
+        let held = ours.acquire().await.unwrap();
+        let waiting = theirs.clone();
+        let waiter = tokio::spawn(async move { waiting.acquire().await });
+        until_waiting(&ours, 1).await;
+        let before = plain();
+        held.release().await.unwrap();
+        let granted = finishes(Duration::from_secs(5), "the waiter granted", waiter)
+            .await
+            .unwrap();
+        assert_eq!(
+            plain(),
+            before + sent_plain,
+            "round {round}: the release's plain commands"
+        );
+        granted.release().await.unwrap();
+    }
+    until_idle(&ours).await;
 }

@@ -209,10 +209,11 @@ async fn a_killed_holders_permit_comes_back_within_a_lease_without_polling() {
     let calls = server.command_calls("evalsha") - before;
     assert!(calls <= 16, "{calls} script calls in 3 s: the waiter polls");
 
+    // The held permits are the semaphore's members scored by their lease's deadline
+    // (server ms, below 1e13; see `lua/permits_prelude.lua`).
     let key = waiter.key("killed").unwrap();
-    let leases = format!("{}:leases", key.redis_key());
     let last: Vec<(String, f64)> = server
-        .query(&["ZRANGE", &leases, "0", "-1", "WITHSCORES"])
+        .query(&["ZRANGEBYSCORE", key.redis_key(), "0", "(1e13", "WITHSCORES"])
         .unwrap();
     let asked_at = Instant::now();
     let (secs, micros): (u64, u64) = server.query(&["TIME"]).unwrap();
@@ -248,9 +249,24 @@ async fn a_release_wakes_only_the_waiter_it_grants_to() {
     let server = RedisServer::start().unwrap();
     let client = LockClient::connect(&server.url()).await.unwrap();
     // Every script used once first: the first call of a script Redis has not loaded yet
-    // is sent twice (NOSCRIPT, then again after loading it).
+    // is sent twice (NOSCRIPT, then again after loading it). A release with a waiter of
+    // this client in line is the script that grants (without one, plain commands).
     let warm = client.semaphore("warm-up", 1);
-    warm.acquire().await.unwrap().release().await.unwrap();
+    let first = warm.acquire().await.unwrap();
+    let next = tokio::spawn({
+        let warm = warm.clone();
+        async move { warm.try_acquire(Duration::from_secs(10)).await.unwrap() }
+    });
+    eventually(Duration::from_secs(5), "a waiter in line", || async {
+        warm.state().await.unwrap().map(|s| s.waiting) == Some(1)
+    })
+    .await;
+    first.release().await.unwrap();
+    finishes(Duration::from_secs(5), "the warm-up's waiter", next)
+        .await
+        .release()
+        .await
+        .unwrap();
     let sem = client.semaphore("one-at-a-time", 1);
     let held = sem.acquire().await.unwrap();
     let granted = Arc::new(AtomicU64::new(0));

@@ -12,8 +12,9 @@
 //!   trips (PINGs taken in every round). The plain lock the same way, rounds interleaved.
 //! * **Waiters at scale**: 1,000 tasks over 2 clients wait on a semaphore of 10 permits
 //!   that 10 others hold; once all are in line the 10 release, and every waiter, granted a
-//!   permit, holds it ~1 ms and releases. Counted: scripts per handoff (the release
-//!   grants the next waiter, who takes the permit from the notice without a round trip),
+//!   permit, holds it ~1 ms and releases. Counted: scripts per handoff (the release, or the
+//!   grant after a release sent as plain commands, grants the next waiter, who takes the
+//!   permit from the notice without a round trip),
 //!   holders named per grant notice (a release wakes only as many waiters as it freed),
 //!   and acquire attempts beyond each waiter's first.
 //! * **Contended**: 16 tasks of one client take turns at a semaphore of 3 permits, each
@@ -263,7 +264,7 @@ async fn uncontended(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
         Row::new(
             NAME,
             "raw ConnectionManager",
-            "lockwarden's permits_acquire.lua + permits_release.lua, called directly",
+            "lockwarden's permits_acquire.lua + ZREM, ZREMRANGEBYRANK, ZCOUNT, called directly",
             "µs",
         )
         .summary(raw_permits)
@@ -512,7 +513,7 @@ impl Round<'_> {
         let (channel, waiting) = match kind {
             Kind::Permit => (
                 format!("{}:granted", key.redis_key()),
-                Some(format!("{}:waiting", key.redis_key())),
+                Some(key.redis_key().to_owned()),
             ),
             Kind::Plain => (key.channel().to_owned(), None),
         };
@@ -653,7 +654,15 @@ async fn queued(
             .query_async(watch)
             .await?;
         let in_line: usize = match waiting {
-            Some(key) => redis::cmd("ZCARD").arg(key).query_async(watch).await?,
+            // A semaphore's line: its members scored from 1e15 (its holds are below).
+            Some(key) => {
+                redis::cmd("ZCOUNT")
+                    .arg(key)
+                    .arg("1e15")
+                    .arg("+inf")
+                    .query_async(watch)
+                    .await?
+            }
             None => 1,
         };
         let scripts = crate::workloads::scripts_in(&commands_on(watch).await?);
@@ -707,7 +716,8 @@ async fn waiters(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
         clients.push(LockClient::connect(&ctx.url).await?);
     }
     let hash = clients[0].key(name)?.redis_key().to_owned();
-    let (waiting, channel) = (format!("{hash}:waiting"), format!("{hash}:granted"));
+    // The line is the semaphore's members scored from 1e15.
+    let (waiting, channel) = (hash.clone(), format!("{hash}:granted"));
 
     // Every grant notice, as a waiting client hears it.
     let mut pubsub = redis::Client::open(ctx.url.as_str())?
@@ -747,8 +757,10 @@ async fn waiters(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
     let mut watch = connection_manager(&ctx.url).await?;
     loop {
         let (in_line, (_, listening)): (usize, (String, usize)) = redis::pipe()
-            .cmd("ZCARD")
+            .cmd("ZCOUNT")
             .arg(&waiting)
+            .arg("1e15")
+            .arg("+inf")
             .cmd("PUBSUB")
             .arg("NUMSUB")
             .arg(&channel)

@@ -225,18 +225,30 @@ pub(crate) struct PermitsAsked {
     pub(crate) capacity: u32,
     pub(crate) fifo: bool,
     pub(crate) register: Duration,
+    /// Whether an earlier attempt of this acquisition waited in line: then it may be there
+    /// still, or have been granted its permits (its notice missed). The first attempt can
+    /// be neither, and Redis does not look.
+    pub(crate) queued: bool,
 }
 
 impl How {
-    /// The kind of the hold an attempt of this way takes.
-    pub(crate) fn kind(self) -> HoldKind {
+    /// The kind of the hold an attempt of this way takes, for `lease`.
+    pub(crate) fn kind(self, lease: Duration) -> HoldKind {
         match self {
             How::Plain | How::Claim => HoldKind::PLAIN,
             How::Fair { .. } => HoldKind::FAIR,
             How::Read { .. } => HoldKind::ReadWrite(RwMode::Read),
             How::Write { .. } => HoldKind::ReadWrite(RwMode::Write),
-            How::Permits(_) => HoldKind::Permits,
+            How::Permits(asked) => HoldKind::Permits {
+                permits: asked.permits,
+                lease,
+            },
         }
+    }
+
+    /// The name of the kind of hold it takes, in logs.
+    pub(crate) fn name(self) -> &'static str {
+        self.kind(Duration::ZERO).name()
     }
 }
 
@@ -324,7 +336,7 @@ impl Attempt {
                     None => {
                         return Err(BackendError::Protocol(format!(
                             "the store answered a {} acquire with {said}",
-                            how.kind().name()
+                            how.name()
                         )))
                     }
                 }

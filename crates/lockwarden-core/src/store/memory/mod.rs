@@ -285,7 +285,7 @@ impl MemoryStore {
                 self.tell(key, notices);
                 released
             }
-            HoldKind::Permits => {
+            HoldKind::Permits { .. } => {
                 let State {
                     permits,
                     last_token,
@@ -380,7 +380,9 @@ impl LockStore for MemoryStore {
                 HoldKind::ReadWrite(mode) => {
                     state.rw.renew(mode, &hold.key, &hold.holder, *lease, now)
                 }
-                HoldKind::Permits => state.permits.renew(&hold.key, &hold.holder, *lease, now),
+                HoldKind::Permits { .. } => {
+                    state.permits.renew(&hold.key, &hold.holder, *lease, now)
+                }
             })
             .map(Some)
             .collect();
@@ -460,7 +462,7 @@ impl LockStore for MemoryStore {
         Ok(match hold.kind {
             HoldKind::Exclusive(_) => state.locks.hold_count(&hold.key, &hold.holder, now),
             HoldKind::ReadWrite(mode) => state.rw.hold_count(mode, &hold.key, &hold.holder, now),
-            HoldKind::Permits => state.permits.held_by(&hold.key, &hold.holder, now),
+            HoldKind::Permits { .. } => state.permits.held_by(&hold.key, &hold.holder, now),
         })
     }
 

@@ -163,6 +163,31 @@ impl Commands {
         }
     }
 
+    /// Runs `pipe`, plain commands on one key (no script to load), within the command
+    /// timeout, and reads its replies as `T`. If `resend` (a second run answers as the
+    /// first) it is sent once more when its connection broke (see [`send`](Self::send));
+    /// a cluster's client does that by itself.
+    pub(super) async fn run_pipe<T: FromRedisValue + Send>(
+        &self,
+        pipe: redis::Pipeline,
+        resend: bool,
+    ) -> Result<T, BackendError> {
+        let mut conn = self.conn.clone();
+        let mut resend_by =
+            (resend && !self.conn.is_cluster()).then(|| Instant::now() + self.timeout);
+        let sent = async move {
+            loop {
+                match pipe.query_async::<T>(&mut conn).await {
+                    Err(e)
+                        if e.is_connection_dropped()
+                            && resend_by.take().is_some_and(|by| Instant::now() < by) => {}
+                    reply => return reply,
+                }
+            }
+        };
+        self.within(sent).await
+    }
+
     /// Runs one call per item, pipelined in batches, and returns their integer replies in
     /// the items' order. `slot_key` names a key of each call: on a cluster a pipeline may
     /// only hold commands of one slot, so calls are grouped by slot first.

@@ -47,6 +47,15 @@ pub(super) fn naming(error: BackendError, what: What) -> BackendError {
     }
 }
 
+/// Whether `error` says a command met a key of another type (`WRONGTYPE`), as a command or
+/// inside a script (Redis 7 keeps the code; 6.2 wraps it in an `ERR` naming the script).
+pub(super) fn wrong_type(error: &RedisError) -> bool {
+    error.code() == Some("WRONGTYPE")
+        || error
+            .detail()
+            .is_some_and(|detail| detail.contains("WRONGTYPE"))
+}
+
 /// The refused command and Redis's text, if `error` is an ACL refusal.
 fn refusal(error: &RedisError) -> Option<(String, String)> {
     // A pipeline's error carries its commands' errors (the first one counts).

@@ -19,9 +19,11 @@
 //! | `timeout.rs` | the bound on every command |
 //! | `tls.rs` | TLS settings for `rediss://` URLs, applied to every connection |
 //! | `turns.rs` | a given holder's counting calls, one at a time on a cluster |
+//! | `contended.rs` | the semaphores whose last release left waiters: released by script |
 
 mod commands;
 mod conn;
+mod contended;
 mod credentials;
 mod explain;
 mod functions;
@@ -91,6 +93,12 @@ pub(crate) struct RedisStore {
     replicated: Option<Replicated>,
     /// Holds of dropped guards, released in batches by a task of their own.
     dropped: mpsc::UnboundedSender<Queued>,
+    /// This client's waiters: a semaphore whose line has some of them is released by the
+    /// script that grants in the same step (see [`RedisStore::release_permits`]).
+    waiters: Arc<Waiters>,
+    /// The semaphores whose last release left waiters in line (of any client): released
+    /// by the script too.
+    contended: Arc<contended::Contended>,
     _listener: Arc<AbortOnDropHandle<()>>,
 }
 
@@ -137,15 +145,86 @@ impl RedisStore {
                 Some(Replicated::new(conn, n, wait))
             }
         };
-        let listener = tokio::spawn(pubsub::run(source, notices, waiters, changes));
+        let listener = tokio::spawn(pubsub::run(source, notices, waiters.clone(), changes));
         let (dropped, queue) = mpsc::unbounded_channel();
         tokio::spawn(release_dropped(commands.clone(), queue));
         Ok(Self {
             commands,
             replicated,
             dropped,
+            waiters,
+            contended: Arc::default(),
             _listener: Arc::new(AbortOnDropHandle::new(listener)),
         })
+    }
+
+    /// Releases a semaphore's hold of `permits` (its holder made for it: nobody else can
+    /// have touched it). Where this client has waiters of the semaphore, or its last
+    /// release left waiters in line (it is contended), by `permits_release.lua`, which
+    /// grants what it frees in the same step. Otherwise as plain commands
+    /// (`scripts::release_permits_alone`), and only if that finds waiters in line (of other
+    /// clients) the grant after it; the next release then goes by the script.
+    async fn release_permits(
+        &self,
+        hold: &Hold,
+        (permits, lease): (u32, Duration),
+        token: Option<u64>,
+    ) -> Result<Released> {
+        let key = &hold.key;
+        // Sent again if its connection broke: the token tells a second run's "not held"
+        // from a hold that was lost.
+        let resend = token.is_some();
+        if self.waiters.is_wanted(&key.names().granted) || self.contended.seen(key.redis_key()) {
+            let call = scripts::release(hold, token, self.commands.variant()).resendable(resend);
+            return match self.commands.run(call).await {
+                Ok(reply) => {
+                    self.contended
+                        .note(key.redis_key(), scripts::permits_left_waiting(reply));
+                    Ok(scripts::permits_released(reply, token))
+                }
+                // The name holds a lock of another kind: this hold is gone.
+                Err(BackendError::Redis(error)) if explain::wrong_type(&error) => {
+                    Ok(Released::NotHeld)
+                }
+                Err(error) => Err(error),
+            };
+        }
+        let pipe = scripts::release_permits_alone(key, permits, lease, &hold.holder);
+        let (removed, waiting) = match self
+            .commands
+            .run_pipe::<(i64, i64, i64)>(pipe, resend)
+            .await
+        {
+            Ok((removed, _, waiting)) => (removed, waiting),
+            // The name holds a lock of another kind: this hold is gone.
+            Err(BackendError::Redis(e)) if explain::wrong_type(&e) => (0, 0),
+            Err(e) => return Err(e),
+        };
+        if waiting > 0 {
+            // Waiters of other clients: what the release freed is theirs, granted now. A
+            // grant that fails fails the release, which, sent again, finds its hold gone
+            // (and ended, by its token) and grants again; left alone, the waiters get the
+            // permits at their next attempt (when a lease could have run out, and every
+            // half registration).
+            let grant = scripts::grant_permits(key, self.commands.variant());
+            let left: i64 = self.commands.run(grant).await?;
+            self.contended
+                .note(key.redis_key(), scripts::permits_left_waiting(left));
+        }
+        if removed > 0 {
+            return Ok(Released::Freed);
+        }
+        // Not held: ended if nobody took permits since the hold's token (this release ran
+        // before, or the hold ran out with nobody after it). One more round trip, only
+        // when the hold was gone.
+        let Some(token) = token else {
+            return Ok(Released::NotHeld);
+        };
+        let last: Option<u64> = self.commands.run(scripts::last_token(key)).await?;
+        Ok(scripts::permits_released(
+            -1 - last.unwrap_or(0) as i64,
+            Some(token),
+        ))
     }
 
     /// Releases a plain hold nobody can have re-entered (see [`Reentries::None`]) without
@@ -187,7 +266,7 @@ impl LockStore for RedisStore {
         let call = scripts::acquire(ask, self.commands.variant());
         let what = call.what;
         let hold = Hold {
-            kind: ask.how.kind(),
+            kind: ask.how.kind(ask.lease),
             key: ask.key.clone(),
             holder: ask.holder.clone(),
         };
@@ -206,8 +285,19 @@ impl LockStore for RedisStore {
                 let undo = orphan::give_back(self.commands.clone(), hold, ask.waiter());
                 bounded(limit, Finish::new(reply).or_undo(undo)).await
             }
-        }
-        .map_err(|error| explain::naming(error, what))?;
+        };
+        let answer = match answer {
+            // A key of another type holds the name: a semaphore's set (a lock's hash is
+            // what every other kind reads). Refused until it could run out, as a lock of
+            // another kind is.
+            Err(BackendError::Redis(error)) if explain::wrong_type(&error) => {
+                let ms: i64 = self.commands.run(scripts::pttl_of(ask.key)).await?;
+                return Ok(Attempt::Busy {
+                    ttl: scripts::pttl(ms),
+                });
+            }
+            answer => answer.map_err(|error| explain::naming(error, what))?,
+        };
         if let Reply::NotReplicated(acknowledged) = answer {
             return Err(BackendError::NotReplicated {
                 acknowledged,
@@ -230,11 +320,12 @@ impl LockStore for RedisStore {
         if alone(hold, reentries) {
             return self.release_alone(hold, token, reentries).await;
         }
-        // A hold nobody can have re-entered (its count was 1; permits never are) is
-        // released once however often its release runs; any other release would count
-        // down twice.
-        let sole = reentries != Reentries::Possible || hold.kind == HoldKind::Permits;
-        let once = sole && token.is_some();
+        if let HoldKind::Permits { permits, lease } = hold.kind {
+            return self.release_permits(hold, (permits, lease), token).await;
+        }
+        // A hold nobody can have re-entered (its count was 1) is released once however
+        // often its release runs; any other release would count down twice.
+        let once = reentries != Reentries::Possible && token.is_some();
         let call = scripts::release(hold, token, self.commands.variant()).resendable(once);
         let left = self.commands.run(call).await?;
         Ok(scripts::released(left))
@@ -301,8 +392,11 @@ impl LockStore for RedisStore {
 
     async fn hold_count(&self, hold: &Hold) -> Result<u64> {
         let call = scripts::hold_count(hold, self.commands.variant());
-        if hold.kind == HoldKind::Permits {
-            return Ok(scripts::permits_held(self.commands.run(call).await?));
+        if let HoldKind::Permits { permits, .. } = hold.kind {
+            return Ok(scripts::permits_held(
+                self.commands.run(call).await?,
+                permits,
+            ));
         }
         let count: Option<i64> = self.commands.run(call).await?;
         Ok(count.unwrap_or(0).max(0) as u64)
@@ -323,14 +417,21 @@ impl LockStore for RedisStore {
 
     async fn permits(&self, key: &Key) -> Result<Option<PermitsState>> {
         let call = scripts::permits(key, self.commands.variant());
-        let reply: Vec<i64> = self.commands.run(call).await?;
-        scripts::permits_state(&reply)
+        match self.commands.run::<Vec<i64>>(call).await {
+            Ok(reply) => scripts::permits_state(&reply),
+            // A lock of another kind holds the name: no semaphore is in use.
+            Err(BackendError::Redis(error)) if explain::wrong_type(&error) => Ok(None),
+            Err(error) => Err(error),
+        }
     }
 
     async fn set_capacity(&self, key: &Key, capacity: u32) -> Result<bool> {
         let call = scripts::set_capacity(key, capacity, self.commands.variant());
-        let changed: i64 = self.commands.run(call).await?;
-        Ok(changed == 1)
+        match self.commands.run::<i64>(call).await {
+            Ok(changed) => Ok(changed == 1),
+            Err(BackendError::Redis(error)) if explain::wrong_type(&error) => Ok(false),
+            Err(error) => Err(error),
+        }
     }
 
     async fn fenced_write(&self, key: &Key, token: u64, value: &[u8]) -> Result<Option<u64>> {
@@ -432,9 +533,10 @@ async fn release_dropped(commands: Commands, mut queue: mpsc::UnboundedReceiver<
             reply,
         ) in batch.iter().zip(&piped.replies)
         {
-            let released = reply.map(|reply| match alone(hold, *reentries) {
-                true => scripts::released_alone(reply),
-                false => scripts::released(reply),
+            let released = reply.map(|reply| match (alone(hold, *reentries), hold.kind) {
+                (true, _) => scripts::released_alone(reply),
+                (false, HoldKind::Permits { .. }) => scripts::permits_released(reply, None),
+                (false, _) => scripts::released(reply),
             });
             if released == Some(Released::NotHeld) {
                 tracing::debug!(key = %hold.key, "dropped guard's lock was no longer held");

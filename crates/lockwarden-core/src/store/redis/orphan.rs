@@ -33,7 +33,7 @@ pub(super) fn give_back(
                 }
                 _ => return,
             };
-            match commands.run::<i64>(call).await {
+            match commands.run::<redis::Value>(call).await {
                 Ok(_) => {
                     tracing::debug!(key = %hold.key, "gave back what an abandoned acquire took")
                 }

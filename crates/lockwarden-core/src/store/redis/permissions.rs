@@ -31,6 +31,7 @@ const NEEDED: &[(&str, &str)] = &[
     ("exists", "exists K"),
     ("get", "get K"),
     ("incr", "incr K"),
+    ("incrby", "incrby K 1"),
     ("set", "set K x"),
     ("del", "del K"),
     ("pexpire", "pexpire K 1"),
@@ -51,12 +52,14 @@ const NEEDED: &[(&str, &str)] = &[
     ("zadd", "zadd K 1 x"),
     ("zrem", "zrem K x"),
     ("zcard", "zcard K"),
+    ("zcount", "zcount K 0 1"),
     ("zscore", "zscore K x"),
-    ("zrank", "zrank K x"),
     ("zrange", "zrange K 0 1"),
     ("zrangebyscore", "zrangebyscore K 0 1"),
     ("zremrangebyscore", "zremrangebyscore K 0 1"),
+    ("zremrangebyrank", "zremrangebyrank K -1 0"),
     ("copy", "copy K K"),
+    ("type", "type K"),
 ];
 
 /// With `wait_for_replicas`.
@@ -189,6 +192,7 @@ mod tests {
             .flat_map(|text| called(text, "redis.call(", '\''))
             .collect();
         used.extend(called(include_str!("scripts.rs"), "Call::command(", '"'));
+        used.extend(called(include_str!("scripts.rs"), "plain(", '"'));
         // Not from a script or a call: loading the scripts, and the pub/sub connection.
         used.extend(["script|load", "subscribe", "unsubscribe"].map(str::to_owned));
         let checked: BTreeSet<String> = NEEDED.iter().map(|(c, _)| (*c).to_owned()).collect();

@@ -257,12 +257,13 @@ impl std::ops::Deref for Lua {
 /// A script made of files of `lua/` (each ending with a newline, so lines add up).
 /// `fair: f` and `rw: f` put a fair or read-write script after the clock, the count-once
 /// helpers, the token maker and its kind's prelude (layout, pruning; the fair one also the
-/// handoff); `permits: f` a semaphore's after the clock, the token maker and its prelude
-/// (its holders are made for each acquisition, so it needs no count-once helpers);
+/// handoff); `permits: f` a semaphore's after its prelude alone (the clock, the take of an
+/// idle semaphore, tokens and grants: its holders are made for each acquisition, so it
+/// needs no count-once helpers, and each piece is written for the semaphore's few calls);
 /// `function: f` one called as a Redis function where the server has them.
 macro_rules! script {
     (permits: $file:literal) => {
-        script!("clock.lua", "token.lua", "permits_prelude.lua", $file)
+        script!("permits_prelude.lua", $file)
     };
     (fair: $file:literal) => {
         script!("clock.lua", "once.lua", "token.lua", "fair_prelude.lua", $file)
@@ -326,12 +327,36 @@ static RW_RELEASE: LazyLock<Lua> = script!(rw: "rw_release.lua");
 static RW_RENEW: LazyLock<Lua> = script!(rw: "rw_renew.lua");
 static RW_WITHDRAW: LazyLock<Lua> = script!(rw: "rw_withdraw.lua");
 static RW_COUNT: LazyLock<Lua> = script!(rw: "rw_count.lua");
-static PERMITS_ACQUIRE: LazyLock<Lua> = script!(permits: "permits_acquire.lua");
+/// `permits_acquire.lua` as written, which no call sends: every acquire runs the
+/// prelude's take of an idle semaphore first (`TAKING`).
+static PERMITS_ACQUIRE_WRITTEN: LazyLock<Lua> = script!(permits: "permits_acquire.lua");
+/// The first attempt of an acquisition of one permit, on one server: it neither holds nor
+/// waits yet, and does not look.
+static PERMITS_ACQUIRE: LazyLock<Lua> =
+    LazyLock::new(|| PERMITS_ACQUIRE_WRITTEN.replaced(NOT_TAKING, TAKING));
+/// A later attempt (or a send again, or any send on a cluster): it looks for its place in
+/// line and for permits granted to it.
+static PERMITS_ACQUIRE_AGAIN: LazyLock<Lua> =
+    LazyLock::new(|| PERMITS_ACQUIRE.replaced(FIRST, AGAIN));
+/// The same two for more than one permit at once.
+static PERMITS_ACQUIRE_MANY: LazyLock<Lua> = LazyLock::new(|| PERMITS_ACQUIRE.replaced(ONE, MANY));
+static PERMITS_ACQUIRE_MANY_AGAIN: LazyLock<Lua> =
+    LazyLock::new(|| PERMITS_ACQUIRE_AGAIN.replaced(ONE, MANY));
+/// A release of one permit (or a waiter leaving the line), which grants what it frees; also
+/// the grant alone, after a release sent as plain commands found waiters.
 static PERMITS_RELEASE: LazyLock<Lua> = script!(permits: "permits_release.lua");
+static PERMITS_RELEASE_MANY: LazyLock<Lua> = LazyLock::new(|| PERMITS_RELEASE.replaced(ONE, MANY));
 static PERMITS_RENEW: LazyLock<Lua> = script!(permits: "permits_renew.lua");
-static PERMITS_WITHDRAW: LazyLock<Lua> = script!(permits: "permits_withdraw.lua");
+static PERMITS_RENEW_MANY: LazyLock<Lua> = LazyLock::new(|| PERMITS_RENEW.replaced(ONE, MANY));
 static PERMITS_CAPACITY: LazyLock<Lua> = script!(permits: "permits_capacity.lua");
 static PERMITS_STATE: LazyLock<Lua> = script!(permits: "permits_state.lua");
+/// `permits_prelude.lua`'s lines that pick a variant: whether the script is an acquire
+/// (which takes an idle semaphore before anything else), and whether the hold is of one
+/// permit or more.
+const NOT_TAKING: &str = "\nlocal taking = false\n";
+const TAKING: &str = "\nlocal taking = true\n";
+const ONE: &str = "\nlocal many = false\n";
+const MANY: &str = "\nlocal many = true\n";
 static FENCED_WRITE: LazyLock<Lua> = script!("fenced_write.lua");
 /// A rate decision (built and read in `rate.rs`).
 pub(super) static RATE_LIMIT: LazyLock<Lua> = script!("rate_limit.lua");
@@ -455,6 +480,10 @@ impl Call {
             &ACQUIRE_AGAIN
         } else if std::ptr::eq(first, &*ACQUIRE_UNFENCED) {
             &ACQUIRE_AGAIN_UNFENCED
+        } else if std::ptr::eq(first, &*PERMITS_ACQUIRE) {
+            &PERMITS_ACQUIRE_AGAIN
+        } else if std::ptr::eq(first, &*PERMITS_ACQUIRE_MANY) {
+            &PERMITS_ACQUIRE_MANY_AGAIN
         } else {
             return;
         };
@@ -603,9 +632,13 @@ static EVERY: &[&LazyLock<Lua>] = &[
     &RW_WITHDRAW,
     &RW_COUNT,
     &PERMITS_ACQUIRE,
+    &PERMITS_ACQUIRE_AGAIN,
+    &PERMITS_ACQUIRE_MANY,
+    &PERMITS_ACQUIRE_MANY_AGAIN,
     &PERMITS_RELEASE,
+    &PERMITS_RELEASE_MANY,
     &PERMITS_RENEW,
-    &PERMITS_WITHDRAW,
+    &PERMITS_RENEW_MANY,
     &PERMITS_CAPACITY,
     &PERMITS_STATE,
     &FENCED_WRITE,
@@ -628,16 +661,16 @@ fn rw_keys(key: &Key) -> [&str; 5] {
     ]
 }
 
-/// The five keys of every semaphore script, in the prelude's order.
-fn permits_keys(key: &Key) -> [&str; 5] {
-    let names = key.names();
-    [
-        key.redis_key(),
-        &names.leases,
-        key.fence_key(),
-        &names.waiting,
-        &names.waiting_until,
-    ]
+/// The two keys of every semaphore script, in the prelude's order: the semaphore (one
+/// sorted set) and its fencing key.
+fn permits_keys(key: &Key) -> [&str; 2] {
+    [key.redis_key(), key.fence_key()]
+}
+
+/// The first member of a hold of `permits` permits of a semaphore, and its place in line
+/// while it waits (see `lua/permits_prelude.lua`): `<permits>:<lease ms>:<holder id>`.
+fn permit_member(permits: u32, lease: Duration, holder: &Holder) -> String {
+    format!("{permits}:{}:{}", millis(lease), holder.id())
 }
 
 /// The four keys of every fair script, in the prelude's order.
@@ -707,15 +740,25 @@ pub(super) fn acquire(ask: &Acquire<'_>, variant: Variant) -> Call {
 
 /// Permits of a semaphore. Its holder is always made for the acquisition, which the
 /// script relies on (holding already: this call ran before, or a release granted it), so
-/// the call needs no id on a cluster.
+/// the call needs no id on a cluster. The first attempt on one server runs the variant that
+/// does not look for its place or hold (`Call::again` swaps it for a send again).
 fn acquire_permits(ask: &Acquire<'_>, asked: PermitsAsked, variant: Variant) -> Call {
     let key = ask.key;
-    Call::script(&PERMITS_ACQUIRE, variant, &permits_keys(key))
-        .arg(ask.holder.id())
+    let first = !asked.queued && !variant.cluster;
+    let lua = match (first, asked.permits > 1) {
+        (true, false) => &PERMITS_ACQUIRE,
+        (false, false) => &PERMITS_ACQUIRE_AGAIN,
+        (true, true) => &PERMITS_ACQUIRE_MANY,
+        (false, true) => &PERMITS_ACQUIRE_MANY_AGAIN,
+    };
+    let capacity = match asked.fifo {
+        true => format!("-{}.5", asked.capacity),
+        false => format!("-{}", asked.capacity),
+    };
+    Call::script(lua, variant, &permits_keys(key))
+        .arg(permit_member(asked.permits, ask.lease, ask.holder))
         .arg(millis(ask.lease))
-        .arg(asked.permits)
-        .arg(asked.capacity)
-        .arg(flag(asked.fifo))
+        .arg(capacity)
         .arg(registration(asked.register))
         .arg(&*key.names().granted)
         .resendable(true)
@@ -812,7 +855,7 @@ pub(super) fn attempted(how: How, reply: Reply) -> Result<Attempt, BackendError>
         }),
         (other, how) => Err(BackendError::Protocol(format!(
             "the {} acquire script answered {other:?}",
-            how.kind().name()
+            how.name()
         ))),
     }
 }
@@ -889,16 +932,88 @@ pub(super) fn release(hold: &Hold, token: Option<u64>, variant: Variant) -> Call
             .arg(mode.field_suffix())
             .arg(key.channel())
             .arg(&*key.names().readers),
-        // Never re-entered, so never counted twice: no call id.
-        HoldKind::Permits => {
-            return Call::script(&PERMITS_RELEASE, variant, &permits_keys(key))
-                .arg(holder.id())
-                .arg(&*key.names().granted)
-                .arg(token_arg(token))
+        // Never re-entered, so never counted twice: no call id. Read with
+        // `permits_released`.
+        HoldKind::Permits { permits, lease } => {
+            let member = permit_member(*permits, *lease, holder);
+            return release_permits(key, &member, *permits, variant);
         }
     }
     .arg(token_arg(token))
     .counted(false, holder)
+}
+
+/// `permits_release.lua` for the hold of `permits` whose first member is `member` (its
+/// place in line, for a waiter that leaves), or, with `''`, to grant alone: it grants what
+/// it frees. Read its answer with [`permits_released`] and [`permits_left_waiting`].
+fn release_permits(key: &Key, member: &str, permits: u32, variant: Variant) -> Call {
+    let lua = match permits > 1 {
+        true => &PERMITS_RELEASE_MANY,
+        false => &PERMITS_RELEASE,
+    };
+    Call::script(lua, variant, &permits_keys(key))
+        .arg(member)
+        .arg(&*key.names().granted)
+}
+
+/// The grant to a semaphore's waiters of what a release sent as plain commands freed
+/// ([`release_permits_alone`] found them in line).
+pub(super) fn grant_permits(key: &Key, variant: Variant) -> Call {
+    release_permits(key, "", 1, variant)
+}
+
+/// The release of a semaphore's hold of `permits` (`lease`, `holder`: see
+/// [`permit_member`]) as plain commands in one pipeline, without a script: `ZREM` of its
+/// members, `ZREMRANGEBYRANK <key> -1 0` (the capacity, when it is the last member left:
+/// the semaphore is idle), `ZCOUNT <key> 1e15 +inf` (waiters in line, to whom
+/// [`grant_permits`] then grants what it freed). Not atomic, and need not be: nobody else
+/// can have touched the hold, and whoever comes between the commands sees a consistent
+/// semaphore (a permit freed before the waiters are granted is theirs first: an acquire
+/// grants waiters before it takes). Its replies: the members removed, the capacity's, the
+/// waiters.
+pub(super) fn release_permits_alone(
+    key: &Key,
+    permits: u32,
+    lease: Duration,
+    holder: &Holder,
+) -> redis::Pipeline {
+    let first = permit_member(permits, lease, holder);
+    let mut remove = plain("ZREM", key, permits as usize);
+    for i in 2..=permits {
+        remove.arg(format!("{first}#{i}"));
+    }
+    remove.arg(first);
+    let mut pipe = redis::Pipeline::with_capacity(3);
+    pipe.add_command(remove)
+        .add_command(plain("ZREMRANGEBYRANK", key, 2).arg(-1).arg(0).to_owned())
+        .add_command(plain("ZCOUNT", key, 2).arg("1e15").arg("+inf").to_owned());
+    pipe
+}
+
+/// The command `name` on `key`'s semaphore, with room for `args` more arguments.
+fn plain(name: &'static str, key: &Key, args: usize) -> Cmd {
+    let mut cmd = with_room(name, 1 + args, key.redis_key().len() + 64 * args);
+    cmd.arg(key.redis_key());
+    cmd
+}
+
+/// Whether `permits_release.lua`'s answer says waiters may be left in line (`1`).
+pub(super) fn permits_left_waiting(reply: i64) -> bool {
+    reply > 0
+}
+
+/// A semaphore release's answer (`permits_release.lua`, or the members
+/// [`release_permits_alone`] removed as `0` or more) given the hold's fencing token, if
+/// known: freed; or not held, and "ran before" (ended) only if the semaphore's last token
+/// is still the hold's (the script answers `-1 - last token`).
+pub(super) fn permits_released(reply: i64, token: Option<u64>) -> Released {
+    match reply {
+        n if n >= 0 => Released::Freed,
+        n => match (token, u64::try_from(-1 - n)) {
+            (Some(token), Ok(last)) if token > 0 && token == last => Released::Ended,
+            _ => Released::NotHeld,
+        },
+    }
 }
 
 /// The release of a plain hold nobody can have re-entered (see
@@ -1003,9 +1118,15 @@ pub(super) fn renew(renewal: &Renewal, variant: Variant) -> Call {
             .arg(holder.id())
             .arg(mode.field_suffix())
             .arg(millis(renewal.lease)),
-        HoldKind::Permits => Call::script(&PERMITS_RENEW, variant, &permits_keys(key))
-            .arg(holder.id())
-            .arg(millis(renewal.lease)),
+        HoldKind::Permits { permits, lease } => {
+            let lua = match *permits > 1 {
+                true => &PERMITS_RENEW_MANY,
+                false => &PERMITS_RENEW,
+            };
+            Call::script(lua, variant, &permits_keys(key))
+                .arg(permit_member(*permits, *lease, holder))
+                .arg(millis(renewal.lease))
+        }
     }
 }
 
@@ -1020,13 +1141,13 @@ pub(super) fn withdraw(waiter: Waiter, key: &Key, holder: &Holder, variant: Vari
             .arg(if waiter == Waiter::Reader { "r" } else { "w" })
             .arg(key.channel())
             .arg(&*key.names().readers),
-        Waiter::Permits { permits, lease } => {
-            Call::script(&PERMITS_WITHDRAW, variant, &permits_keys(key))
-                .arg(holder.id())
-                .arg(permits)
-                .arg(&*key.names().granted)
-                .arg(millis(lease))
-        }
+        // Its place in line, or permits granted to it meanwhile (the same first member).
+        Waiter::Permits { permits, lease } => release_permits(
+            key,
+            &permit_member(permits, lease, holder),
+            permits,
+            variant,
+        ),
     }
 }
 
@@ -1050,28 +1171,30 @@ pub(super) fn force_unlock(key: &Key, variant: Variant) -> Call {
 }
 
 /// How many times the holder holds the hold (an integer, or nil for none; for permits,
-/// its field, read with [`permits_held`]).
+/// the score of its first member, read with [`permits_held`]).
 pub(super) fn hold_count(hold: &Hold, variant: Variant) -> Call {
     match hold.kind {
-        HoldKind::Exclusive(_) | HoldKind::Permits => {
-            Call::command("HGET", hold.key.redis_key()).arg(hold.holder.id())
-        }
+        HoldKind::Exclusive(_) => Call::command("HGET", hold.key.redis_key()).arg(hold.holder.id()),
+        HoldKind::Permits { permits, lease } => Call::command("ZSCORE", hold.key.redis_key())
+            .arg(permit_member(permits, lease, &hold.holder)),
         HoldKind::ReadWrite(mode) => Call::script(&RW_COUNT, variant, &rw_keys(&hold.key))
             .arg(hold.holder.id())
             .arg(mode.field_suffix()),
     }
 }
 
-/// How many permits a holder's field (`<permits>:<token>`) says it holds.
-pub(super) fn permits_held(field: Option<String>) -> u64 {
-    field
-        .as_deref()
-        .and_then(|field| field.split(':').next()?.parse().ok())
-        .unwrap_or(0)
+/// How many permits a hold of `permits` holds, from its first member's score: all of them
+/// while it is a lease's deadline (below 1e13; from 1e15 it is a place in line), none if it
+/// is gone.
+pub(super) fn permits_held(score: Option<f64>, permits: u32) -> u64 {
+    match score {
+        Some(score) if score < 1e13 => u64::from(permits),
+        _ => 0,
+    }
 }
 
-/// A semaphore's state: `{capacity, used, waiting}`, capacity `-1` idle, `-2` another
-/// kind's lock (read with [`permits_state`]).
+/// A semaphore's state: `{capacity, used, waiting}`, capacity `-1` idle (read with
+/// [`permits_state`]).
 pub(super) fn permits(key: &Key, variant: Variant) -> Call {
     Call::script(&PERMITS_STATE, variant, &permits_keys(key))
 }
@@ -1085,7 +1208,7 @@ pub(super) fn permits_state(reply: &[i64]) -> Result<Option<PermitsState>, Backe
             used: count(used),
             waiting: count(waiting),
         })),
-        [-1 | -2, ..] => Ok(None),
+        [-1, ..] => Ok(None),
         _ => Err(BackendError::Protocol(format!(
             "the semaphore state script returned {reply:?}"
         ))),
@@ -1320,13 +1443,15 @@ mod tests {
             HoldKind::FAIR,
             HoldKind::ReadWrite(RwMode::Read),
             HoldKind::ReadWrite(RwMode::Write),
-            HoldKind::Permits,
+            HoldKind::Permits { permits: 1, lease },
+            HoldKind::Permits { permits: 2, lease },
         ];
         let asked = PermitsAsked {
             permits: 2,
             capacity: 5,
             fifo: true,
             register: lease,
+            queued: false,
         };
         let hows = [
             How::Plain,
@@ -1342,6 +1467,11 @@ mod tests {
             },
             How::Write { register: lease },
             How::Permits(asked),
+            How::Permits(PermitsAsked {
+                permits: 1,
+                queued: true,
+                ..asked
+            }),
         ];
         let mut calls = Vec::new();
         for how in hows {
@@ -1548,6 +1678,28 @@ mod tests {
                 .replace(FIRST, first);
             assert_eq!(source(lua), picked);
             assert_ne!(source(lua), acquire);
+        }
+        // A semaphore's: every acquire takes an idle semaphore first; first or again, one
+        // permit or more.
+        let written = source(&PERMITS_ACQUIRE_WRITTEN);
+        for (lua, first, many) in [
+            (&*PERMITS_ACQUIRE, FIRST, ONE),
+            (&*PERMITS_ACQUIRE_AGAIN, AGAIN, ONE),
+            (&*PERMITS_ACQUIRE_MANY, FIRST, MANY),
+            (&*PERMITS_ACQUIRE_MANY_AGAIN, AGAIN, MANY),
+        ] {
+            let picked = written
+                .replace(NOT_TAKING, TAKING)
+                .replace(FIRST, first)
+                .replace(ONE, many);
+            assert_eq!(source(lua), picked);
+            assert_ne!(source(lua), written);
+        }
+        for (lua, many) in [
+            (&*PERMITS_RELEASE_MANY, &*PERMITS_RELEASE),
+            (&*PERMITS_RENEW_MANY, &*PERMITS_RENEW),
+        ] {
+            assert_eq!(source(lua), source(many).replace(ONE, MANY));
         }
     }
 

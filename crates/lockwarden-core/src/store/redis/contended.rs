@@ -1,0 +1,62 @@
+//! The semaphores whose last release, as this client saw it, left waiters in line: their
+//! next release goes by the script that grants in the same step (one round trip) rather
+//! than as plain commands followed by the grant (two). Remembered per client, by Redis
+//! key; an uncontended semaphore is never in it, so its releases stay plain commands.
+
+use std::collections::HashSet;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+/// At most this many semaphores are remembered; past it the memory starts again (a
+/// forgotten one's next release is plain commands, then the grant: correct, one round
+/// trip more).
+const MOST: usize = 4096;
+
+/// See the module docs.
+#[derive(Debug, Default)]
+pub(super) struct Contended(Mutex<HashSet<Box<str>>>);
+
+impl Contended {
+    /// Whether the last release of the semaphore at `key` left waiters in line.
+    pub(super) fn seen(&self, key: &str) -> bool {
+        self.set().contains(key)
+    }
+
+    /// What a release of the semaphore at `key` saw: waiters left in line, or none.
+    pub(super) fn note(&self, key: &str, waiters: bool) {
+        let mut set = self.set();
+        if !waiters {
+            set.remove(key);
+            return;
+        }
+        if set.len() >= MOST && !set.contains(key) {
+            set.clear();
+        }
+        set.insert(key.into());
+    }
+
+    fn set(&self) -> MutexGuard<'_, HashSet<Box<str>>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remembers_what_the_last_release_saw_within_a_bound() {
+        let contended = Contended::default();
+        assert!(!contended.seen("a"));
+        contended.note("a", true);
+        assert!(contended.seen("a"));
+        contended.note("a", false);
+        assert!(!contended.seen("a"));
+        for i in 0..MOST {
+            contended.note(&i.to_string(), true);
+        }
+        assert!(contended.seen("0"));
+        contended.note("one more", true);
+        assert!(contended.seen("one more") && !contended.seen("0"));
+        assert_eq!(contended.set().len(), 1);
+    }
+}
