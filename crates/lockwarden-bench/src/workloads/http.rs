@@ -887,8 +887,8 @@ async fn round(
 }
 
 /// Every request has ended, so once the background releases are through no key of this
-/// workload (a lock hash, `…{http:w7-…}`, `…{engine:w7-…}`; a semaphore's hash, leases
-/// and line, `…{http-limit:w7-…}:leases`) may be left in Redis. Fencing keys (`…}:fence`)
+/// workload (a lock hash, `…{http:w7-…}`, `…{engine:w7-…}`; a semaphore's sorted set,
+/// `…{http-limit:w7-…}`) may be left in Redis. Fencing keys (`…}:fence`)
 /// stay until their lease ends and remembered responses (`…}:done`) until theirs, by
 /// design.
 async fn left_behind(ctx: &Ctx) -> Result<(), BoxError> {
@@ -897,11 +897,7 @@ async fn left_behind(ctx: &Ctx) -> Result<(), BoxError> {
         let left: Vec<String> = ctx
             .admin::<Vec<String>>(&["KEYS", "*w7-*"])?
             .into_iter()
-            .filter(|k| {
-                ["}", "}:leases", "}:waiting", "}:waiting-until"]
-                    .iter()
-                    .any(|end| k.ends_with(end))
-            })
+            .filter(|k| k.ends_with('}'))
             .collect();
         if left.is_empty() {
             return Ok(());
