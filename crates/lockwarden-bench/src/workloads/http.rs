@@ -13,7 +13,8 @@
 //!   right after one that ran the same scripts and code is faster), so the latency the
 //!   lock adds is not hidden by queueing.
 //! * **64 connections**: a fixed number of requests per app, bounded by a time limit,
-//!   in rounds A B C C B A so drift hits the apps alike. Requests/s, latency, CPU per
+//!   in rounds A B C C B A A B C C B A (each a quarter of the requests) so drift and the
+//!   shared machine's bursts hit the apps alike. Requests/s, latency, CPU per
 //!   request.
 //!
 //! Diagnostic apps show where the time goes: two raw `EVALSHA` of a trivial script in the
@@ -22,8 +23,10 @@
 //! acquire and release scripts sent raw from the handler (the same floor with the Redis
 //! side of a lock cycle), the lock engine called in the handler without the layer
 //! (`try_acquire(0)`, build the response, `release().await`), the same through the
-//! `Locked<T>` extractor, a rate decision made in the handler (`RateLimiter::check`), the
-//! layer keyed by a field
+//! `Locked<T>` extractor, a rate decision made in the handler (`RateLimiter::check`),
+//! the rate decision's script sent raw from the handler (and, at 64 connections, the
+//! minimal GCRA, redis-cell's algorithm in Lua: the floors of a decision), the layer
+//! keyed by a field
 //! of the JSON body (`by_json_field`: the body buffered before the lock), and the layer
 //! with a fixed lease instead of the watchdog (1 connection only).
 //!
@@ -33,7 +36,7 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
@@ -52,6 +55,7 @@ use lockwarden::{
     RateLimitLayer, RateLimiter, RatePolicy,
 };
 use redis::aio::ConnectionManager;
+use redis::Script;
 use serde_json::{json, Value};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
@@ -60,6 +64,13 @@ use crate::baselines::{connection_manager, evalsha_pair, own_scripts_pair, BoxEr
 use crate::check::Checks;
 use crate::stats::{Report, Row, Summary, Windows};
 use crate::workloads::{cpu_time, join_all, Ctx};
+
+/// lockwarden's rate decision script, sent raw by [`App::RawRate`].
+static RATE_LIMIT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../../lua/rate_limit.lua")));
+/// The minimal GCRA, sent raw by [`App::RawGcra`].
+static MINIMAL_GCRA: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/gcra_cell.lua")));
 
 const NAME: &str = "7 HTTP";
 const SEQUENTIAL: &str = "7 HTTP, 1 connection";
@@ -99,13 +110,20 @@ enum App {
     RateLimit,
     /// The same rate decision made in the handler, without the layer.
     RateEngine,
+    /// `lua/rate_limit.lua` sent raw from the handler with the arguments the engine sends:
+    /// the floor of a rate decision on the request path (no library on the client side).
+    RawRate,
+    /// The minimal GCRA the script is measured against (redis-cell's algorithm written in
+    /// Lua, `lua/gcra_cell.lua`) sent raw from the handler: what any decision on the
+    /// server's clock costs (64 connections only).
+    RawGcra,
 }
 
 impl App {
     /// The apps of the 1-connection part. The first four are the references, in this
     /// order: no lock, the 2 × EVALSHA floor, lockwarden's scripts raw, the lock in the
     /// handler.
-    const SEQUENTIAL: [App; 12] = [
+    const SEQUENTIAL: [App; 13] = [
         App::Plain,
         App::Evalsha,
         App::OwnScripts,
@@ -115,13 +133,14 @@ impl App {
         App::Limit,
         App::RateLimit,
         App::RateEngine,
+        App::RawRate,
         App::PermitEngine,
         App::JsonField,
         App::LayerLease,
     ];
     /// The apps of the 64-connection part, run in this order and then reversed: the same
     /// references first (no lock first: the others' ratios are to it).
-    const CONCURRENT: [App; 11] = [
+    const CONCURRENT: [App; 13] = [
         App::Plain,
         App::Evalsha,
         App::OwnScripts,
@@ -131,6 +150,8 @@ impl App {
         App::Limit,
         App::RateLimit,
         App::RateEngine,
+        App::RawRate,
+        App::RawGcra,
         App::JsonField,
         App::Replay,
     ];
@@ -150,6 +171,8 @@ impl App {
             App::Replay => "axum + LockLayer.remember, replays",
             App::RateLimit => "axum + RateLimitLayer::by_header",
             App::RateEngine => "axum + rate decision in handler (no layer)",
+            App::RawRate => "axum + rate_limit.lua, raw, in handler",
+            App::RawGcra => "axum + minimal GCRA (redis-cell's, in Lua), raw, in handler",
         }
     }
 
@@ -168,6 +191,8 @@ impl App {
             App::Replay => "replay",
             App::RateLimit => "rate",
             App::RateEngine => "rate-engine",
+            App::RawRate => "raw-rate",
+            App::RawGcra => "raw-gcra",
         }
     }
 
@@ -183,6 +208,8 @@ impl App {
                 | App::PermitEngine
                 | App::RateLimit
                 | App::RateEngine
+                | App::RawRate
+                | App::RawGcra
         )
     }
 
@@ -234,6 +261,12 @@ impl App {
             App::RateEngine => Router::new()
                 .route("/orders", post(create_order_after_decision))
                 .with_state(rates.clone()),
+            App::RawRate | App::RawGcra => Router::new()
+                .route("/orders", post(create_order_after_raw_decision))
+                .with_state(RawDecision {
+                    redis: redis.clone(),
+                    minimal: self == App::RawGcra,
+                }),
         }
     }
 }
@@ -280,6 +313,52 @@ async fn create_order_after_decision(
                 .map(|p| u64::from(p.remaining()));
             created(&order, left)
         }
+        Ok(_) => (StatusCode::TOO_MANY_REQUESTS, "refused").into_response(),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
+    }
+}
+
+/// The state of the raw decision apps: the connection, and which script they send.
+#[derive(Clone)]
+struct RawDecision {
+    redis: ConnectionManager,
+    /// The minimal GCRA (`lua/gcra_cell.lua`) rather than lockwarden's script.
+    minimal: bool,
+}
+
+/// A rate decision with no library on the client side, by `EVALSHA` on the bucket the
+/// limiter of [`run`] uses for `key` (one policy of a million a second: a 1 µs emission
+/// interval, a burst of a million): `lua/rate_limit.lua` with the arguments the client
+/// sends, or the minimal GCRA with redis-cell's. Then the order, with the debt (or what
+/// is left) the script answered in place of a token.
+async fn create_order_after_raw_decision(
+    State(RawDecision { mut redis, minimal }): State<RawDecision>,
+    headers: HeaderMap,
+    Json(order): Json<Value>,
+) -> Response {
+    let Some(key) = headers.get(KEY_HEADER).and_then(|v| v.to_str().ok()) else {
+        return (StatusCode::BAD_REQUEST, "no key").into_response();
+    };
+    let bucket = format!("lockwarden:rate:{{w7:{key}}}:second");
+    let decided = match minimal {
+        false => {
+            let mut decision = RATE_LIMIT.key(bucket);
+            decision.arg(1).arg(999_999).arg("1:1000000");
+            decision.invoke_async::<i64>(&mut redis).await
+        }
+        // Its reply: limited (0 or 1), the limit, what is left, retry and reset times.
+        true => {
+            let mut decision = MINIMAL_GCRA.key(bucket);
+            decision.arg(999_999).arg(1_000_000).arg(1).arg(1);
+            let reply = decision.invoke_async::<Vec<i64>>(&mut redis).await;
+            reply.map(|reply| match reply.as_slice() {
+                [0, _, left, ..] => *left,
+                _ => -1,
+            })
+        }
+    };
+    match decided {
+        Ok(left) if left >= 0 => created(&order, Some(left as u64)),
         Ok(_) => (StatusCode::TOO_MANY_REQUESTS, "refused").into_response(),
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
     }
@@ -498,7 +577,10 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
         [RatePolicy::new("second", 1_000_000, Duration::from_secs(1))],
     )?;
     let mut servers = Vec::new();
-    for app in App::SEQUENTIAL.into_iter().chain([App::Replay]) {
+    for app in App::SEQUENTIAL
+        .into_iter()
+        .chain([App::Replay, App::RawGcra])
+    {
         servers.push((app, serve(app.router(&client, &redis, &rates)).await?));
     }
     let addr = |app: App| {
@@ -628,7 +710,7 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
         );
     }
 
-    // 64 connections per app, rounds A B C C B A.
+    // 64 connections per app, rounds A B C C B A, twice.
     let apps = App::CONCURRENT;
     let mut pools = Vec::new();
     for app in apps {
@@ -640,7 +722,8 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
         pools.push(pool);
     }
     let mut totals: Vec<Totals> = apps.iter().map(|_| Totals::default()).collect();
-    let sequence = (0..apps.len()).chain((0..apps.len()).rev());
+    let pass = || (0..apps.len()).chain((0..apps.len()).rev());
+    let sequence = pass().chain(pass());
     for (i, k) in sequence.enumerate() {
         let phase = format!("r{i}");
         let r = round(
@@ -648,7 +731,7 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
             apps[k],
             &mut pools[k],
             &phase,
-            requests / 2,
+            requests / 4,
             round_limit,
         )
         .await?;
@@ -745,7 +828,7 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
         )),
     );
 
-    let rate = at(App::RateLimit);
+    let (rate, raw_rate, raw_gcra) = (at(App::RateLimit), at(App::RawRate), at(App::RawGcra));
     let (rate_cmds, rate_redis, rate_rate) = per_request(&totals[rate]);
     report.push(
         Row::new(
@@ -758,8 +841,11 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
         .note(format!(
             "target ≥ 1.5; overall {:.2} ({rate_rate:.0}/s vs {lock_rate:.0}/s); per request: \
              Redis commands {rate_cmds:.2} vs {lock_cmds:.2}, Redis CPU {rate_redis:.1} µs \
-             vs {lock_redis:.1} µs",
-            rate_rate / lock_rate
+             vs {lock_redis:.1} µs; the floors, sent raw from the handler: the script {:.2}, \
+             the minimal GCRA {:.2}",
+            rate_rate / lock_rate,
+            rates[raw_rate].median / rates[layer].median,
+            rates[raw_gcra].median / rates[layer].median
         )),
     );
 
