@@ -43,16 +43,26 @@ pin_project! {
     pub struct HeldBody<B: Body> {
         #[pin]
         kind: Kind<B>,
-        phase: Phase,
-        // A frame read before it could be handed on (ahead of the response, or before a
-        // release), handed on next.
-        ahead: Option<Option<Result<Frame<B::Data>, B::Error>>>,
+        // Boxed: a response is moved several times on its way to the connection, and most
+        // bodies hold nothing (a rate decision's, a problem's), so they stay the size of
+        // their inner body (the hold is ~500 bytes).
+        hold: Option<Box<Hold<B>>>,
     }
 }
 
+/// What a body made by [`HeldBody::read_ahead`] carries besides its inner body.
+struct Hold<B: Body> {
+    phase: Phase,
+    // A frame read before it could be handed on (ahead of the response, or before a
+    // release), handed on next.
+    ahead: Option<Polled<B>>,
+}
+
+/// What polling a body for a frame gives.
+type Polled<B> = Option<Result<Frame<<B as Body>::Data>, <B as Body>::Error>>;
+
 /// What the body holds, or is giving back.
-// The body holds its `Held` for most of its life: boxing it would allocate once per
-// request to save bytes only while the rarer phases run.
+// Boxed as a whole with the frame read ahead (`Hold`), so no variant needs a box of its own.
 #[allow(clippy::large_enum_variant)]
 enum Phase {
     /// The request's lock or permit, until the body ends.
@@ -80,8 +90,7 @@ impl<B: Body> HeldBody<B> {
     pub fn new(body: B) -> Self {
         Self {
             kind: Kind::Inner { body },
-            phase: Phase::Free,
-            ahead: None,
+            hold: None,
         }
     }
 
@@ -92,7 +101,14 @@ impl<B: Body> HeldBody<B> {
     /// assert!(!HeldBody::new(axum::body::Body::empty()).is_holding());
     /// ```
     pub fn is_holding(&self) -> bool {
-        !matches!(self.phase, Phase::Free)
+        self.hold
+            .as_ref()
+            .is_some_and(|hold| !matches!(hold.phase, Phase::Free))
+    }
+
+    /// Whether a frame read ahead is still to be handed on.
+    fn has_ahead(&self) -> bool {
+        self.hold.as_ref().is_some_and(|hold| hold.ahead.is_some())
     }
 }
 
@@ -120,8 +136,7 @@ where
         };
         let body = Self {
             kind: Kind::Boxed { body },
-            phase,
-            ahead,
+            hold: Some(Box::new(Hold { phase, ahead })),
         };
         (body, release)
     }
@@ -166,8 +181,7 @@ impl<B: Body> From<Bytes> for HeldBody<B> {
     fn from(bytes: Bytes) -> Self {
         Self {
             kind: Kind::Made { bytes: Some(bytes) },
-            phase: Phase::Free,
-            ahead: None,
+            hold: None,
         }
     }
 }
@@ -185,19 +199,23 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let this = self.project();
-        match this.phase {
-            Phase::Releasing(release) | Phase::Unwinding(release, _) => {
-                // A failed release was logged by itself; the frame (or the panic) goes on
-                // regardless.
-                ready!(Pin::new(release).poll(cx));
-                if let Phase::Unwinding(_, panic) = std::mem::replace(this.phase, Phase::Free) {
-                    panic::resume_unwind(panic.into_inner());
+        if let Some(hold) = this.hold.as_deref_mut() {
+            match &mut hold.phase {
+                Phase::Releasing(release) | Phase::Unwinding(release, _) => {
+                    // A failed release was logged by itself; the frame (or the panic) goes
+                    // on regardless.
+                    ready!(Pin::new(release).poll(cx));
+                    if let Phase::Unwinding(_, panic) =
+                        std::mem::replace(&mut hold.phase, Phase::Free)
+                    {
+                        panic::resume_unwind(panic.into_inner());
+                    }
                 }
+                Phase::Holding(_) | Phase::Free => {}
             }
-            Phase::Holding(_) | Phase::Free => {}
-        }
-        if let Some(frame) = this.ahead.take() {
-            return Poll::Ready(frame);
+            if let Some(frame) = hold.ahead.take() {
+                return Poll::Ready(frame);
+            }
         }
         let body = match this.kind.project() {
             KindProj::Made { bytes } => {
@@ -220,7 +238,10 @@ where
             Ok(polled) => ready!(polled),
             Err(panic) => {
                 // Give the lock back before the panic leaves the body.
-                let Phase::Holding(held) = std::mem::replace(this.phase, Phase::Free) else {
+                let Some(hold) = this.hold.as_deref_mut() else {
+                    panic::resume_unwind(panic)
+                };
+                let Phase::Holding(held) = std::mem::replace(&mut hold.phase, Phase::Free) else {
                     panic::resume_unwind(panic)
                 };
                 let Some(mut release) = held.finish(false) else {
@@ -229,25 +250,28 @@ where
                 if Pin::new(&mut release).poll(cx).is_ready() {
                     panic::resume_unwind(panic);
                 }
-                *this.phase = Phase::Unwinding(release, SyncWrapper::new(panic));
+                hold.phase = Phase::Unwinding(release, SyncWrapper::new(panic));
                 return Poll::Pending;
             }
         };
-        let Some(mut release) = on_frame(this.phase, &mut frame, at_end) else {
+        let Some(hold) = this.hold.as_deref_mut() else {
+            return Poll::Ready(frame);
+        };
+        let Some(mut release) = on_frame(&mut hold.phase, &mut frame, at_end) else {
             return Poll::Ready(frame);
         };
         match Pin::new(&mut release).poll(cx) {
             Poll::Ready(()) => Poll::Ready(frame),
             Poll::Pending => {
-                *this.phase = Phase::Releasing(release);
-                *this.ahead = Some(frame);
+                hold.phase = Phase::Releasing(release);
+                hold.ahead = Some(frame);
                 Poll::Pending
             }
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        if self.is_holding() || self.ahead.is_some() {
+        if self.is_holding() || self.has_ahead() {
             return false;
         }
         match &self.kind {
@@ -266,7 +290,7 @@ where
             }
         };
         // A data frame read ahead is still to come: the length it announces includes it.
-        let ahead = match &self.ahead {
+        let ahead = match self.hold.as_deref().and_then(|hold| hold.ahead.as_ref()) {
             Some(Some(Ok(frame))) => frame.data_ref().map_or(0, |d| d.remaining() as u64),
             _ => 0,
         };
@@ -300,5 +324,20 @@ mod tests {
     fn held_body_is_send_and_sync() {
         fn send_sync<T: Send + Sync>() {}
         send_sync::<super::HeldBody<http_body_util::Full<bytes::Bytes>>>();
+    }
+
+    /// A body that holds nothing stays about the size of the body it wraps: responses
+    /// are moved several times on their way to the connection.
+    #[test]
+    fn a_body_that_holds_nothing_is_small() {
+        use std::mem::size_of;
+        type Inner = http_body_util::Full<bytes::Bytes>;
+        let wrapped = size_of::<super::HeldBody<Inner>>();
+        let room = size_of::<Inner>().max(size_of::<Option<bytes::Bytes>>());
+        assert!(
+            wrapped <= room + 2 * size_of::<usize>(),
+            "{wrapped} bytes around a body of {}",
+            size_of::<Inner>()
+        );
     }
 }
