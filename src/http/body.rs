@@ -45,13 +45,13 @@ pin_project! {
         kind: Kind<B>,
         // Boxed: a response is moved several times on its way to the connection, and most
         // bodies hold nothing (a rate decision's, a problem's), so they stay the size of
-        // their inner body (the hold is ~500 bytes).
-        hold: Option<Box<Hold<B>>>,
+        // their inner body (a lock's hold is ~500 bytes).
+        carried: Option<Box<Carried<B>>>,
     }
 }
 
 /// What a body made by [`HeldBody::read_ahead`] carries besides its inner body.
-struct Hold<B: Body> {
+struct Carried<B: Body> {
     phase: Phase,
     // A frame read before it could be handed on (ahead of the response, or before a
     // release), handed on next.
@@ -62,7 +62,7 @@ struct Hold<B: Body> {
 type Polled<B> = Option<Result<Frame<<B as Body>::Data>, <B as Body>::Error>>;
 
 /// What the body holds, or is giving back.
-// Boxed as a whole with the frame read ahead (`Hold`), so no variant needs a box of its own.
+// Boxed as a whole with the frame read ahead (`Carried`), so no variant needs a box of its own.
 #[allow(clippy::large_enum_variant)]
 enum Phase {
     /// The request's lock or permit, until the body ends.
@@ -90,7 +90,7 @@ impl<B: Body> HeldBody<B> {
     pub fn new(body: B) -> Self {
         Self {
             kind: Kind::Inner { body },
-            hold: None,
+            carried: None,
         }
     }
 
@@ -101,14 +101,16 @@ impl<B: Body> HeldBody<B> {
     /// assert!(!HeldBody::new(axum::body::Body::empty()).is_holding());
     /// ```
     pub fn is_holding(&self) -> bool {
-        self.hold
+        self.carried
             .as_ref()
-            .is_some_and(|hold| !matches!(hold.phase, Phase::Free))
+            .is_some_and(|carried| !matches!(carried.phase, Phase::Free))
     }
 
     /// Whether a frame read ahead is still to be handed on.
     fn has_ahead(&self) -> bool {
-        self.hold.as_ref().is_some_and(|hold| hold.ahead.is_some())
+        self.carried
+            .as_ref()
+            .is_some_and(|carried| carried.ahead.is_some())
     }
 }
 
@@ -136,7 +138,7 @@ where
         };
         let body = Self {
             kind: Kind::Boxed { body },
-            hold: Some(Box::new(Hold { phase, ahead })),
+            carried: Some(Box::new(Carried { phase, ahead })),
         };
         (body, release)
     }
@@ -181,7 +183,7 @@ impl<B: Body> From<Bytes> for HeldBody<B> {
     fn from(bytes: Bytes) -> Self {
         Self {
             kind: Kind::Made { bytes: Some(bytes) },
-            hold: None,
+            carried: None,
         }
     }
 }
@@ -199,21 +201,21 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let this = self.project();
-        if let Some(hold) = this.hold.as_deref_mut() {
-            match &mut hold.phase {
+        if let Some(carried) = this.carried.as_deref_mut() {
+            match &mut carried.phase {
                 Phase::Releasing(release) | Phase::Unwinding(release, _) => {
                     // A failed release was logged by itself; the frame (or the panic) goes
                     // on regardless.
                     ready!(Pin::new(release).poll(cx));
                     if let Phase::Unwinding(_, panic) =
-                        std::mem::replace(&mut hold.phase, Phase::Free)
+                        std::mem::replace(&mut carried.phase, Phase::Free)
                     {
                         panic::resume_unwind(panic.into_inner());
                     }
                 }
                 Phase::Holding(_) | Phase::Free => {}
             }
-            if let Some(frame) = hold.ahead.take() {
+            if let Some(frame) = carried.ahead.take() {
                 return Poll::Ready(frame);
             }
         }
@@ -238,10 +240,11 @@ where
             Ok(polled) => ready!(polled),
             Err(panic) => {
                 // Give the lock back before the panic leaves the body.
-                let Some(hold) = this.hold.as_deref_mut() else {
+                let Some(carried) = this.carried.as_deref_mut() else {
                     panic::resume_unwind(panic)
                 };
-                let Phase::Holding(held) = std::mem::replace(&mut hold.phase, Phase::Free) else {
+                let Phase::Holding(held) = std::mem::replace(&mut carried.phase, Phase::Free)
+                else {
                     panic::resume_unwind(panic)
                 };
                 let Some(mut release) = held.finish(false) else {
@@ -250,21 +253,21 @@ where
                 if Pin::new(&mut release).poll(cx).is_ready() {
                     panic::resume_unwind(panic);
                 }
-                hold.phase = Phase::Unwinding(release, SyncWrapper::new(panic));
+                carried.phase = Phase::Unwinding(release, SyncWrapper::new(panic));
                 return Poll::Pending;
             }
         };
-        let Some(hold) = this.hold.as_deref_mut() else {
+        let Some(carried) = this.carried.as_deref_mut() else {
             return Poll::Ready(frame);
         };
-        let Some(mut release) = on_frame(&mut hold.phase, &mut frame, at_end) else {
+        let Some(mut release) = on_frame(&mut carried.phase, &mut frame, at_end) else {
             return Poll::Ready(frame);
         };
         match Pin::new(&mut release).poll(cx) {
             Poll::Ready(()) => Poll::Ready(frame),
             Poll::Pending => {
-                hold.phase = Phase::Releasing(release);
-                hold.ahead = Some(frame);
+                carried.phase = Phase::Releasing(release);
+                carried.ahead = Some(frame);
                 Poll::Pending
             }
         }
@@ -290,7 +293,11 @@ where
             }
         };
         // A data frame read ahead is still to come: the length it announces includes it.
-        let ahead = match self.hold.as_deref().and_then(|hold| hold.ahead.as_ref()) {
+        let ahead = match self
+            .carried
+            .as_deref()
+            .and_then(|carried| carried.ahead.as_ref())
+        {
             Some(Some(Ok(frame))) => frame.data_ref().map_or(0, |d| d.remaining() as u64),
             _ => 0,
         };
