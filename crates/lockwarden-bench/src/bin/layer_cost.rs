@@ -10,6 +10,11 @@
 //! (`LimitLayer::permits(5).by_header`). Every request has a fresh key and must be
 //! answered `201` with proof that the handler saw what was taken; anything else exits
 //! non-zero.
+//!
+//! `layer_cost APP N REDIS_URL` runs the same over Redis at `REDIS_URL` (redis-rs and the
+//! engine's calls then count, Redis itself does not), with two more apps that use no
+//! library but redis-rs: `raw-rate` (the rate script sent raw from the handler) and
+//! `raw-rate-mw` (the same from an axum middleware: the thinnest rate-limit layer).
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -25,6 +30,7 @@ use lockwarden::{
     LimitLayer, LockClient, LockInfo, LockLayer, PermitInfo, RateDecision, RateLimitLayer,
     RateLimiter, RatePolicy,
 };
+use redis::aio::ConnectionManager;
 use tower::ServiceExt;
 
 const KEY: &str = "idempotency-key";
@@ -49,6 +55,39 @@ async fn rate_handler(State(rates): State<RateLimiter>, headers: HeaderMap) -> R
     answer(decision.is_ok_and(|d| d.is_allowed()))
 }
 
+/// `lua/rate_limit.lua` by `EVALSHA` from the handler with the arguments the limiter
+/// sends: the decision with no library but redis-rs (Redis mode only).
+async fn raw_rate(State(mut redis): State<ConnectionManager>, headers: HeaderMap) -> Response {
+    static SCRIPT: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+        redis::Script::new(include_str!("../../../../lua/rate_limit.lua"))
+    });
+    let mut decision = SCRIPT.key(format!("lockwarden:rate:{{cost:{}}}:second", key(&headers)));
+    decision.arg(1).arg(999_999).arg("1:1000000");
+    let left = decision.invoke_async::<i64>(&mut redis).await;
+    answer(left.is_ok_and(|left| left >= 0))
+}
+
+/// The thinnest rate-limit layer: an axum middleware sending the script raw, as
+/// [`raw_rate`] does, then the handler (Redis mode only).
+async fn raw_rate_middleware(
+    State(mut redis): State<ConnectionManager>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    static SCRIPT: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+        redis::Script::new(include_str!("../../../../lua/rate_limit.lua"))
+    });
+    let mut decision = SCRIPT.key(format!(
+        "lockwarden:rate:{{cost:{}}}:second",
+        key(request.headers())
+    ));
+    decision.arg(1).arg(999_999).arg("1:1000000");
+    match decision.invoke_async::<i64>(&mut redis).await {
+        Ok(left) if left >= 0 => next.run(request).await,
+        _ => answer(false),
+    }
+}
+
 async fn rate_layer(decision: Option<Extension<RateDecision>>) -> Response {
     answer(decision.is_some())
 }
@@ -69,8 +108,24 @@ async fn limit_layer(permit: Option<Extension<PermitInfo>>) -> Response {
     answer(permit.is_some())
 }
 
-fn app(name: &str, client: &LockClient, rates: &RateLimiter) -> Option<Router> {
+fn app(
+    name: &str,
+    client: &LockClient,
+    rates: &RateLimiter,
+    redis: Option<&ConnectionManager>,
+) -> Option<Router> {
     Some(match name {
+        "raw-rate-mw" => {
+            Router::new()
+                .route("/orders", post(plain))
+                .layer(axum::middleware::from_fn_with_state(
+                    redis?.clone(),
+                    raw_rate_middleware,
+                ))
+        }
+        "raw-rate" => Router::new()
+            .route("/orders", post(raw_rate))
+            .with_state(redis?.clone()),
         "plain" => Router::new().route("/orders", post(plain)),
         "rate-handler" => Router::new()
             .route("/orders", post(rate_handler))
@@ -93,14 +148,32 @@ fn app(name: &str, client: &LockClient, rates: &RateLimiter) -> Option<Router> {
     })
 }
 
+/// The client over Redis at `url`, and a plain connection beside it for the raw app.
+async fn connected(
+    url: &str,
+) -> Result<(LockClient, Option<ConnectionManager>), Box<dyn std::error::Error>> {
+    let client = LockClient::connect(url).await?;
+    let redis = redis::Client::open(url)?.get_connection_manager().await?;
+    Ok((client, Some(redis)))
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (Some(name), Some(Ok(n))) = (args.first(), args.get(1).map(|n| n.parse::<u64>())) else {
-        eprintln!("usage: layer_cost APP N (APP: plain, rate-handler, rate-layer, lock-handler, lock-layer, limit-layer)");
+        eprintln!("usage: layer_cost APP N [REDIS_URL] (APP: plain, rate-handler, rate-layer, lock-handler, lock-layer, limit-layer; with REDIS_URL also raw-rate, raw-rate-mw)");
         return ExitCode::FAILURE;
     };
-    let client = LockClient::in_memory();
+    let (client, redis) = match args.get(2) {
+        None => (LockClient::in_memory(), None),
+        Some(url) => match connected(url).await {
+            Ok(both) => both,
+            Err(e) => {
+                eprintln!("{url}: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
     // A million a second: every fresh key is admitted.
     let policy = RatePolicy::new("second", 1_000_000, Duration::from_secs(1));
     let rates = match client.rate_limiter("cost", [policy]) {
@@ -110,7 +183,7 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let Some(app) = app(name, &client, &rates) else {
+    let Some(app) = app(name, &client, &rates, redis.as_ref()) else {
         eprintln!("no app `{name}`");
         return ExitCode::FAILURE;
     };

@@ -28,7 +28,12 @@
 //! minimal GCRA, redis-cell's algorithm in Lua: the floors of a decision), the layer
 //! keyed by a field
 //! of the JSON body (`by_json_field`: the body buffered before the lock), and the layer
-//! with a fixed lease instead of the watchdog (1 connection only).
+//! with a fixed lease instead of the watchdog (1 connection only). Two prototypes, at 64
+//! connections only, measure the ceilings the layers' targets are held against: the
+//! thinnest rate-limit layer one can write (an axum `from_fn` middleware sending the rate
+//! script raw), and the cheapest lock cycle on Redis (`SET NX PX`, then the
+//! compare-and-delete script, raw from the handler: what rslock sends, none of
+//! lockwarden's promises).
 //!
 //! Any non-2xx answer, or a handler that did not see the lock, permit or rate decision
 //! (or saw one where none was taken), is a problem: the run exits non-zero. Afterwards
@@ -45,7 +50,7 @@ use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use axum::{Extension, Json, Router};
+use axum::{middleware, Extension, Json, Router};
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
@@ -117,6 +122,14 @@ enum App {
     /// Lua, `lua/gcra_cell.lua`) sent raw from the handler: what any decision on the
     /// server's clock costs (64 connections only).
     RawGcra,
+    /// The thinnest rate-limit layer one can write: an axum middleware (`from_fn`) that
+    /// reads the key and sends `lua/rate_limit.lua` raw, then runs the handler with what
+    /// the decision left (or answers `429`): the floor of a layer (64 connections only).
+    RawRateMiddleware,
+    /// The cheapest lock cycle on Redis, rslock's commands sent raw from the handler
+    /// (`SET NX PX`, then the compare-and-delete script): the floor of any lock on the
+    /// request path, with none of lockwarden's promises (64 connections only).
+    RawSetNx,
 }
 
 impl App {
@@ -140,7 +153,7 @@ impl App {
     ];
     /// The apps of the 64-connection part, run in this order and then reversed: the same
     /// references first (no lock first: the others' ratios are to it).
-    const CONCURRENT: [App; 13] = [
+    const CONCURRENT: [App; 15] = [
         App::Plain,
         App::Evalsha,
         App::OwnScripts,
@@ -152,6 +165,8 @@ impl App {
         App::RateEngine,
         App::RawRate,
         App::RawGcra,
+        App::RawRateMiddleware,
+        App::RawSetNx,
         App::JsonField,
         App::Replay,
     ];
@@ -173,6 +188,8 @@ impl App {
             App::RateEngine => "axum + rate decision in handler (no layer)",
             App::RawRate => "axum + rate_limit.lua, raw, in handler",
             App::RawGcra => "axum + minimal GCRA (redis-cell's, in Lua), raw, in handler",
+            App::RawRateMiddleware => "axum + middleware sending rate_limit.lua raw",
+            App::RawSetNx => "axum + SET NX PX and compare-and-delete, raw, in handler",
         }
     }
 
@@ -193,6 +210,8 @@ impl App {
             App::RateEngine => "rate-engine",
             App::RawRate => "raw-rate",
             App::RawGcra => "raw-gcra",
+            App::RawRateMiddleware => "raw-rate-mw",
+            App::RawSetNx => "raw-setnx",
         }
     }
 
@@ -210,6 +229,8 @@ impl App {
                 | App::RateEngine
                 | App::RawRate
                 | App::RawGcra
+                | App::RawRateMiddleware
+                | App::RawSetNx
         )
     }
 
@@ -267,6 +288,15 @@ impl App {
                     redis: redis.clone(),
                     minimal: self == App::RawGcra,
                 }),
+            App::RawRateMiddleware => Router::new()
+                .route("/orders", post(create_order_after_raw_middleware))
+                .layer(middleware::from_fn_with_state(
+                    redis.clone(),
+                    raw_rate_middleware,
+                )),
+            App::RawSetNx => Router::new()
+                .route("/orders", post(create_order_under_raw_set_nx))
+                .with_state(redis.clone()),
         }
     }
 }
@@ -339,7 +369,7 @@ async fn create_order_after_raw_decision(
     let Some(key) = headers.get(KEY_HEADER).and_then(|v| v.to_str().ok()) else {
         return (StatusCode::BAD_REQUEST, "no key").into_response();
     };
-    let bucket = format!("lockwarden:rate:{{w7:{key}}}:second");
+    let bucket = raw_bucket(key);
     let decided = match minimal {
         false => {
             let mut decision = RATE_LIMIT.key(bucket);
@@ -360,6 +390,96 @@ async fn create_order_after_raw_decision(
     match decided {
         Ok(left) if left >= 0 => created(&order, Some(left as u64)),
         Ok(_) => (StatusCode::TOO_MANY_REQUESTS, "refused").into_response(),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
+    }
+}
+
+/// The key's bucket as the limiter of [`run`] names it.
+fn raw_bucket(key: &str) -> String {
+    format!("lockwarden:rate:{{w7:{key}}}:second")
+}
+
+/// What a raw decision left, put into the request by [`raw_rate_middleware`].
+#[derive(Clone, Copy)]
+struct RawLeft(u64);
+
+/// The thinnest rate-limit layer: the key read, `lua/rate_limit.lua` sent raw with the
+/// limiter's arguments, then the handler with what was left, or `429`.
+async fn raw_rate_middleware(
+    State(mut redis): State<ConnectionManager>,
+    mut request: axum::extract::Request,
+    next: middleware::Next,
+) -> Response {
+    let key = request
+        .headers()
+        .get(KEY_HEADER)
+        .and_then(|v| v.to_str().ok());
+    let Some(key) = key else {
+        return (StatusCode::BAD_REQUEST, "no key").into_response();
+    };
+    let mut decision = RATE_LIMIT.key(raw_bucket(key));
+    decision.arg(1).arg(999_999).arg("1:1000000");
+    match decision.invoke_async::<i64>(&mut redis).await {
+        Ok(left) if left >= 0 => {
+            request.extensions_mut().insert(RawLeft(left as u64));
+            next.run(request).await
+        }
+        Ok(_) => (StatusCode::TOO_MANY_REQUESTS, "refused").into_response(),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
+    }
+}
+
+/// The order app behind [`raw_rate_middleware`]: the order, with what the decision left.
+async fn create_order_after_raw_middleware(
+    left: Option<Extension<RawLeft>>,
+    Json(order): Json<Value>,
+) -> Response {
+    created(&order, left.map(|Extension(RawLeft(left))| left))
+}
+
+/// The cheapest lock cycle around the order: `SET <key> <token> NX PX`, the order, then
+/// the compare-and-delete script (rslock's commands, no library on the client side).
+async fn create_order_under_raw_set_nx(
+    State(mut redis): State<ConnectionManager>,
+    headers: HeaderMap,
+    Json(order): Json<Value>,
+) -> Response {
+    static TOKEN: AtomicU64 = AtomicU64::new(1);
+    static COMPARE_AND_DELETE: LazyLock<Script> = LazyLock::new(|| {
+        Script::new(
+            "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) \
+             end return 0",
+        )
+    });
+    let Some(key) = headers.get(KEY_HEADER).and_then(|v| v.to_str().ok()) else {
+        return (StatusCode::BAD_REQUEST, "no key").into_response();
+    };
+    let (lock, token) = (
+        format!("raw:{{{key}}}"),
+        TOKEN.fetch_add(1, Ordering::Relaxed),
+    );
+    let taken: redis::RedisResult<Option<String>> = redis::cmd("SET")
+        .arg(&lock)
+        .arg(token)
+        .arg("NX")
+        .arg("PX")
+        .arg(30_000)
+        .query_async(&mut redis)
+        .await;
+    match taken {
+        Ok(Some(_)) => {}
+        Ok(None) => return (StatusCode::CONFLICT, "held").into_response(),
+        Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
+    }
+    let response = created(&order, Some(token));
+    let released = COMPARE_AND_DELETE
+        .key(lock)
+        .arg(token)
+        .invoke_async::<i64>(&mut redis)
+        .await;
+    match released {
+        Ok(1) => response,
+        Ok(_) => (StatusCode::INTERNAL_SERVER_ERROR, "lost").into_response(),
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
     }
 }
@@ -577,10 +697,12 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
         [RatePolicy::new("second", 1_000_000, Duration::from_secs(1))],
     )?;
     let mut servers = Vec::new();
-    for app in App::SEQUENTIAL
-        .into_iter()
-        .chain([App::Replay, App::RawGcra])
-    {
+    for app in App::SEQUENTIAL.into_iter().chain([
+        App::Replay,
+        App::RawGcra,
+        App::RawRateMiddleware,
+        App::RawSetNx,
+    ]) {
         servers.push((app, serve(app.router(&client, &redis, &rates)).await?));
     }
     let addr = |app: App| {
@@ -762,9 +884,11 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
                 t.redis_cpu.as_secs_f64() * 1e6 / done
             ));
         row = row.note(format!(
-            "Redis commands per request, incl. in scripts: {:.2} ({:.2} EVALSHA)",
+            "Redis commands per request, incl. in scripts: {:.2} ({:.2} EVALSHA); Redis \
+             socket reads per request {:.2}",
             t.commands as f64 / done,
-            t.evalsha as f64 / done
+            t.evalsha as f64 / done,
+            t.reads as f64 / done
         ));
         if k > 0 {
             row = row.ratio_to(rates[0].median, "÷ no-lock median");
@@ -828,7 +952,12 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
         )),
     );
 
-    let (rate, raw_rate, raw_gcra) = (at(App::RateLimit), at(App::RawRate), at(App::RawGcra));
+    let (rate, raw_rate, raw_gcra, raw_middleware) = (
+        at(App::RateLimit),
+        at(App::RawRate),
+        at(App::RawGcra),
+        at(App::RawRateMiddleware),
+    );
     let (rate_cmds, rate_redis, rate_rate) = per_request(&totals[rate]);
     report.push(
         Row::new(
@@ -842,11 +971,26 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
             "target ≥ 1.5; overall {:.2} ({rate_rate:.0}/s vs {lock_rate:.0}/s); per request: \
              Redis commands {rate_cmds:.2} vs {lock_cmds:.2}, Redis CPU {rate_redis:.1} µs \
              vs {lock_redis:.1} µs; the floors, sent raw from the handler: the script {:.2}, \
-             the minimal GCRA {:.2}",
+             the minimal GCRA {:.2}; the thinnest layer (a middleware sending the script \
+             raw) {:.2}",
             rate_rate / lock_rate,
             rates[raw_rate].median / rates[layer].median,
-            rates[raw_gcra].median / rates[layer].median
+            rates[raw_gcra].median / rates[layer].median,
+            rates[raw_middleware].median / rates[layer].median
         )),
+    );
+    let set_nx = at(App::RawSetNx);
+    report.push(
+        Row::new(CONCURRENT, App::Layer.name(), "requests/s ÷ no lock's", "")
+            .value(rates[layer].median / rates[0].median)
+            .note(format!(
+                "target ≥ 0.5; the floors, sent raw from the handler: lockwarden's scripts {:.2}, \
+             SET NX PX and compare-and-delete (any lock's cheapest cycle) {:.2}, two \
+             EVALSHA of `return 1` {:.2}",
+                rates[at(App::OwnScripts)].median / rates[0].median,
+                rates[set_nx].median / rates[0].median,
+                rates[at(App::Evalsha)].median / rates[0].median
+            )),
     );
 
     drop(servers);
@@ -891,6 +1035,8 @@ struct Totals {
     redis_cpu: Duration,
     evalsha: u64,
     commands: u64,
+    /// Socket reads Redis made (each may bring several commands).
+    reads: u64,
     stopped_early: bool,
 }
 
@@ -903,6 +1049,7 @@ impl Totals {
         self.redis_cpu += other.redis_cpu;
         self.evalsha += other.evalsha;
         self.commands += other.commands;
+        self.reads += other.reads;
         self.stopped_early |= other.stopped_early;
     }
 }
@@ -919,6 +1066,7 @@ async fn round(
 ) -> Result<Totals, BoxError> {
     let (cpu, redis_cpu) = (cpu_time(), ctx.redis_cpu()?);
     let evalsha = ctx.script_calls()?;
+    let reads = ctx.reads_processed()?;
     // Every admin query counts too (with whatever its fresh connection sends): measure it.
     let before = ctx.commands_processed()?;
     let commands = ctx.commands_processed()?;
@@ -958,6 +1106,7 @@ async fn round(
         cpu: cpu_time() - cpu,
         redis_cpu: ctx.redis_cpu()? - redis_cpu,
         evalsha: ctx.script_calls()? - evalsha,
+        reads: ctx.reads_processed()?.saturating_sub(reads),
         // Less the three queries after the count (the last one counts only once it has run).
         commands: ctx
             .commands_processed()?

@@ -88,6 +88,17 @@ impl Ctx {
             .map_or(Ok(0), |v| v.trim().parse())?)
     }
 
+    /// `total_reads_processed` from `INFO stats`: the socket reads Redis made (Redis
+    /// 6.0+), so commands ÷ reads says how many commands each read brought (pipelining,
+    /// or calls that queued up on a multiplexed connection).
+    pub fn reads_processed(&self) -> Result<u64, BoxError> {
+        let info: String = self.admin(&["INFO", "stats"])?;
+        Ok(info
+            .lines()
+            .find_map(|l| l.strip_prefix("total_reads_processed:"))
+            .map_or(Ok(0), |v| v.trim().parse())?)
+    }
+
     /// CPU time the Redis server has used (user + system), from `INFO cpu`.
     pub fn redis_cpu(&self) -> Result<Duration, BoxError> {
         let info: String = self.admin(&["INFO", "cpu"])?;
