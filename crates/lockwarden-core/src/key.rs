@@ -81,35 +81,96 @@ struct Layout {
     lock_end: usize,
     fence_end: usize,
     layout: KeyLayout,
-    /// Made on first use, then kept with the key (a waiter retrying with one key makes
-    /// them once; a plain lock never does).
-    names_used_by_few: OnceLock<Names>,
+    /// The names only some kinds use, each made on first use and kept with the key.
+    few: FewNames,
 }
 
-/// The keys and channels of a lock that only some kinds use (see the table on [`Key`]).
-pub(crate) struct Names {
+/// The keys and channels of a lock that only some kinds use (see the table on [`Key`]),
+/// each made on first use, then kept with the key (a waiter retrying with one key makes
+/// it once; a plain lock never does). One by one: a kind uses one to five of them, and a
+/// key made per request (an HTTP layer's) paid for all ten on its first semaphore call,
+/// about 5,000 instructions (`scripts/layer_cost.py --redis`).
+#[derive(Default)]
+struct FewNames {
+    outcome: OnceLock<Box<str>>,
+    queue: OnceLock<Box<str>>,
+    deadlines: OnceLock<Box<str>>,
+    wake_prefix: OnceLock<Box<str>>,
+    leases: OnceLock<Box<str>>,
+    writers: OnceLock<Box<str>>,
+    waiting_readers: OnceLock<Box<str>>,
+    readers: OnceLock<Box<str>>,
+    fenced: OnceLock<Box<str>>,
+    granted: OnceLock<Box<str>>,
+}
+
+/// The keys and channels of a lock that only some kinds use (see the table on [`Key`]):
+/// [`Key::names`].
+#[derive(Clone, Copy)]
+pub(crate) struct Names<'a>(&'a Key);
+
+impl<'a> Names<'a> {
+    /// The companion `what`, kept in `slot` once made.
+    fn made(self, slot: fn(&FewNames) -> &OnceLock<Box<str>>, what: &str) -> &'a str {
+        let key: &'a Key = self.0;
+        slot(&key.0.few).get_or_init(|| key.companion(what))
+    }
+
     /// A completed claim's outcome.
-    pub(crate) outcome: Box<str>,
+    pub(crate) fn outcome(self) -> &'a str {
+        self.made(|few| &few.outcome, "done")
+    }
+
     /// A fair lock's queue: a list of holder ids, oldest first.
-    pub(crate) queue: Box<str>,
+    pub(crate) fn queue(self) -> &'a str {
+        self.made(|few| &few.queue, "queue")
+    }
+
     /// A fair lock's waiters' deadlines: a sorted set of holder id to server ms.
-    pub(crate) deadlines: Box<str>,
+    pub(crate) fn deadlines(self) -> &'a str {
+        self.made(|few| &few.deadlines, "deadlines")
+    }
+
     /// The prefix of a fair waiter's wake channel: the release channel and `:`.
-    pub(crate) wake_prefix: Box<str>,
+    pub(crate) fn wake_prefix(self) -> &'a str {
+        let key: &'a Key = self.0;
+        key.0
+            .few
+            .wake_prefix
+            .get_or_init(|| [key.channel(), ":"].concat().into())
+    }
+
     /// A read-write lock's hold leases: a sorted set of hold field to deadline.
-    pub(crate) leases: Box<str>,
+    pub(crate) fn leases(self) -> &'a str {
+        self.made(|few| &few.leases, "leases")
+    }
+
     /// A read-write lock's waiting writers: a sorted set of holder id to deadline.
-    pub(crate) writers: Box<str>,
+    pub(crate) fn writers(self) -> &'a str {
+        self.made(|few| &few.writers, "writers")
+    }
+
     /// A read-write lock's waiting readers: a sorted set of holder id to deadline.
-    pub(crate) waiting_readers: Box<str>,
+    pub(crate) fn waiting_readers(self) -> &'a str {
+        self.made(|few| &few.waiting_readers, "readers")
+    }
+
     /// The channel on which a read-write lock's waiting readers are told they were
     /// admitted (or, after a force unlock, that they may try).
-    pub(crate) readers: Box<str>,
+    pub(crate) fn readers(self) -> &'a str {
+        self.made(|few| &few.readers, "readable")
+    }
+
     /// A value written only by the newest fencing token (see `LockClient::fenced`).
-    pub(crate) fenced: Box<str>,
+    pub(crate) fn fenced(self) -> &'a str {
+        self.made(|few| &few.fenced, "fenced")
+    }
+
     /// The channel on which a semaphore's waiters are told they were granted permits (or,
     /// after a force unlock, that they may try).
-    pub(crate) granted: Box<str>,
+    pub(crate) fn granted(self) -> &'a str {
+        self.made(|few| &few.granted, "granted")
+    }
 }
 
 /// How a client lays out lock names: its namespace, layout and length limit.
@@ -173,7 +234,7 @@ impl Key {
             lock_end,
             fence_end,
             layout,
-            names_used_by_few: OnceLock::new(),
+            few: FewNames::default(),
         })))
     }
 
@@ -198,20 +259,9 @@ impl Key {
     }
 
     /// The names of the keys and channels only claims, fair and read-write locks and
-    /// semaphores use.
-    pub(crate) fn names(&self) -> &Names {
-        self.0.names_used_by_few.get_or_init(|| Names {
-            outcome: self.companion("done"),
-            queue: self.companion("queue"),
-            deadlines: self.companion("deadlines"),
-            wake_prefix: [self.channel(), ":"].concat().into(),
-            leases: self.companion("leases"),
-            writers: self.companion("writers"),
-            waiting_readers: self.companion("readers"),
-            readers: self.companion("readable"),
-            fenced: self.companion("fenced"),
-            granted: self.companion("granted"),
-        })
+    /// semaphores use, each made when first asked for.
+    pub(crate) fn names(&self) -> Names<'_> {
+        Names(self)
     }
 
     /// The channel on which `holder` hears that its turn at this fair lock has come: its
@@ -220,7 +270,7 @@ impl Key {
     pub(crate) fn wake_channel(&self, holder: &Holder) -> String {
         let id = holder.id();
         let client = id.rsplit_once(':').map_or(id, |(client, _)| client);
-        [&*self.names().wake_prefix, client].concat()
+        [self.names().wake_prefix(), client].concat()
     }
 
     /// The name of another key (or channel) of this lock, in the lock's slot:
@@ -355,10 +405,10 @@ mod tests {
         assert_eq!(k.fence_key(), "redisson_lock__fence:{resource:x}");
         assert_eq!(k.channel(), "redisson_lock__channel:{resource:x}");
         let names = k.names();
-        assert_eq!(&*names.outcome, "redisson_lock__done:{resource:x}");
-        assert_eq!(&*names.queue, "redisson_lock__queue:{resource:x}");
-        assert_eq!(&*names.leases, "redisson_lock__leases:{resource:x}");
-        assert_eq!(&*names.wake_prefix, "redisson_lock__channel:{resource:x}:");
+        assert_eq!(names.outcome(), "redisson_lock__done:{resource:x}");
+        assert_eq!(names.queue(), "redisson_lock__queue:{resource:x}");
+        assert_eq!(names.leases(), "redisson_lock__leases:{resource:x}");
+        assert_eq!(names.wake_prefix(), "redisson_lock__channel:{resource:x}:");
         assert_eq!(
             Key::new("", 255, KeyLayout::Redisson, "a{b}").unwrap_err(),
             KeyError::Brace { at: 1 }
@@ -372,14 +422,14 @@ mod tests {
         assert_eq!(k.fence_key(), "lockwarden:{orders:42}:fence");
         assert_eq!(k.channel(), "lockwarden:{orders:42}:released");
         let names = k.names();
-        assert_eq!(&*names.outcome, "lockwarden:{orders:42}:done");
-        assert_eq!(&*names.queue, "lockwarden:{orders:42}:queue");
-        assert_eq!(&*names.deadlines, "lockwarden:{orders:42}:deadlines");
-        assert_eq!(&*names.wake_prefix, "lockwarden:{orders:42}:released:");
-        assert_eq!(&*names.leases, "lockwarden:{orders:42}:leases");
-        assert_eq!(&*names.writers, "lockwarden:{orders:42}:writers");
-        assert_eq!(&*names.waiting_readers, "lockwarden:{orders:42}:readers");
-        assert_eq!(&*names.readers, "lockwarden:{orders:42}:readable");
+        assert_eq!(names.outcome(), "lockwarden:{orders:42}:done");
+        assert_eq!(names.queue(), "lockwarden:{orders:42}:queue");
+        assert_eq!(names.deadlines(), "lockwarden:{orders:42}:deadlines");
+        assert_eq!(names.wake_prefix(), "lockwarden:{orders:42}:released:");
+        assert_eq!(names.leases(), "lockwarden:{orders:42}:leases");
+        assert_eq!(names.writers(), "lockwarden:{orders:42}:writers");
+        assert_eq!(names.waiting_readers(), "lockwarden:{orders:42}:readers");
+        assert_eq!(names.readers(), "lockwarden:{orders:42}:readable");
     }
 
     #[test]

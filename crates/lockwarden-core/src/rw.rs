@@ -338,7 +338,7 @@ impl Attempts for RwAttempts<'_> {
             // The registration the store admitted it by: what the last one asked for
             // (a wait budget near its end shortens it), from when it was sent.
             let expires = self.registered.map(|(at, register)| at + register);
-            let channel = &self.target.key.names().readers;
+            let channel = self.target.key.names().readers();
             if let Some(guard) = self.target.granted(kind, channel, expires) {
                 return Ok(Tried::Won(guard, Acquired::Taken));
             }
@@ -383,7 +383,7 @@ impl Attempts for RwAttempts<'_> {
 
     fn channel(&self, _lock: usize) -> &str {
         match self.mode {
-            RwMode::Read => &self.target.key.names().readers,
+            RwMode::Read => self.target.key.names().readers(),
             RwMode::Write => self.target.key.channel(),
         }
     }

@@ -442,7 +442,7 @@ impl Attempts for PermitAttempts<'_> {
         // token. A grant is held for this acquisition's lease from when it was made, which
         // is after the last attempt that kept the place in line was sent.
         let expires = self.registered.map(|at| at + self.target.lease());
-        let channel = &self.target.key.names().granted;
+        let channel = self.target.key.names().granted();
         if let Some(guard) = self.target.granted(self.hold(), channel, expires) {
             return Ok(Tried::Won(guard.holding_permits(permits), Acquired::Taken));
         }
@@ -480,7 +480,7 @@ impl Attempts for PermitAttempts<'_> {
     }
 
     fn channel(&self, _lock: usize) -> &str {
-        &self.target.key.names().granted
+        self.target.key.names().granted()
     }
 
     /// A waiter is granted its permits by name.

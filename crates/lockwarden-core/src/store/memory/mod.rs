@@ -116,13 +116,13 @@ impl MemoryStore {
             self.waiters.deliver(key.channel(), Notice::Released);
         }
         if notices.readers {
-            self.waiters.deliver(&key.names().readers, Notice::Open);
+            self.waiters.deliver(key.names().readers(), Notice::Open);
         }
         if let Some((token, holders)) = notices.admitted {
             let ids: Vec<&str> = holders.iter().map(Holder::id).collect();
             let holders = Holders::Ids(&ids);
             let notice = Notice::Granted { token, holders };
-            self.waiters.deliver(&key.names().readers, notice);
+            self.waiters.deliver(key.names().readers(), notice);
         }
     }
 
@@ -143,7 +143,7 @@ impl MemoryStore {
                 first: *first,
                 holders,
             };
-            self.waiters.deliver(&key.names().granted, notice);
+            self.waiters.deliver(key.names().granted(), notice);
         }
     }
 
@@ -440,7 +440,7 @@ impl LockStore for MemoryStore {
         drop(state);
         if semaphore {
             // Every permit is free: its waiters try again, in their places in line.
-            self.waiters.deliver(&key.names().granted, Notice::Open);
+            self.waiters.deliver(key.names().granted(), Notice::Open);
         }
         if exclusive || read_write {
             self.tell(

@@ -174,7 +174,7 @@ impl RedisStore {
         // Sent again if its connection broke: the token tells a second run's "not held"
         // from a hold that was lost.
         let resend = token.is_some();
-        if self.waiters.is_wanted(&key.names().granted) || self.contended.seen(key.redis_key()) {
+        if self.waiters.is_wanted(key.names().granted()) || self.contended.seen(key.redis_key()) {
             let call = scripts::release(hold, token, self.commands.variant()).resendable(resend);
             return match self.commands.run(call).await {
                 Ok(reply) => {

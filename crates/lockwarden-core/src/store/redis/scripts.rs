@@ -654,10 +654,10 @@ fn rw_keys(key: &Key) -> [&str; 5] {
     let names = key.names();
     [
         key.redis_key(),
-        &names.leases,
+        names.leases(),
         key.fence_key(),
-        &names.writers,
-        &names.waiting_readers,
+        names.writers(),
+        names.waiting_readers(),
     ]
 }
 
@@ -678,8 +678,8 @@ fn fair_keys(key: &Key) -> [&str; 4] {
     [
         key.redis_key(),
         key.fence_key(),
-        &key.names().queue,
-        &key.names().deadlines,
+        key.names().queue(),
+        key.names().deadlines(),
     ]
 }
 
@@ -702,7 +702,7 @@ pub(super) fn acquire(ask: &Acquire<'_>, variant: Variant) -> Call {
             let plain = if first { plain } else { again };
             let (lock, fence) = (key.redis_key(), key.fence_key());
             let call = match ask.how {
-                How::Claim => Call::script(plain, variant, &[lock, fence, &key.names().outcome]),
+                How::Claim => Call::script(plain, variant, &[lock, fence, key.names().outcome()]),
                 _ => Call::script(plain, variant, &[lock, fence]),
             };
             call.arg(holder).arg(lease)
@@ -715,7 +715,7 @@ pub(super) fn acquire(ask: &Acquire<'_>, variant: Variant) -> Call {
             .arg(holder)
             .arg(lease)
             .arg(millis(queue_timeout))
-            .arg(&*key.names().wake_prefix)
+            .arg(key.names().wake_prefix())
             .arg(flag(join))
             .arg(flag(queued))
             .arg(flag(ask.fresh)),
@@ -760,7 +760,7 @@ fn acquire_permits(ask: &Acquire<'_>, asked: PermitsAsked, variant: Variant) -> 
         .arg(millis(ask.lease))
         .arg(capacity)
         .arg(registration(asked.register))
-        .arg(&*key.names().granted)
+        .arg(key.names().granted())
         .resendable(true)
 }
 
@@ -925,13 +925,13 @@ pub(super) fn release(hold: &Hold, token: Option<u64>, variant: Variant) -> Call
         HoldKind::Exclusive(Exclusive::Fair) => {
             Call::script(&FAIR_RELEASE, variant, &fair_keys(key))
                 .arg(holder.id())
-                .arg(&*key.names().wake_prefix)
+                .arg(key.names().wake_prefix())
         }
         HoldKind::ReadWrite(mode) => Call::script(&RW_RELEASE, variant, &rw_keys(key))
             .arg(holder.id())
             .arg(mode.field_suffix())
             .arg(key.channel())
-            .arg(&*key.names().readers),
+            .arg(key.names().readers()),
         // Never re-entered, so never counted twice: no call id. Read with
         // `permits_released`.
         HoldKind::Permits { permits, lease } => {
@@ -953,7 +953,7 @@ fn release_permits(key: &Key, member: &str, permits: u32, variant: Variant) -> C
     };
     Call::script(lua, variant, &permits_keys(key))
         .arg(member)
-        .arg(&*key.names().granted)
+        .arg(key.names().granted())
 }
 
 /// The grant to a semaphore's waiters of what a release sent as plain commands freed
@@ -1073,7 +1073,7 @@ pub(super) fn complete(
     variant: Variant,
 ) -> Call {
     let Hold { kind, key, holder } = hold;
-    let outcome_key = &*key.names().outcome;
+    let outcome_key = key.names().outcome();
     let call = match kind {
         Exclusive::Plain => Call::script(
             &RELEASE,
@@ -1090,7 +1090,7 @@ pub(super) fn complete(
                 &[lock, fence, queue, deadlines, outcome_key],
             )
             .arg(holder.id())
-            .arg(&*key.names().wake_prefix)
+            .arg(key.names().wake_prefix())
         }
     };
     let call = call
@@ -1135,12 +1135,12 @@ pub(super) fn withdraw(waiter: Waiter, key: &Key, holder: &Holder, variant: Vari
     match waiter {
         Waiter::Queued => Call::script(&FAIR_LEAVE, variant, &fair_keys(key))
             .arg(holder.id())
-            .arg(&*key.names().wake_prefix),
+            .arg(key.names().wake_prefix()),
         Waiter::Writer | Waiter::Reader => Call::script(&RW_WITHDRAW, variant, &rw_keys(key))
             .arg(holder.id())
             .arg(if waiter == Waiter::Reader { "r" } else { "w" })
             .arg(key.channel())
-            .arg(&*key.names().readers),
+            .arg(key.names().readers()),
         // Its place in line, or permits granted to it meanwhile (the same first member).
         Waiter::Permits { permits, lease } => release_permits(
             key,
@@ -1157,17 +1157,17 @@ pub(super) fn force_unlock(key: &Key, variant: Variant) -> Call {
     let names = key.names();
     let keys = [
         key.redis_key(),
-        &names.leases,
-        &names.queue,
-        &names.deadlines,
+        names.leases(),
+        names.queue(),
+        names.deadlines(),
         key.fence_key(),
-        &names.waiting_readers,
+        names.waiting_readers(),
     ];
     Call::script(&FORCE_RELEASE, variant, &keys)
         .arg(key.channel())
-        .arg(&*names.readers)
-        .arg(&*names.wake_prefix)
-        .arg(&*names.granted)
+        .arg(names.readers())
+        .arg(names.wake_prefix())
+        .arg(names.granted())
 }
 
 /// How many times the holder holds the hold (an integer, or nil for none; for permits,
@@ -1219,7 +1219,7 @@ pub(super) fn permits_state(reply: &[i64]) -> Result<Option<PermitsState>, Backe
 pub(super) fn set_capacity(key: &Key, capacity: u32, variant: Variant) -> Call {
     Call::script(&PERMITS_CAPACITY, variant, &permits_keys(key))
         .arg(capacity)
-        .arg(&*key.names().granted)
+        .arg(key.names().granted())
 }
 
 /// The lock's `PTTL` (see [`remaining_ttl`]).
@@ -1229,17 +1229,17 @@ pub(super) fn pttl_of(key: &Key) -> Call {
 
 /// The length of a fair lock's queue.
 pub(super) fn queue_length(key: &Key) -> Call {
-    Call::command("LLEN", &key.names().queue)
+    Call::command("LLEN", key.names().queue())
 }
 
 /// How many writers a read-write lock's waiting writers' set holds.
 pub(super) fn waiting_writers(key: &Key) -> Call {
-    Call::command("ZCARD", &key.names().writers)
+    Call::command("ZCARD", key.names().writers())
 }
 
 /// Writes a fenced value with `token` (`{1}` written, `{0, newest}` refused).
 pub(super) fn fenced_write(key: &Key, token: u64, value: &[u8], variant: Variant) -> Call {
-    Call::script(&FENCED_WRITE, variant, &[&key.names().fenced])
+    Call::script(&FENCED_WRITE, variant, &[key.names().fenced()])
         .arg(token)
         .arg(value)
 }
@@ -1257,7 +1257,7 @@ pub(super) fn fenced_written(reply: &[i64]) -> Result<Option<u64>, BackendError>
 
 /// A fenced value and the token that wrote it.
 pub(super) fn fenced_read(key: &Key) -> Call {
-    Call::command("HMGET", &key.names().fenced)
+    Call::command("HMGET", key.names().fenced())
         .arg("token")
         .arg("value")
 }
