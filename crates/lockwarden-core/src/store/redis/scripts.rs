@@ -670,7 +670,9 @@ fn permits_keys(key: &Key) -> [&str; 2] {
 /// The first member of a hold of `permits` permits of a semaphore, and its place in line
 /// while it waits (see `lua/permits_prelude.lua`): `<permits>:<lease ms>:<holder id>`.
 fn permit_member(permits: u32, lease: Duration, holder: &Holder) -> String {
-    format!("{permits}:{}:{}", millis(lease), holder.id())
+    // Written piece by piece: `format!` cost each semaphore call ~700 instructions.
+    let (mut count, mut ms) = (itoa::Buffer::new(), itoa::Buffer::new());
+    [count.format(permits), ":", ms.format(millis(lease)), ":", holder.id()].concat()
 }
 
 /// The four keys of every fair script, in the prelude's order.
