@@ -11,10 +11,15 @@
 #
 #   ./scripts/doc_check.sh
 #
-# Builds in target/doc-check (kept between runs); the scratch project itself goes in a
-# temporary directory, removed on exit. Reads each crate's docs from rustdoc's JSON
-# output, which stable rustdoc writes under RUSTC_BOOTSTRAP=1 (unstable output, read
-# here for its `docs` fields only).
+# Builds in target/doc-check (kept between runs), or DOC_CHECK_TARGET (CI gives the
+# workspace's target/, where `cargo package` has just verified the packages, so the
+# dependencies both build alike are built once); the scratch project itself goes in a
+# temporary directory, removed on exit. Reads the docs of lockwarden-core and lockwarden
+# from rustdoc's JSON output, which stable rustdoc writes under RUSTC_BOOTSTRAP=1
+# (unstable output, read here for its `docs` fields only), made in the workspace with
+# every feature: the source files the packages carry, with the features the user's
+# project enables (all of them), so the same docs; and `cargo doc` has already checked
+# their dependencies there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_INCREMENTAL=0
@@ -69,12 +74,32 @@ cp Cargo.lock "$scratch/user/Cargo.lock"
 touch "$scratch/user/src/lib.rs"
 
 echo "== reading the crates' docs (rustdoc JSON)" >&2
-for crate in lockwarden-core lockwarden; do
-  (cd "$scratch/user" && RUSTC_BOOTSTRAP=1 cargo rustdoc --quiet -p "$crate" -- \
-    -Z unstable-options --output-format json --document-private-items 2>/dev/null)
-done
+# RUSTC_BOOTSTRAP for rustdoc alone (a wrapper): set for cargo, it would re-run the build
+# scripts that watch it (proc-macro2, thiserror) and re-check every dependency.
+printf '#!/bin/sh\nRUSTC_BOOTSTRAP=1 exec "%s" "$@"\n' "${RUSTDOC:-rustdoc}" > "$scratch/rustdoc-json"
+chmod +x "$scratch/rustdoc-json"
+CARGO_TARGET_DIR="$root/target" RUSTDOC="$scratch/rustdoc-json" \
+  RUSTDOCFLAGS="-Z unstable-options --output-format json --document-private-items" \
+  cargo doc --quiet --no-deps --all-features -p lockwarden-core -p lockwarden 2>/dev/null
+# rustdoc names a workspace member's files from the workspace's root (`src/http/body.rs`);
+# doc_blocks.py names each block by its path from `.../src/`: absolute paths, as a
+# package's are.
+mkdir "$scratch/json"
+python3 - "$root" "$root/target/doc" "$scratch/json" lockwarden lockwarden_core <<'PY'
+import json, os, sys
+root, src, dst, *crates = sys.argv[1:]
+for crate in crates:
+    with open(os.path.join(src, crate + ".json"), encoding="utf-8") as f:
+        doc = json.load(f)
+    for item in doc["index"].values():
+        span = item.get("span")
+        if span and not os.path.isabs(span["filename"]):
+            span["filename"] = os.path.join(root, span["filename"])
+    with open(os.path.join(dst, crate + ".json"), "w", encoding="utf-8") as f:
+        json.dump(doc, f)
+PY
 python3 scripts/doc_blocks.py \
-  --json "$CARGO_TARGET_DIR/doc/lockwarden.json" "$CARGO_TARGET_DIR/doc/lockwarden_core.json" \
+  --json "$scratch/json/lockwarden.json" "$scratch/json/lockwarden_core.json" \
   --readme "$scratch/lockwarden-$version/README.md" "$scratch/lockwarden-core-$version/README.md" \
     "$scratch/lockwarden-cli-$version/README.md" \
   > "$scratch/user/src/lib.rs"

