@@ -672,7 +672,14 @@ fn permits_keys(key: &Key) -> [&str; 2] {
 fn permit_member(permits: u32, lease: Duration, holder: &Holder) -> String {
     // Written piece by piece: `format!` cost each semaphore call ~700 instructions.
     let (mut count, mut ms) = (itoa::Buffer::new(), itoa::Buffer::new());
-    [count.format(permits), ":", ms.format(millis(lease)), ":", holder.id()].concat()
+    [
+        count.format(permits),
+        ":",
+        ms.format(millis(lease)),
+        ":",
+        holder.id(),
+    ]
+    .concat()
 }
 
 /// The four keys of every fair script, in the prelude's order.
