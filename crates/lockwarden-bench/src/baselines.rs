@@ -24,7 +24,8 @@ const POLL: Duration = Duration::from_millis(1);
 /// Connections of the deadpool-redis pool in the bring-your-own-pool rows.
 const POOL_SIZE: usize = 16;
 
-static COMPARE_AND_DELETE: LazyLock<Script> = LazyLock::new(|| {
+/// rslock's release: delete the key only if it still holds this token.
+pub static COMPARE_AND_DELETE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end \
          return 0",

@@ -35,6 +35,10 @@ use tower::ServiceExt;
 
 const KEY: &str = "idempotency-key";
 
+/// `lua/rate_limit.lua`, sent raw by the two raw apps.
+static RATE_LIMIT: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(include_str!("../../../../lua/rate_limit.lua")));
+
 fn answer(saw: bool) -> Response {
     match saw {
         true => StatusCode::CREATED.into_response(),
@@ -58,10 +62,7 @@ async fn rate_handler(State(rates): State<RateLimiter>, headers: HeaderMap) -> R
 /// `lua/rate_limit.lua` by `EVALSHA` from the handler with the arguments the limiter
 /// sends: the decision with no library but redis-rs (Redis mode only).
 async fn raw_rate(State(mut redis): State<ConnectionManager>, headers: HeaderMap) -> Response {
-    static SCRIPT: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
-        redis::Script::new(include_str!("../../../../lua/rate_limit.lua"))
-    });
-    let mut decision = SCRIPT.key(format!("lockwarden:rate:{{cost:{}}}:second", key(&headers)));
+    let mut decision = RATE_LIMIT.key(format!("lockwarden:rate:{{cost:{}}}:second", key(&headers)));
     decision.arg(1).arg(999_999).arg("1:1000000");
     let left = decision.invoke_async::<i64>(&mut redis).await;
     answer(left.is_ok_and(|left| left >= 0))
@@ -74,10 +75,7 @@ async fn raw_rate_middleware(
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    static SCRIPT: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
-        redis::Script::new(include_str!("../../../../lua/rate_limit.lua"))
-    });
-    let mut decision = SCRIPT.key(format!(
+    let mut decision = RATE_LIMIT.key(format!(
         "lockwarden:rate:{{cost:{}}}:second",
         key(request.headers())
     ));

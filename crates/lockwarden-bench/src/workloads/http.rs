@@ -65,7 +65,9 @@ use serde_json::{json, Value};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
 
-use crate::baselines::{connection_manager, evalsha_pair, own_scripts_pair, BoxError, RawRelease};
+use crate::baselines::{
+    connection_manager, evalsha_pair, own_scripts_pair, BoxError, RawRelease, COMPARE_AND_DELETE,
+};
 use crate::check::Checks;
 use crate::stats::{Report, Row, Summary, Windows};
 use crate::workloads::{cpu_time, join_all, Ctx};
@@ -445,12 +447,6 @@ async fn create_order_under_raw_set_nx(
     Json(order): Json<Value>,
 ) -> Response {
     static TOKEN: AtomicU64 = AtomicU64::new(1);
-    static COMPARE_AND_DELETE: LazyLock<Script> = LazyLock::new(|| {
-        Script::new(
-            "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) \
-             end return 0",
-        )
-    });
     let Some(key) = headers.get(KEY_HEADER).and_then(|v| v.to_str().ok()) else {
         return (StatusCode::BAD_REQUEST, "no key").into_response();
     };

@@ -81,22 +81,23 @@ impl Ctx {
 
     /// `total_commands_processed` from `INFO stats` (every command, admin ones included).
     pub fn commands_processed(&self) -> Result<u64, BoxError> {
-        let info: String = self.admin(&["INFO", "stats"])?;
-        Ok(info
-            .lines()
-            .find_map(|l| l.strip_prefix("total_commands_processed:"))
-            .map_or(Ok(0), |v| v.trim().parse())?)
+        self.stat("total_commands_processed")
     }
 
     /// `total_reads_processed` from `INFO stats`: the socket reads Redis made (Redis
     /// 6.0+), so commands ÷ reads says how many commands each read brought (pipelining,
     /// or calls that queued up on a multiplexed connection).
     pub fn reads_processed(&self) -> Result<u64, BoxError> {
+        self.stat("total_reads_processed")
+    }
+
+    /// The counter `field` of `INFO stats` (0 if this server has none).
+    fn stat(&self, field: &str) -> Result<u64, BoxError> {
         let info: String = self.admin(&["INFO", "stats"])?;
-        Ok(info
+        let value = info
             .lines()
-            .find_map(|l| l.strip_prefix("total_reads_processed:"))
-            .map_or(Ok(0), |v| v.trim().parse())?)
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'));
+        Ok(value.map_or(Ok(0), |v| v.trim().parse())?)
     }
 
     /// CPU time the Redis server has used (user + system), from `INFO cpu`.
