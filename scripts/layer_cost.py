@@ -12,7 +12,8 @@ With `--redis`, the client runs over a redis-server this script starts on a free
 loopback port (not under callgrind: only the client's instructions are counted, redis-rs
 included), and two apps with no library but redis-rs join: `raw-rate` (the rate script
 sent raw from the handler) and `raw-rate-mw` (the same from an axum middleware, the
-thinnest rate-limit layer one can write). The count then moves a little from run to run
+thinnest rate-limit layer one can write) and `raw-lock` (`lock-handler`'s commands
+sent raw from the handler). The count then moves a little from run to run
 (how often the runtime wakes while a reply is on its way).
 
     python3 scripts/layer_cost.py [--redis] [--only rate-layer,lock-layer] [--requests 10000]
@@ -28,8 +29,8 @@ import tempfile
 import time
 
 APPS = ["plain", "rate-handler", "rate-layer", "lock-handler", "lock-layer", "limit-layer"]
-REDIS_APPS = ["plain", "raw-rate", "raw-rate-mw", "rate-handler", "rate-layer", "lock-handler",
-              "lock-layer", "limit-layer"]
+REDIS_APPS = ["plain", "raw-rate", "raw-rate-mw", "rate-handler", "rate-layer", "raw-lock",
+              "lock-handler", "lock-layer", "limit-layer"]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

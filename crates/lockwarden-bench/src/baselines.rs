@@ -33,12 +33,9 @@ pub static COMPARE_AND_DELETE: LazyLock<Script> = LazyLock::new(|| {
 });
 /// The cheapest script: the round-trip cost of EVALSHA itself.
 pub static TRIVIAL: LazyLock<Script> = LazyLock::new(|| Script::new("return 1"));
-// As the client sends them: after the count-once helpers (and the token maker).
-const ACQUIRE_SOURCE: &str = concat!(
-    include_str!("../../../lua/once.lua"),
-    include_str!("../../../lua/token.lua"),
-    include_str!("../../../lua/acquire.lua")
-);
+// As the client sends them: the take alone (it writes out what it needs of the helpers),
+// the release after the count-once helpers.
+const ACQUIRE_SOURCE: &str = include_str!("../../../lua/acquire.lua");
 const RELEASE_SOURCE: &str = concat!(
     include_str!("../../../lua/once.lua"),
     include_str!("../../../lua/release.lua")
@@ -54,6 +51,10 @@ static PERMITS_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&source.replace("\nlocal taking = false\n", "\nlocal taking = true\n"))
 });
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_SOURCE));
+/// The take's name as a Redis function, as the client names it: its prefix, then the
+/// digest of its text (the client loads it there, and so does [`take`] if it is missing).
+static TAKE_FUNCTION: LazyLock<String> =
+    LazyLock::new(|| format!("lockwarden_{}", ACQUIRE.get_hash()));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_SOURCE));
 // As a cluster client sends them by default (the core's `Lua::with`): the call's id read
 // from the last argument, and notices sharded.
@@ -80,6 +81,13 @@ pub enum Kind {
     RslockDefault,
     RslockFast,
     SetNx,
+    /// lockwarden's commands for a plain lock sent raw, with no client: the take as a
+    /// Redis function, the release `HDEL` + the notice, pipelined.
+    OwnRaw,
+    /// A prototype, raw: the same take, and a release that publishes only when a waiter
+    /// left a mark (`HDEL <lock> <holder> ~w1 ~w2`, the notice only if it deleted a mark;
+    /// never here): the cheapest cycle that keeps lockwarden's promises.
+    MarkRaw,
 }
 
 impl Kind {
@@ -94,13 +102,16 @@ impl Kind {
     /// The fixed-lease lockwarden variant shows what the watchdog bookkeeping costs, the
     /// pooled one what a pool checkout costs per operation, the unfenced one what the
     /// fencing tokens cost.
-    pub const UNCONTENDED: [Kind; 6] = [
+    /// The two raw ones bound what lockwarden's client can reach.
+    pub const UNCONTENDED: [Kind; 8] = [
         Kind::Lockwarden,
         Kind::LockwardenLease,
         Kind::LockwardenPool,
         Kind::LockwardenUnfenced,
         Kind::RslockDefault,
         Kind::SetNx,
+        Kind::OwnRaw,
+        Kind::MarkRaw,
     ];
 
     pub fn name(self) -> &'static str {
@@ -112,6 +123,8 @@ impl Kind {
             Kind::RslockDefault => "rslock 0.10 (defaults)",
             Kind::RslockFast => "rslock 0.10 (retry 1 ms)",
             Kind::SetNx => "SET NX + 1 ms poll",
+            Kind::OwnRaw => "lockwarden's commands, raw (FCALL take, HDEL + PUBLISH)",
+            Kind::MarkRaw => "prototype, raw: the same take, HDEL with a waiter's mark, no notice",
         }
     }
 
@@ -125,6 +138,8 @@ impl Kind {
             Kind::RslockDefault => "rsd",
             Kind::RslockFast => "rsf",
             Kind::SetNx => "setnx",
+            Kind::OwnRaw => "own",
+            Kind::MarkRaw => "mark",
         }
     }
 }
@@ -136,6 +151,7 @@ pub enum Locker {
     LockwardenUnfenced(LockClient),
     Rslock(LockManager),
     SetNx(ConnectionManager),
+    Raw(ConnectionManager, RawRelease),
 }
 
 /// A held lock.
@@ -146,6 +162,12 @@ pub enum Guard {
         conn: ConnectionManager,
         key: String,
         token: String,
+    },
+    Raw {
+        conn: ConnectionManager,
+        lock: String,
+        holder: String,
+        release: RawRelease,
     },
 }
 
@@ -181,6 +203,8 @@ impl Locker {
                 Self::Rslock(manager)
             }
             Kind::SetNx => Self::SetNx(connection_manager(url).await?),
+            Kind::OwnRaw => Self::Raw(connection_manager(url).await?, RawRelease::Commands),
+            Kind::MarkRaw => Self::Raw(connection_manager(url).await?, RawRelease::Marked),
         })
     }
 
@@ -225,6 +249,19 @@ impl Locker {
                     tokio::time::sleep(POLL).await;
                 }
             }
+            // Uncontended workloads only: a busy lock is an error.
+            Locker::Raw(conn, release) => {
+                let mut conn = conn.clone();
+                let (lock, holder) = (format!("raw:{{{key}}}"), new_token());
+                let token = take(&mut conn, &lock, &holder).await?;
+                let guard = Guard::Raw {
+                    conn,
+                    lock,
+                    holder,
+                    release: *release,
+                };
+                Ok((guard, Some(token)))
+            }
         }
     }
 }
@@ -262,6 +299,15 @@ impl Guard {
                 } else {
                     Released::Lost
                 })
+            }
+            Guard::Raw {
+                mut conn,
+                lock,
+                holder,
+                release,
+            } => {
+                let freed = give_back(&mut conn, &lock, &holder, release, false).await?;
+                Ok(if freed { Released::Ok } else { Released::Lost })
             }
         }
     }
@@ -315,31 +361,107 @@ pub async fn evalsha_pair(conn: &mut ConnectionManager) -> Result<(), BoxError> 
 pub enum RawRelease {
     Commands,
     Script,
+    /// The prototype of [`Kind::MarkRaw`]: `HDEL` of the holder and a waiter's two mark
+    /// fields; the notice only if it deleted a mark (`HDEL`'s count: 1 held, 2 marked,
+    /// 3 both).
+    Marked,
 }
 
-/// lockwarden's own acquire script and `release`'s way on `key`, called directly: what the
-/// library would cost with no client-side work at all (the Redis side of a cycle). On a
-/// `cluster`, as a cluster client sends them: with call ids, and `SPUBLISH`.
+/// lockwarden's take of the plain lock `lock` (its fencing key after it) for a fresh
+/// `holder`, as the client calls it where the server has functions: `FCALL`, the function
+/// loaded first if the server lacks it. Answers the fencing token; a busy lock is an error.
+pub async fn take(
+    conn: &mut impl redis::aio::ConnectionLike,
+    lock: &str,
+    holder: &str,
+) -> Result<u64, BoxError> {
+    let fence = format!("{lock}:fence");
+    let mut call = redis::cmd("FCALL");
+    call.arg(&*TAKE_FUNCTION)
+        .arg(2)
+        .arg(lock)
+        .arg(&fence)
+        .arg(holder)
+        .arg(TTL.as_millis() as u64);
+    let token: i64 = match call.query_async(conn).await {
+        Err(e) if e.code() == Some("ERR") && e.to_string().contains("not found") => {
+            let name = &*TAKE_FUNCTION;
+            let library = format!(
+                "#!lua name={name}\nredis.register_function('{name}', function(KEYS, ARGV)\n{ACQUIRE_SOURCE}end)\n"
+            );
+            redis::cmd("FUNCTION")
+                .arg("LOAD")
+                .arg(library)
+                .query_async::<redis::Value>(conn)
+                .await?;
+            call.query_async(conn).await?
+        }
+        answer => answer?,
+    };
+    // A fresh take answers its bare token (see lua/acquire.lua).
+    u64::try_from(token)
+        .ok()
+        .filter(|&t| t > 0)
+        .ok_or_else(|| format!("the take answered {token} on a fresh key").into())
+}
+
+/// The release of [`take`]'s hold as `release` says (not [`RawRelease::Script`]); on a
+/// `cluster`, `SPUBLISH`. Answers whether the hold was there.
+async fn give_back(
+    conn: &mut impl redis::aio::ConnectionLike,
+    lock: &str,
+    holder: &str,
+    release: RawRelease,
+    cluster: bool,
+) -> Result<bool, BoxError> {
+    let notice = if cluster { "SPUBLISH" } else { "PUBLISH" };
+    let channel = format!("{lock}:released");
+    let mut pipe = redis::pipe();
+    pipe.cmd("HDEL").arg(lock).arg(holder);
+    if release == RawRelease::Marked {
+        pipe.arg("~w1").arg("~w2");
+    } else {
+        pipe.cmd(notice).arg(&channel).arg("0").ignore();
+    }
+    let (deleted,): (i64,) = pipe.query_async(conn).await?;
+    if deleted >= 2 {
+        let _: i64 = redis::cmd(notice)
+            .arg(&channel)
+            .arg("0")
+            .query_async(conn)
+            .await?;
+    }
+    Ok(deleted % 2 == 1)
+}
+
+/// lockwarden's own take and `release`'s way on `key`, called directly: what the library
+/// would cost with no client-side work at all (the Redis side of a cycle). On one server
+/// the take goes as a Redis function, as the client's does where the server has them; on a
+/// `cluster`, as a cluster client sends them by digest: with call ids, and `SPUBLISH`.
 pub async fn own_scripts_pair(
     conn: &mut impl redis::aio::ConnectionLike,
     key: &str,
     cluster: bool,
     release_by: RawRelease,
 ) -> Result<(), BoxError> {
-    let (lock, fence, channel) = (
-        format!("raw:{{{key}}}"),
-        format!("raw:{{{key}}}:fence"),
-        format!("raw:{{{key}}}:released"),
-    );
+    let lock = format!("raw:{{{key}}}");
+    let holder = "bench-holder";
+    if !cluster && release_by != RawRelease::Script {
+        take(conn, &lock, holder).await?;
+        if !give_back(conn, &lock, holder, release_by, false).await? {
+            return Err(format!("own release found no hold on {lock}").into());
+        }
+        return Ok(());
+    }
+    let (fence, channel) = (format!("{lock}:fence"), format!("{lock}:released"));
     let (acquire, release) = match cluster {
         true => (&CLUSTER_ACQUIRE, &CLUSTER_RELEASE),
         false => (&ACQUIRE, &RELEASE),
     };
-    // A fresh take answers its bare token (see lua/acquire.lua).
     let mut take = acquire.key(&lock);
-    take.key(&fence).arg("bench-holder").arg(30_000).arg(1); // a holder made for this acquisition
+    take.key(&fence).arg(holder).arg(30_000);
     let mut give = release.key(&lock);
-    give.key(&fence).arg("bench-holder").arg(&channel).arg(""); // the token, needed only to answer a release sent twice
+    give.key(&fence).arg(holder).arg(&channel).arg(""); // the token, needed only to answer a release sent twice
     if cluster {
         // The call ids (once.lua): none for a holder made for its acquisition.
         take.arg("");
@@ -348,14 +470,8 @@ pub async fn own_scripts_pair(
     let token: i64 = take.invoke_async(conn).await?;
     let left: i64 = match release_by {
         RawRelease::Script => give.invoke_async(conn).await?,
-        RawRelease::Commands => {
-            let notice = if cluster { "SPUBLISH" } else { "PUBLISH" };
-            let mut pipe = redis::pipe();
-            pipe.cmd("HDEL").arg(&lock).arg("bench-holder");
-            pipe.cmd(notice).arg(&channel).arg("0").ignore();
-            let (deleted,): (i64,) = pipe.query_async(conn).await?;
-            // 1 field deleted: freed, as the script's 0 says.
-            1 - deleted
+        RawRelease::Commands | RawRelease::Marked => {
+            usize::from(!give_back(conn, &lock, holder, release_by, true).await?) as i64
         }
     };
     if token <= 0 || left != 0 {

@@ -14,7 +14,10 @@
 //! `layer_cost APP N REDIS_URL` runs the same over Redis at `REDIS_URL` (redis-rs and the
 //! engine's calls then count, Redis itself does not), with two more apps that use no
 //! library but redis-rs: `raw-rate` (the rate script sent raw from the handler) and
-//! `raw-rate-mw` (the same from an axum middleware: the thinnest rate-limit layer).
+//! `raw-rate-mw` (the same from an axum middleware: the thinnest rate-limit layer), and
+//! `raw-lock`: the plain lock's commands sent raw from the handler as `lock-handler`'s
+//! client sends them (the take as the Redis function the client loaded, then `HDEL` and
+//! the notice, pipelined).
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -86,6 +89,37 @@ async fn raw_rate_middleware(
     }
 }
 
+/// The take's function name, as the client names it (loaded by the client at connect).
+static TAKE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let take = redis::Script::new(include_str!("../../../../lua/acquire.lua"));
+    format!("lockwarden_{}", take.get_hash())
+});
+
+/// [`lock_handler`]'s cycle with no library but redis-rs (Redis mode only).
+async fn raw_lock(State(mut redis): State<ConnectionManager>, headers: HeaderMap) -> Response {
+    let lock = format!("lockwarden:{{http:{}}}", key(&headers));
+    let holder = "layer-cost-holder";
+    let mut take = redis::cmd("FCALL");
+    take.arg(&*TAKE)
+        .arg(2)
+        .arg(&lock)
+        .arg(format!("{lock}:fence"))
+        .arg(holder)
+        .arg(30_000);
+    let Ok(token) = take.query_async::<i64>(&mut redis).await else {
+        return answer(false);
+    };
+    let mut release = redis::pipe();
+    release.cmd("HDEL").arg(&lock).arg(holder);
+    release
+        .cmd("PUBLISH")
+        .arg(format!("{lock}:released"))
+        .arg("0")
+        .ignore();
+    let deleted = release.query_async::<(i64,)>(&mut redis).await;
+    answer(token > 0 && deleted.is_ok_and(|(d,)| d == 1))
+}
+
 async fn rate_layer(decision: Option<Extension<RateDecision>>) -> Response {
     answer(decision.is_some())
 }
@@ -121,6 +155,9 @@ fn app(
                     raw_rate_middleware,
                 ))
         }
+        "raw-lock" => Router::new()
+            .route("/orders", post(raw_lock))
+            .with_state(redis?.clone()),
         "raw-rate" => Router::new()
             .route("/orders", post(raw_rate))
             .with_state(redis?.clone()),
@@ -159,7 +196,7 @@ async fn connected(
 async fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (Some(name), Some(Ok(n))) = (args.first(), args.get(1).map(|n| n.parse::<u64>())) else {
-        eprintln!("usage: layer_cost APP N [REDIS_URL] (APP: plain, rate-handler, rate-layer, lock-handler, lock-layer, limit-layer; with REDIS_URL also raw-rate, raw-rate-mw)");
+        eprintln!("usage: layer_cost APP N [REDIS_URL] (APP: plain, rate-handler, rate-layer, lock-handler, lock-layer, limit-layer; with REDIS_URL also raw-rate, raw-rate-mw, raw-lock)");
         return ExitCode::FAILURE;
     };
     let (client, redis) = match args.get(2) {

@@ -27,15 +27,11 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
     }
 
     let mut raw_samples = Vec::with_capacity(cycles);
-    let mut own_samples = Vec::with_capacity(cycles);
     let mut samples = vec![Vec::<Duration>::with_capacity(cycles); lockers.len()];
     for i in 0..cycles {
         let t = Instant::now();
         evalsha_pair(&mut raw).await?;
         raw_samples.push(t.elapsed());
-        let t = Instant::now();
-        own_scripts_pair(&mut raw, &format!("w1:{i}"), false, RawRelease::Commands).await?;
-        own_samples.push(t.elapsed());
         for ((kind, locker), samples) in lockers.iter().zip(&mut samples) {
             let key = format!("{}:w1:{i}", kind.slug());
             let t = Instant::now();
@@ -55,23 +51,21 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
         )
         .summary(raw),
     );
-    report.push(
-        Row::new(
-            NAME,
-            "raw ConnectionManager",
-            "lockwarden's acquire.lua + HDEL + PUBLISH, called directly",
-            "µs",
-        )
-        .summary(Summary::micros(&own_samples))
-        .ratio_to(raw.median, "÷ 2×EVALSHA median")
-        .note("the Redis side of a cycle: scripts, no client work"),
-    );
-    for ((kind, _), samples) in lockers.iter().zip(&samples) {
+    let summaries: Vec<_> = samples.iter().map(|s| Summary::micros(s)).collect();
+    let peer = lockers
+        .iter()
+        .position(|(kind, _)| *kind == Kind::RslockDefault)
+        .map(|at| summaries[at].median);
+    for ((kind, _), summary) in lockers.iter().zip(summaries) {
+        let median = summary.median;
         let mut row = Row::new(NAME, kind.name(), "acquire + release", "µs")
-            .summary(Summary::micros(samples))
+            .summary(summary)
             .ratio_to(raw.median, "÷ 2×EVALSHA median");
         if *kind == Kind::Lockwarden {
             row = row.note("target ≤ 1.15");
+        }
+        if let Some(peer) = peer.filter(|_| *kind != Kind::RslockDefault) {
+            row = row.note(format!("÷ rslock's median {:.3}", median / peer));
         }
         report.push(row);
     }
