@@ -8,6 +8,12 @@
 -- another (-1: a hash without expiry, not one of ours); in a table: {2, token}
 -- re-entered, {3, outcome} completed before, {1, token} taken by this very call before.
 --
+-- A waiter's mark: the fields `~w1` and `~w2` (no holder id begins with `~`), written by a
+-- refused attempt of an acquisition that waits. A release sent as plain commands deletes
+-- them with its holder's field (`HDEL <lock> <holder> ~w1 ~w2`) and sends the notice only
+-- if it deleted them: its count says 1 released, 2 not held but marked, 3 both, which one
+-- field could not. Every other release deletes the hash and always sends the notice.
+--
 -- It keeps once.lua's rules, and makes tokens as token.lua does, without their helpers:
 -- each function a script defines is made again on every call, and those five cost a lock
 -- cycle ~6,000 instructions, a tenth of it (`scripts/kind_cost.py`).
@@ -29,6 +35,11 @@ local fresh = true
 -- refused attempt skips looking for it. A send again after a broken connection runs the
 -- variant in which this line reads `local first = false`, which looks.
 local first = true
+-- Whether an earlier attempt of this acquisition was refused, so that it waits: then a
+-- refusal marks the lock, and its release sends the notice. Such attempts run the variants
+-- in which this line reads `local waiting = true`; a first attempt (after which a waiter
+-- subscribes and tries again before it sleeps) and a single try leave no mark.
+local waiting = false
 if KEYS[3] then
   local outcome = redis.call('GET', KEYS[3])
   if outcome then
@@ -61,38 +72,41 @@ if ttl == -2 then
   redis.call('SET', KEYS[2], text, 'PX', ARGV[2])
   return tonumber(text)
 end
-if first then
-  return -2 - ttl
-end
--- The holder's count, and on a cluster the id of the last call that changed it.
-local count, last
-if call == '' then
-  count = redis.call('HGET', KEYS[1], ARGV[1])
-else
-  local held = redis.call('HMGET', KEYS[1], ARGV[1], ARGV[1] .. ':op')
-  count, last = held[1], held[2]
-end
-if count then
-  -- This very call ran before (a holder made for it holds nothing else; any other finds
-  -- its own id): answered as then, counted once.
-  if fresh or last == call then
-    local state = (fresh or count == '1') and 1 or 2
-    return {state, fenced and tonumber(redis.call('GET', KEYS[2])) or 0}
-  end
+if not first then
+  -- The holder's count, and on a cluster the id of the last call that changed it.
+  local count, last
   if call == '' then
-    redis.call('HSET', KEYS[1], ARGV[1], tonumber(count) + 1)
+    count = redis.call('HGET', KEYS[1], ARGV[1])
   else
-    redis.call('HSET', KEYS[1], ARGV[1], tonumber(count) + 1, ARGV[1] .. ':op', call)
+    local held = redis.call('HMGET', KEYS[1], ARGV[1], ARGV[1] .. ':op')
+    count, last = held[1], held[2]
   end
-  -- A re-entry never shortens the hold: one with a short lease inside a longer (or
-  -- watchdog) hold would otherwise let the lock expire under its outer holder.
-  if ttl < tonumber(ARGV[2]) then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    if fenced then
-      redis.call('PEXPIRE', KEYS[2], ARGV[2])
+  if count then
+    -- This very call ran before (a holder made for it holds nothing else; any other finds
+    -- its own id): answered as then, counted once.
+    if fresh or last == call then
+      local state = (fresh or count == '1') and 1 or 2
+      return {state, fenced and tonumber(redis.call('GET', KEYS[2])) or 0}
     end
+    if call == '' then
+      redis.call('HSET', KEYS[1], ARGV[1], tonumber(count) + 1)
+    else
+      redis.call('HSET', KEYS[1], ARGV[1], tonumber(count) + 1, ARGV[1] .. ':op', call)
+    end
+    -- A re-entry never shortens the hold: one with a short lease inside a longer (or
+    -- watchdog) hold would otherwise let the lock expire under its outer holder.
+    if ttl < tonumber(ARGV[2]) then
+      redis.call('PEXPIRE', KEYS[1], ARGV[2])
+      if fenced then
+        redis.call('PEXPIRE', KEYS[2], ARGV[2])
+      end
+    end
+    return {2, fenced and tonumber(redis.call('GET', KEYS[2])) or 0}
   end
-  return {2, fenced and tonumber(redis.call('GET', KEYS[2])) or 0}
 end
--- Refused, bare (a busy answer is as common as a take on a hot lock).
+-- Refused, bare (a busy answer is as common as a take on a hot lock). A waiter marks a
+-- lock of ours (one with an expiry).
+if waiting and ttl >= 0 then
+  redis.call('HSET', KEYS[1], '~w1', '1', '~w2', '1')
+end
 return -2 - ttl

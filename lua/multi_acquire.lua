@@ -6,6 +6,10 @@
 -- token as acquire.lua gives it), or {0, i, pttl} when lock i (1-based) is held by
 -- another holder; then nothing was changed.
 local n = #KEYS / 2
+-- Whether an earlier attempt was refused, so that this one waits: then a refusal leaves the
+-- busy lock a waiter's mark (see acquire.lua). Such attempts run the variant in which this
+-- line reads `local waiting = true`.
+local waiting = false
 -- This very call ran before (see once.lua; a holder made for it is told apart below):
 -- it holds every lock, counted once.
 if call ~= '' and redis.call('HGET', KEYS[1], op_of(ARGV[1])) == call then
@@ -18,7 +22,11 @@ end
 for i = 1, n do
   local lock = KEYS[2 * i - 1]
   if redis.call('EXISTS', lock) == 1 and redis.call('HEXISTS', lock, ARGV[1]) == 0 then
-    return {0, i, redis.call('PTTL', lock)}
+    local ttl = redis.call('PTTL', lock)
+    if waiting and ttl >= 0 then
+      redis.call('HSET', lock, '~w1', '1', '~w2', '1')
+    end
+    return {0, i, ttl}
   end
 end
 local out = {1}

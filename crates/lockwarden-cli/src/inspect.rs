@@ -46,6 +46,9 @@ pub const MAX_FIELDS: i64 = 10_000;
 
 /// The suffix of the fields beside a count that remember the call that changed it last.
 const OP_SUFFIX: &str = ":op";
+/// How a waiter's mark's fields begin (`~w1`, `~w2`, see `lua/acquire.lua`): no holder id
+/// does.
+const MARK_PREFIX: &str = "~";
 /// Locks read at once.
 const CONCURRENCY: usize = 16;
 /// Channels per `PUBSUB NUMSUB` call.
@@ -350,8 +353,9 @@ async fn read_one(
     let now_us = server_time_us(&v[0])?;
     let now_ms = (now_us / 1000) as i64;
     let mut hash = pairs(&v[1]);
-    // The id of the last call that changed a count (`lua/once.lua`) is no holder.
-    hash.retain(|(field, _)| !field.ends_with(OP_SUFFIX));
+    // The id of the last call that changed a count (`lua/once.lua`) is no holder, nor is a
+    // waiter's mark.
+    hash.retain(|(field, _)| !field.ends_with(OP_SUFFIX) && !field.starts_with(MARK_PREFIX));
     if redisson && !lock_shaped(&hash) {
         hash.clear();
     }

@@ -258,6 +258,14 @@ impl Key {
         &self.0.names[self.0.fence_end..]
     }
 
+    /// Whether a waiter marks this plain lock, and a release sent as plain commands sends
+    /// the notice only if it finds a mark (see `lua/acquire.lua`). Not in Redisson's
+    /// layout: a Redisson waiter leaves no mark, so every release there sends the notice,
+    /// as Redisson's do.
+    pub(crate) fn has_marks(&self) -> bool {
+        self.0.layout == KeyLayout::Tagged
+    }
+
     /// The names of the keys and channels only claims, fair and read-write locks and
     /// semaphores use, each made when first asked for.
     pub(crate) fn names(&self) -> Names<'_> {

@@ -249,7 +249,10 @@ impl<W: Won> Attempts for PlainAttempts<'_, W> {
 
     async fn attempt(&mut self, _deadline: Option<Instant>) -> Answer<W> {
         let answer = self.target.ask(W::HOW).await?;
-        W::won(&self.target, answer)
+        let tried = W::won(&self.target, answer)?;
+        // Any later attempt waits: a refusal then marks the lock for its release.
+        self.target.waiting |= matches!(tried, Tried::Busy(_));
+        Ok(tried)
     }
 
     fn key(&self, _lock: usize) -> &Key {

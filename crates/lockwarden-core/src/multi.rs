@@ -147,6 +147,7 @@ impl MultiLock {
             keys,
             holder,
             fresh,
+            waiting: false,
             lease: self.options.lease(&self.engine),
             options: &self.options,
         };
@@ -162,6 +163,9 @@ struct MultiAttempts<'a> {
     holder: Holder,
     /// Whether `holder` was made for this acquisition (see `settle.rs`).
     fresh: bool,
+    /// Whether an attempt was refused, so that the next ones wait (see
+    /// `AcquireAll::waiting`).
+    waiting: bool,
     lease: Duration,
     options: &'a HoldOptions,
 }
@@ -176,6 +180,7 @@ impl Attempts for MultiAttempts<'_> {
             holder: &self.holder,
             lease: self.lease,
             fresh: self.fresh,
+            waiting: self.waiting,
         };
         match self.engine.store().acquire_all(&ask).await? {
             MultiAttempt::Taken { tokens } => {
@@ -201,7 +206,11 @@ impl Attempts for MultiAttempts<'_> {
                     .collect();
                 Ok(Tried::Won(MultiGuard { guards }, Acquired::Taken))
             }
-            MultiAttempt::Busy { index, ttl } => Ok(Tried::Busy(Busy { lock: index, ttl })),
+            MultiAttempt::Busy { index, ttl } => {
+                // Any later attempt waits: a refusal then marks the busy lock.
+                self.waiting = true;
+                Ok(Tried::Busy(Busy { lock: index, ttl }))
+            }
         }
     }
 

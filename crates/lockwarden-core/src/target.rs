@@ -25,6 +25,9 @@ pub(crate) struct Target<'a> {
     pub(crate) holder: Holder,
     /// Whether `holder` was made for this acquisition (see [`Target::forget_holder`]).
     fresh: bool,
+    /// Whether an attempt was refused, so that the next ones wait (see
+    /// [`Acquire::waiting`]); set by the kinds that mark the lock.
+    pub(crate) waiting: bool,
     lease: Duration,
     options: &'a HoldOptions,
 }
@@ -38,6 +41,7 @@ impl<'a> Target<'a> {
             key,
             holder,
             fresh,
+            waiting: false,
             lease: options.lease(engine),
             options,
         }
@@ -52,6 +56,7 @@ impl<'a> Target<'a> {
             key,
             holder: engine.holder(),
             fresh: true,
+            waiting: false,
             lease: options.lease(engine),
             options,
         }
@@ -87,6 +92,7 @@ impl<'a> Target<'a> {
             how,
             fresh: self.fresh,
             fenced: self.engine.fenced(),
+            waiting: self.waiting,
         };
         Ok((self.engine.store().acquire(&ask).await?, sent))
     }

@@ -479,24 +479,48 @@ async fn without_publish_a_release_is_refused_and_the_lock_is_gone() {
     let commands = COMMANDS.replace("+publish ", "");
     let url = user(&server, "nopublish", &rules(&[TAGGED, &commands]));
     let client = connect_unchecked(&url, |b| b).await;
-    // A holder made for the hold is released by HDEL then PUBLISH, outside a script...
+    let waiting = connect_unchecked(&url, |b| b).await;
+    // A holder made for the hold is released by HDEL, outside a script, and nobody waits:
+    // no notice, nothing refused...
     let guard = client
         .try_acquire("invoice:1", Duration::ZERO)
         .await
         .unwrap();
     let key = guard.key().redis_key().to_owned();
+    guard.release().await.unwrap();
+    assert!(!server.exists(&key), "{key} is held");
+    // ...but a waiter of another client marked it: then PUBLISH follows, and is refused.
+    let guard = client
+        .try_acquire("invoice:1", Duration::ZERO)
+        .await
+        .unwrap();
+    let waiter = tokio::spawn(async move {
+        waiting
+            .try_acquire("invoice:1", Duration::from_secs(2))
+            .await
+            .map(drop)
+    });
+    eventually(Duration::from_secs(5), "the waiter's mark", || async {
+        server.query::<i64>(&["HLEN", &key]).unwrap() == 3
+    })
+    .await;
     let refused = guard.release().await;
     let text = expect_refused(refused, "PUBLISH");
     assert!(!text.contains("release.lua"), "{text}");
-    assert!(!server.exists(&key), "{key} is held");
+    assert!(
+        !server.exists(&key) || waiter.is_finished(),
+        "{key} is held"
+    );
+    waiter.abort();
     // ...any other by release.lua.
     let me = client.holder();
     let guard = client
-        .lock("invoice:1")
+        .lock("invoice:2")
         .holder(&me)
         .acquire()
         .await
         .unwrap();
+    let key = guard.key().redis_key().to_owned();
     let refused = guard.release().await;
     let text = expect_refused(refused, "PUBLISH (line");
     assert!(text.contains("release.lua"), "{text}");

@@ -365,8 +365,9 @@ fn calls(server: &RedisServer) -> [u64; 3] {
 }
 
 /// Promise: the hold of a holder made for it and never handed out is released without a
-/// script (`HDEL` of its field deletes the hash, then the notice), released or dropped,
-/// and its notice wakes a waiter of another client at once.
+/// script (`HDEL` of its field deletes the hash), released or dropped; released, with no
+/// notice when nobody waits (a dropped guard's release always sends it), and a waiter of
+/// another client, which marks the lock, is woken by the notice at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fresh_holders_release_is_two_commands_and_wakes_a_waiter() {
     let server = RedisServer::start().unwrap();
@@ -390,7 +391,7 @@ async fn a_fresh_holders_release_is_two_commands_and_wakes_a_waiter() {
                 after[1] - before[1],
                 after[2] - before[2]
             ],
-            [0, 1, 1],
+            [0, 1, u64::from(drop_it)],
             "scripts, HDEL, PUBLISH per release (dropped: {drop_it})"
         );
     }
@@ -415,6 +416,152 @@ async fn a_fresh_holders_release_is_two_commands_and_wakes_a_waiter() {
         "waiter served {:?} after the release",
         served - released
     );
+}
+
+/// The fields of a plain lock's hash, read from the server.
+fn fields(server: &RedisServer, key: &str) -> Vec<String> {
+    let mut fields: Vec<String> = server.query(&["HKEYS", key]).unwrap();
+    fields.sort();
+    fields
+}
+
+/// Promise: only a waiter marks a lock (a single try leaves no mark), the mark goes with
+/// the release that finds it, and that release sends the notice: the lock's next hold
+/// starts unmarked, and once nobody waits its releases send none again. The client that
+/// found a mark sends the notice with its next release of that lock, then stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_sends_its_notice_when_a_waiter_marked_the_lock() {
+    let server = RedisServer::start().unwrap();
+    let client = LockClient::connect(&server.url()).await.unwrap();
+    let other = LockClient::connect(&server.url()).await.unwrap();
+    let key = "lockwarden:{marked}";
+    let publishes = || server.command_calls("publish");
+
+    let guard = client.acquire("marked").await.unwrap();
+    let refused = other.try_acquire("marked", Duration::ZERO).await;
+    assert!(
+        matches!(refused, Err(LockError::Timeout { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(
+        fields(&server, key),
+        [guard.holder().id()],
+        "a single try's mark"
+    );
+
+    let waiter = tokio::spawn(async move {
+        let next = other.try_acquire("marked", Duration::from_secs(20)).await;
+        next.map(|guard| (guard, Instant::now()))
+    });
+    eventually(SUBSCRIBED, "the waiter's mark", || async {
+        fields(&server, key).len() == 3
+    })
+    .await;
+    let mut marked = vec![guard.holder().id().to_owned(), "~w1".into(), "~w2".into()];
+    marked.sort();
+    assert_eq!(fields(&server, key), marked);
+    let before = publishes();
+    let released = Instant::now();
+    guard.release().await.unwrap();
+    let (next, served) = waiter.await.unwrap().unwrap();
+    assert!(
+        served - released < Duration::from_secs(5),
+        "the waiter was served {:?} after the release (the lease is 30 s)",
+        served - released
+    );
+    assert_eq!(publishes() - before, 1, "the marked release's notice");
+    assert_eq!(
+        fields(&server, key),
+        [next.holder().id()],
+        "the next hold's mark"
+    );
+    let before = publishes();
+    next.release().await.unwrap();
+    assert_eq!(publishes() - before, 0, "nobody waited for the next hold");
+    assert!(!server.exists(key));
+
+    // The client that found the mark sends its next release's notice with the delete,
+    // and none after that one found no mark.
+    for expected in [1, 0] {
+        let guard = client.acquire("marked").await.unwrap();
+        let before = publishes();
+        guard.release().await.unwrap();
+        assert_eq!(publishes() - before, expected);
+    }
+}
+
+/// Promise: a notice wakes one waiter of a client, and the lock's next hold starts
+/// unmarked; so a waiter of the same client that slept on is woken by the next release
+/// too (its client knows it waits), and one of a third client by the mark it renews when
+/// its retry is refused: every waiter is served by a notice, none by its timer (the
+/// lease, 30 s, is beyond each one's wait).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_waiter_of_a_marked_lock_is_woken_by_a_notice() {
+    let server = RedisServer::start().unwrap();
+    let holder = LockClient::connect(&server.url()).await.unwrap();
+    let two = LockClient::connect(&server.url()).await.unwrap();
+    let three = LockClient::connect(&server.url()).await.unwrap();
+    // Two waiters of one client (the second is woken by its own client's release), then
+    // waiters of two clients.
+    for (name, clients) in [
+        ("chain:one", vec![two.clone(), two.clone()]),
+        ("chain:two", vec![two.clone(), two.clone(), three.clone()]),
+    ] {
+        let guard = holder.acquire(name).await.unwrap();
+        let waiting = clients.len();
+        let subscribed = if waiting == 2 { 1 } else { 2 };
+        let mut waiters = Vec::new();
+        for client in clients {
+            waiters.push(tokio::spawn(async move {
+                let guard = client.try_acquire(name, Duration::from_secs(10)).await?;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                guard.release().await
+            }));
+        }
+        let key = format!("lockwarden:{{{name}}}");
+        let channel = format!("{key}:released");
+        eventually(SUBSCRIBED, "every waiter subscribed and marked", || async {
+            server.subscribers(&channel) == subscribed && fields(&server, &key).len() == 3
+        })
+        .await;
+        let released = Instant::now();
+        guard.release().await.unwrap();
+        for waiter in waiters {
+            waiter.await.unwrap().unwrap();
+        }
+        assert!(
+            released.elapsed() < Duration::from_secs(5),
+            "{waiting} handoffs took {:?}",
+            released.elapsed()
+        );
+        assert!(!server.exists(&key));
+    }
+}
+
+/// Promise: a multi-lock waiting for a plain lock another client holds marks it too, so
+/// that lock's release (no script, nobody of its client waiting) sends the notice that
+/// wakes it, long before the holder's 30 s lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_multi_lock_marks_the_lock_it_waits_for() {
+    let server = RedisServer::start().unwrap();
+    let holder = LockClient::connect(&server.url()).await.unwrap();
+    let waiter = LockClient::connect(&server.url()).await.unwrap();
+    let guard = holder.acquire("pair:b").await.unwrap();
+    let both = tokio::spawn(async move {
+        let both = waiter.multi_lock(["pair:a", "pair:b"]);
+        both.try_acquire(Duration::from_secs(10)).await
+    });
+    eventually(SUBSCRIBED, "the multi-lock's mark", || async {
+        fields(&server, "lockwarden:{pair:b}").len() == 3
+    })
+    .await;
+    let released = Instant::now();
+    guard.release().await.unwrap();
+    let both = finishes(Duration::from_secs(5), "the multi-lock", both)
+        .await
+        .unwrap();
+    assert!(released.elapsed() < Duration::from_secs(5));
+    both.release().await.unwrap();
 }
 
 /// Promise: a holder handed out by its guard may be re-entered anywhere, so its guard's

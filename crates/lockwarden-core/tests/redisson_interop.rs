@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use common::{connect_with, finishes, spawn_timed};
 use futures_util::StreamExt;
 use lockwarden_core::{KeyLayout, LockClient, LockError};
-use lockwarden_testkit::RedisServer;
+use lockwarden_testkit::{eventually, RedisServer};
 
 /// RLock.tryLockInnerAsync, restated: nil when taken or re-entered, else the PTTL.
 const RLOCK_LOCK: &str = "\
@@ -90,6 +90,45 @@ async fn layout_is_the_rlock_layout() {
     outer.release().await.unwrap();
     let exists: i64 = server.query(&["EXISTS", "resource:x"]).unwrap();
     assert_eq!(exists, 0);
+}
+
+/// Promise: in Redisson's layout, whose waiters leave no mark, every release sends the
+/// notice, as Redisson's own do, and no waiter of ours marks the hash.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_release_sends_the_notice_and_no_waiter_marks_the_hash() {
+    let server = RedisServer::start().unwrap();
+    let (client, other) = (interop_client(&server).await, interop_client(&server).await);
+    let before = server.command_calls("publish");
+    client
+        .acquire("resource:y")
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    assert_eq!(server.command_calls("publish") - before, 1);
+
+    let guard = client.acquire("resource:y").await.unwrap();
+    let waiter = tokio::spawn(async move {
+        other
+            .try_acquire("resource:y", Duration::from_secs(10))
+            .await
+            .map(drop)
+    });
+    eventually(Duration::from_secs(5), "the waiter subscribed", || async {
+        server.subscribers("redisson_lock__channel:{resource:y}") == 1
+    })
+    .await;
+    // Its retry after subscribing is refused too: still only the holder's field.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let fields: Vec<String> = server.query(&["HKEYS", "resource:y"]).unwrap();
+    assert_eq!(fields, [guard.holder().id()]);
+    guard.release().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter was served by the notice")
+        .unwrap()
+        .unwrap();
 }
 
 /// Promise: while a Redisson client holds the lock, lockwarden cannot take it; when

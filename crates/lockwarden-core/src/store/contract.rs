@@ -17,8 +17,9 @@ use crate::rate_key::Buckets;
 pub(crate) type Result<T, E = BackendError> = std::result::Result<T, E>;
 
 /// What every lock store does. Each operation is atomic (one Lua script on Redis, one
-/// critical section in-process; on Redis a release nobody can have re-entered is `HDEL`
-/// then its notice, see [`Reentries::None`]) and one round trip; each promise below holds
+/// critical section in-process; on Redis a release nobody can have re-entered is `HDEL`,
+/// then its notice if a waiter marked the lock, see [`Reentries::None`]) and one round
+/// trip (two for that release when the delete finds the mark); each promise below holds
 /// on both stores alike, which the conformance tests check.
 ///
 /// - **Acquire** never blocks: a busy lock is answered with its holder's remaining lease,
@@ -153,6 +154,11 @@ pub(crate) struct Acquire<'a> {
     /// is 0 and the store keeps no fencing key for it (fair and read-write holds always
     /// get one).
     pub(crate) fenced: bool,
+    /// Whether an earlier attempt of this acquisition was refused, so that it waits: a
+    /// plain lock (or a claim) that refuses it then carries a waiter's mark, and the
+    /// release that finds the mark sends the notice (see `lua/acquire.lua`). Other kinds
+    /// tell their waiters otherwise.
+    pub(crate) waiting: bool,
 }
 
 impl Acquire<'_> {
@@ -181,6 +187,8 @@ pub(crate) struct AcquireAll<'a> {
     /// As for [`Acquire::fresh`]; on a cluster also what an earlier attempt of this
     /// acquisition took in one slot and could not give back is held once, not twice.
     pub(crate) fresh: bool,
+    /// As for [`Acquire::waiting`]: the busy lock then carries a waiter's mark.
+    pub(crate) waiting: bool,
 }
 
 /// The way of an acquire attempt, per kind of lock.
@@ -374,9 +382,10 @@ pub(crate) enum Released {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Reentries {
     /// Its holder was made for the acquisition and never handed out, so nobody could
-    /// acquire as it: the count is 1. Redis then frees a plain lock with two plain
-    /// commands instead of `release.lua` (`HDEL` of the holder's field, which deletes the
-    /// hash with its last field, and the notice): a quarter of a cycle's Redis work.
+    /// acquire as it: the count is 1. Redis then frees a plain lock with plain commands
+    /// instead of `release.lua` (`HDEL` of the holder's field and of a waiter's mark,
+    /// which deletes the hash with its last field, and the notice if someone waits): a
+    /// third of a cycle's Redis work.
     None,
     /// Its holder was made for the acquisition and handed out, but every clone handed out
     /// is gone: nobody can acquire as it any more, so the count is 1 too. Released as

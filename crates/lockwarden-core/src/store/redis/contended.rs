@@ -1,7 +1,9 @@
-//! The semaphores whose last release, as this client saw it, left waiters in line: their
-//! next release goes by the script that grants in the same step (one round trip) rather
-//! than as plain commands followed by the grant (two). Remembered per client, by Redis
-//! key; an uncontended semaphore is never in it, so its releases stay plain commands.
+//! The semaphores and plain locks whose last release, as this client saw it, left waiters:
+//! a semaphore's next release goes by the script that grants in the same step (one round
+//! trip) rather than as plain commands followed by the grant (two); a plain lock's (whose
+//! last release found a waiter's mark) sends the notice with the delete rather than after
+//! it. Remembered per client, by Redis key; an uncontended one is never in it, so its
+//! releases stay plain commands, and a lock's sends no notice.
 
 use std::collections::HashSet;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -16,12 +18,12 @@ const MOST: usize = 4096;
 pub(super) struct Contended(Mutex<HashSet<Box<str>>>);
 
 impl Contended {
-    /// Whether the last release of the semaphore at `key` left waiters in line.
+    /// Whether the last release of the semaphore or lock at `key` left waiters.
     pub(super) fn seen(&self, key: &str) -> bool {
         self.set().contains(key)
     }
 
-    /// What a release of the semaphore at `key` saw: waiters left in line, or none.
+    /// What a release of the semaphore or lock at `key` saw: waiters left, or none.
     pub(super) fn note(&self, key: &str, waiters: bool) {
         let mut set = self.set();
         if !waiters {

@@ -19,7 +19,7 @@
 //! | `timeout.rs` | the bound on every command |
 //! | `tls.rs` | TLS settings for `rediss://` URLs, applied to every connection |
 //! | `turns.rs` | a given holder's counting calls, one at a time on a cluster |
-//! | `contended.rs` | the semaphores whose last release left waiters: released by script |
+//! | `contended.rs` | the semaphores and locks whose last release left waiters: a semaphore released by script, a lock with its notice |
 
 mod commands;
 mod conn;
@@ -64,7 +64,7 @@ use notices::Notices;
 pub use notices::ReleaseNotices;
 pub(crate) use permissions::PROBE;
 use replicated::Replicated;
-use scripts::Reply;
+use scripts::{Reply, Variant};
 pub(crate) use timeout::bounded;
 pub(crate) use tls::{redact, Tls};
 
@@ -94,10 +94,11 @@ pub(crate) struct RedisStore {
     /// Holds of dropped guards, released in batches by a task of their own.
     dropped: mpsc::UnboundedSender<Queued>,
     /// This client's waiters: a semaphore whose line has some of them is released by the
-    /// script that grants in the same step (see [`RedisStore::release_permits`]).
+    /// script that grants in the same step (see [`RedisStore::release_permits`]), a plain
+    /// lock with its notice (see [`RedisStore::release_alone`]).
     waiters: Arc<Waiters>,
-    /// The semaphores whose last release left waiters in line (of any client): released
-    /// by the script too.
+    /// The semaphores and locks whose last release left waiters (of any client): released
+    /// so too.
     contended: Arc<contended::Contended>,
     _listener: Arc<AbortOnDropHandle<()>>,
 }
@@ -235,11 +236,23 @@ impl RedisStore {
         token: Option<u64>,
         reentries: Reentries,
     ) -> Result<Released> {
+        let key = &hold.key;
+        // The notice goes with the delete (one round trip) where someone is known to wait:
+        // a waiter of this client, one whose mark the last release here found, or any in a
+        // layout without marks. Otherwise it follows only if the delete finds a mark.
+        let seen = key.has_marks() && self.contended.seen(key.redis_key());
+        let notify = !key.has_marks() || seen || self.waiters.is_wanted(key.channel());
         // Sent again if its connection broke: the count was 1, and the token tells a
         // second run's "not held" from a hold that was lost.
-        let call = scripts::release_alone(hold, reentries, self.commands.variant())
+        let call = scripts::release_alone(hold, reentries, notify, self.commands.variant())
             .resendable(token.is_some());
-        let released = scripts::released_alone(self.commands.run(call).await?);
+        let (released, marked) = scripts::released_alone(self.commands.run(call).await?, key);
+        if marked != seen && key.has_marks() {
+            self.contended.note(key.redis_key(), marked);
+        }
+        if marked && !notify {
+            self.notify(key).await?;
+        }
         if released == Released::Freed {
             return Ok(released);
         }
@@ -249,11 +262,26 @@ impl RedisStore {
         let Some(token) = token else {
             return Ok(Released::NotHeld);
         };
-        let last: Option<String> = self.commands.run(scripts::last_token(&hold.key)).await?;
-        Ok(match last == Some(token.to_string()) {
-            true => Released::Ended,
-            false => Released::NotHeld,
-        })
+        let last: Option<String> = self.commands.run(scripts::last_token(key)).await?;
+        if last != Some(token.to_string()) {
+            return Ok(Released::NotHeld);
+        }
+        // Ran before, its answer lost: that run may have deleted a mark unseen.
+        if !notify {
+            self.notify(key).await?;
+        }
+        Ok(Released::Ended)
+    }
+
+    /// Sends `key`'s release notice after a release that found a waiter's mark (sent
+    /// again if its connection broke: a second notice only makes a waiter try once more).
+    /// Its error is the release's, as when the notice went with the delete: the lock is
+    /// free, and a release settled again after a failure sends the notice once more.
+    async fn notify(&self, key: &Key) -> Result<()> {
+        let mut pipe = redis::Pipeline::with_capacity(1);
+        pipe.add_command(scripts::notice(key, self.commands.variant()));
+        self.commands.run_pipe::<(i64,)>(pipe, true).await?;
+        Ok(())
     }
 }
 
@@ -317,7 +345,7 @@ impl LockStore for RedisStore {
         token: Option<u64>,
         reentries: Reentries,
     ) -> Result<Released> {
-        if alone(hold, reentries) {
+        if alone(hold, reentries, self.commands.variant()) {
             return self.release_alone(hold, token, reentries).await;
         }
         if let HoldKind::Permits { permits, lease } = hold.kind {
@@ -462,8 +490,11 @@ impl LockStore for RedisStore {
 }
 
 /// Whether `hold` is released without a script (see [`Reentries::None`]).
-fn alone(hold: &Hold, reentries: Reentries) -> bool {
-    reentries != Reentries::Possible && hold.kind == HoldKind::PLAIN
+fn alone(hold: &Hold, reentries: Reentries, variant: Variant) -> bool {
+    // On a cluster a hold handed out may have an `:op` field, whose `HDEL` count a mark's
+    // would confuse (`scripts::release_alone`).
+    let counted = variant.cluster && reentries == Reentries::NoneLeft && hold.key.has_marks();
+    reentries != Reentries::Possible && hold.kind == HoldKind::PLAIN && !counted
 }
 
 /// What the release task of dropped guards is given.
@@ -520,8 +551,9 @@ async fn release_dropped(commands: Commands, mut queue: mpsc::UnboundedReceiver<
                 |dropped| dropped.hold.key.redis_key(),
                 |Dropped {
                      hold, reentries, ..
-                 }| match alone(hold, *reentries) {
-                    true => scripts::release_alone(hold, *reentries, commands.variant()),
+                 }| match alone(hold, *reentries, commands.variant()) {
+                    // The notice always goes with the delete: nobody waits for these.
+                    true => scripts::release_alone(hold, *reentries, true, commands.variant()),
                     false => scripts::release(hold, None, commands.variant()),
                 },
             )
@@ -533,8 +565,9 @@ async fn release_dropped(commands: Commands, mut queue: mpsc::UnboundedReceiver<
             reply,
         ) in batch.iter().zip(&piped.replies)
         {
-            let released = reply.map(|reply| match (alone(hold, *reentries), hold.kind) {
-                (true, _) => scripts::released_alone(reply),
+            let alone = alone(hold, *reentries, commands.variant());
+            let released = reply.map(|reply| match (alone, hold.kind) {
+                (true, _) => scripts::released_alone(reply, &hold.key).0,
                 (false, HoldKind::Permits { .. }) => scripts::permits_released(reply, None),
                 (false, _) => scripts::released(reply),
             });

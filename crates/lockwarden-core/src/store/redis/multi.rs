@@ -37,6 +37,7 @@ pub(super) async fn acquire_all(
         holder,
         lease,
         fresh,
+        waiting,
     }: &AcquireAll<'_>,
 ) -> Result<MultiAttempt, BackendError> {
     let groups = slot_groups(commands.conn.is_cluster(), keys);
@@ -47,8 +48,11 @@ pub(super) async fn acquire_all(
         owned.clone(),
         groups,
         who.clone(),
-        lease,
-        fresh,
+        Asked {
+            lease,
+            fresh,
+            waiting,
+        },
         replicated.cloned(),
     );
     // If the caller goes away while a script is in flight, whatever was taken is
@@ -100,6 +104,14 @@ fn slot_groups(cluster: bool, keys: &[Key]) -> Vec<Vec<usize>> {
     groups.into_iter().map(|(_, group)| group).collect()
 }
 
+/// How every group is asked: for `lease`, and as [`AcquireAll`]'s `fresh` and `waiting`.
+#[derive(Clone, Copy)]
+struct Asked {
+    lease: Duration,
+    fresh: bool,
+    waiting: bool,
+}
+
 /// Runs the multi-acquire script for each group in turn (with `replicated`, each with its
 /// `WAIT`); answers as one script over all `keys` would: every token, in the order of
 /// `keys`, or the first busy lock (its position in `keys`) with nothing held; or not
@@ -109,8 +121,7 @@ async fn take_groups(
     keys: Vec<Key>,
     groups: Vec<Vec<usize>>,
     holder: Holder,
-    lease: Duration,
-    fresh: bool,
+    asked: Asked,
     replicated: Option<Replicated>,
 ) -> redis::RedisResult<MultiReply> {
     let mut out = vec![0; keys.len()];
@@ -119,8 +130,8 @@ async fn take_groups(
         let call = scripts::acquire_all(
             group.iter().map(|&at| &keys[at]),
             &holder,
-            lease,
-            fresh,
+            asked.lease,
+            (asked.fresh, asked.waiting),
             commands.variant(),
         );
         let (reply, acknowledged) = match &replicated {

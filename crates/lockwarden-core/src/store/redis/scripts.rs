@@ -306,18 +306,37 @@ static ACQUIRE_GIVEN: LazyLock<Lua> = LazyLock::new(|| ACQUIRE_AGAIN.replaced(FR
 /// The same without fencing tokens.
 static ACQUIRE_GIVEN_UNFENCED: LazyLock<Lua> =
     LazyLock::new(|| ACQUIRE_GIVEN.replaced(FENCED, UNFENCED));
-/// `acquire.lua`'s lines that pick a variant: fencing tokens or none, and whether the
-/// holder was made for the acquisition.
+/// Each of the six for an attempt that waits (an earlier one of its acquisition was
+/// refused): a refusal leaves the lock a waiter's mark.
+static ACQUIRE_WAITING: LazyLock<Lua> = LazyLock::new(|| ACQUIRE.replaced(ALONE, WAITING));
+static ACQUIRE_WAITING_UNFENCED: LazyLock<Lua> =
+    LazyLock::new(|| ACQUIRE_UNFENCED.replaced(ALONE, WAITING));
+static ACQUIRE_AGAIN_WAITING: LazyLock<Lua> =
+    LazyLock::new(|| ACQUIRE_AGAIN.replaced(ALONE, WAITING));
+static ACQUIRE_AGAIN_WAITING_UNFENCED: LazyLock<Lua> =
+    LazyLock::new(|| ACQUIRE_AGAIN_UNFENCED.replaced(ALONE, WAITING));
+static ACQUIRE_GIVEN_WAITING: LazyLock<Lua> =
+    LazyLock::new(|| ACQUIRE_GIVEN.replaced(ALONE, WAITING));
+static ACQUIRE_GIVEN_WAITING_UNFENCED: LazyLock<Lua> =
+    LazyLock::new(|| ACQUIRE_GIVEN_UNFENCED.replaced(ALONE, WAITING));
+/// `acquire.lua`'s lines that pick a variant: fencing tokens or none, whether the holder
+/// was made for the acquisition, whether the attempt looks for its holder, and whether a
+/// refusal marks the lock.
 const FENCED: &str = "\nlocal fenced = true\n";
 const UNFENCED: &str = "\nlocal fenced = false\n";
 const FRESH: &str = "\nlocal fresh = true\n";
 const GIVEN: &str = "\nlocal fresh = false\n";
 const FIRST: &str = "\nlocal first = true\n";
 const AGAIN: &str = "\nlocal first = false\n";
+const ALONE: &str = "\nlocal waiting = false\n";
+const WAITING: &str = "\nlocal waiting = true\n";
 static RENEW: LazyLock<Lua> = script!("renew.lua");
 static RELEASE: LazyLock<Lua> = script!("once.lua", "release.lua");
 static FORCE_RELEASE: LazyLock<Lua> = script!("force_release.lua");
 static MULTI_ACQUIRE: LazyLock<Lua> = script!("once.lua", "token.lua", "multi_acquire.lua");
+/// `multi_acquire.lua` for an attempt that waits: a refusal marks the busy lock.
+static MULTI_ACQUIRE_WAITING: LazyLock<Lua> =
+    LazyLock::new(|| MULTI_ACQUIRE.replaced(ALONE, WAITING));
 static FAIR_ACQUIRE: LazyLock<Lua> = script!(fair: "fair_acquire.lua");
 static FAIR_RELEASE: LazyLock<Lua> = script!(fair: "fair_release.lua");
 static FAIR_LEAVE: LazyLock<Lua> = script!(fair: "fair_leave.lua");
@@ -421,8 +440,9 @@ impl Call {
     }
 
     fn command(name: &'static str, key: &str) -> Self {
-        /// After the key: at most a holder id and its `:op` field (`release_alone`).
-        const MORE_ARGS: usize = 2;
+        /// After the key: at most a holder id and a waiter's mark's two fields
+        /// (`release_alone`).
+        const MORE_ARGS: usize = 3;
         const MORE_BYTES: usize = 128;
         let mut cmd = with_room(name, 1 + MORE_ARGS, key.len() + MORE_BYTES);
         cmd.arg(key);
@@ -480,6 +500,10 @@ impl Call {
             &ACQUIRE_AGAIN
         } else if std::ptr::eq(first, &*ACQUIRE_UNFENCED) {
             &ACQUIRE_AGAIN_UNFENCED
+        } else if std::ptr::eq(first, &*ACQUIRE_WAITING) {
+            &ACQUIRE_AGAIN_WAITING
+        } else if std::ptr::eq(first, &*ACQUIRE_WAITING_UNFENCED) {
+            &ACQUIRE_AGAIN_WAITING_UNFENCED
         } else if std::ptr::eq(first, &*PERMITS_ACQUIRE) {
             &PERMITS_ACQUIRE_AGAIN
         } else if std::ptr::eq(first, &*PERMITS_ACQUIRE_MANY) {
@@ -618,10 +642,17 @@ static EVERY: &[&LazyLock<Lua>] = &[
     &ACQUIRE_AGAIN_UNFENCED,
     &ACQUIRE_GIVEN,
     &ACQUIRE_GIVEN_UNFENCED,
+    &ACQUIRE_WAITING,
+    &ACQUIRE_WAITING_UNFENCED,
+    &ACQUIRE_AGAIN_WAITING,
+    &ACQUIRE_AGAIN_WAITING_UNFENCED,
+    &ACQUIRE_GIVEN_WAITING,
+    &ACQUIRE_GIVEN_WAITING_UNFENCED,
     &RENEW,
     &RELEASE,
     &FORCE_RELEASE,
     &MULTI_ACQUIRE,
+    &MULTI_ACQUIRE_WAITING,
     &FAIR_ACQUIRE,
     &FAIR_RELEASE,
     &FAIR_LEAVE,
@@ -702,11 +733,19 @@ pub(super) fn acquire(ask: &Acquire<'_>, variant: Variant) -> Call {
             // A cluster client sends a call again by itself: there every send looks.
             let first = ask.fresh && !variant.cluster;
             // The first send's script knows the one a send again runs (`Call::again`).
-            let (plain, again) = match (ask.fresh, ask.fenced) {
-                (true, true) => (&ACQUIRE, &ACQUIRE_AGAIN),
-                (true, false) => (&ACQUIRE_UNFENCED, &ACQUIRE_AGAIN_UNFENCED),
-                (false, true) => (&ACQUIRE_GIVEN, &ACQUIRE_GIVEN),
-                (false, false) => (&ACQUIRE_GIVEN_UNFENCED, &ACQUIRE_GIVEN_UNFENCED),
+            let waiting = ask.waiting && key.has_marks();
+            let (plain, again) = match (ask.fresh, ask.fenced, waiting) {
+                (true, true, false) => (&ACQUIRE, &ACQUIRE_AGAIN),
+                (true, false, false) => (&ACQUIRE_UNFENCED, &ACQUIRE_AGAIN_UNFENCED),
+                (false, true, false) => (&ACQUIRE_GIVEN, &ACQUIRE_GIVEN),
+                (false, false, false) => (&ACQUIRE_GIVEN_UNFENCED, &ACQUIRE_GIVEN_UNFENCED),
+                (true, true, true) => (&ACQUIRE_WAITING, &ACQUIRE_AGAIN_WAITING),
+                (true, false, true) => (&ACQUIRE_WAITING_UNFENCED, &ACQUIRE_AGAIN_WAITING_UNFENCED),
+                (false, true, true) => (&ACQUIRE_GIVEN_WAITING, &ACQUIRE_GIVEN_WAITING),
+                (false, false, true) => (
+                    &ACQUIRE_GIVEN_WAITING_UNFENCED,
+                    &ACQUIRE_GIVEN_WAITING_UNFENCED,
+                ),
             };
             let plain = if first { plain } else { again };
             let (lock, fence) = (key.redis_key(), key.fence_key());
@@ -902,18 +941,23 @@ impl FromRedisValue for MultiReply {
 }
 
 /// Takes every lock of `keys` or none (`{1, tokens..}` or `{0, i, pttl}`, see
-/// `multi_acquire.lua`).
+/// `multi_acquire.lua`), for a holder made for the acquisition or not (`fresh`), whose
+/// refusal marks the busy lock if `waiting` and the layout has marks.
 pub(super) fn acquire_all<'k>(
-    keys: impl Iterator<Item = &'k Key>,
+    keys: impl Iterator<Item = &'k Key> + Clone,
     holder: &Holder,
     lease: Duration,
-    fresh: bool,
+    (fresh, waiting): (bool, bool),
     variant: Variant,
 ) -> Call {
+    let lua = match waiting && keys.clone().all(Key::has_marks) {
+        true => &MULTI_ACQUIRE_WAITING,
+        false => &MULTI_ACQUIRE,
+    };
     let names: Vec<&str> = keys
         .flat_map(|key| [key.redis_key(), key.fence_key()])
         .collect();
-    Call::script(&MULTI_ACQUIRE, variant, &names)
+    Call::script(lua, variant, &names)
         .arg(holder.id())
         .arg(millis(lease))
         .arg(flag(fresh))
@@ -1025,40 +1069,66 @@ pub(super) fn permits_released(reply: i64, token: Option<u64>) -> Released {
     }
 }
 
-/// The release of a plain hold nobody can have re-entered (see
-/// [`Reentries::None`]) as two plain commands in one pipeline: `HDEL` of the holder's
-/// field, which deletes the hash with its last field, then the notice `release.lua` sends.
-/// On a cluster, for a holder that was handed out ([`Reentries::NoneLeft`]), the `HDEL`
-/// takes the field's `:op` too (see `lua/once.lua`): a re-entry, counted down since, may
-/// have left one there. Not atomic, and need not be: the notice follows the delete either
-/// way, and one sent for a hold already gone only makes a waiter try once more. Read its
-/// reply with [`released_alone`].
-pub(super) fn release_alone(hold: &Hold, reentries: Reentries, variant: Variant) -> Call {
-    let publish = match variant.notices {
-        Notices::Classic => "PUBLISH",
-        Notices::Sharded => "SPUBLISH",
-    };
-    let channel = hold.key.channel();
-    let mut notice = with_room(publish, 2, channel.len() + RELEASED.len());
-    notice.arg(channel).arg(RELEASED);
+/// The release of a plain hold nobody can have re-entered (see [`Reentries::None`]) as
+/// plain commands: `HDEL` of the holder's field, which deletes the hash with its last
+/// field, and of a waiter's mark where the layout has marks (`~w1`, `~w2`, see
+/// `lua/acquire.lua`); then, if `notify`, the notice `release.lua` sends, in the same
+/// pipeline. Without it the caller sends the notice only if the `HDEL` deleted a mark
+/// ([`released_alone`] says), a second round trip only when someone waits. In Redisson's
+/// layout, on a cluster, for a holder that was handed out ([`Reentries::NoneLeft`]), the
+/// `HDEL` takes the field's `:op` too (see `lua/once.lua`): a re-entry, counted down since,
+/// may have left one there (with marks that hold goes by `release.lua`: its count would
+/// not tell an `:op` from a mark). Not atomic, and need not be: the notice follows the
+/// delete either way, and one sent for a hold already gone only makes a waiter try once
+/// more.
+pub(super) fn release_alone(
+    hold: &Hold,
+    reentries: Reentries,
+    notify: bool,
+    variant: Variant,
+) -> Call {
     let mut delete = Call::command("HDEL", hold.key.redis_key()).arg(hold.holder.id());
-    if variant.cluster && reentries == Reentries::NoneLeft {
+    if hold.key.has_marks() {
+        delete = delete.arg(MARKS[0]).arg(MARKS[1]);
+    } else if variant.cluster && reentries == Reentries::NoneLeft {
         delete = delete.arg([hold.holder.id(), ":op"].concat());
     }
     Call {
-        then: Some(notice),
+        then: notify.then(|| notice(&hold.key, variant)),
         ..delete
     }
 }
 
-/// [`release_alone`]'s answer from the fields `HDEL` deleted: any, this hold ended (its
-/// `:op` goes only with its count); none, not held (whether it ended before takes the
-/// lock's last token, see `RedisStore`).
-pub(super) fn released_alone(deleted: i64) -> Released {
-    match deleted {
-        0 => Released::NotHeld,
-        _ => Released::Freed,
-    }
+/// The fields of a waiter's mark (see `lua/acquire.lua`).
+const MARKS: [&str; 2] = ["~w1", "~w2"];
+
+/// The release notice on `key`'s channel, as `release.lua` sends it.
+pub(super) fn notice(key: &Key, variant: Variant) -> Cmd {
+    let publish = match variant.notices {
+        Notices::Classic => "PUBLISH",
+        Notices::Sharded => "SPUBLISH",
+    };
+    let channel = key.channel();
+    let mut notice = with_room(publish, 2, channel.len() + RELEASED.len());
+    notice.arg(channel).arg(RELEASED);
+    notice
+}
+
+/// [`release_alone`]'s answer from the fields `HDEL` deleted, for a `key` whose layout may
+/// have marks: whether the hold ended, and whether a waiter's mark went with it. With
+/// marks, their two fields make the count say which (1 held, 2 marked, 3 both); without,
+/// any field is the hold's (its `:op` goes only with its count). Not held: whether it
+/// ended before takes the lock's last token (see `RedisStore`).
+pub(super) fn released_alone(deleted: i64, key: &Key) -> (Released, bool) {
+    let (held, marked) = match key.has_marks() {
+        true => (deleted % 2 == 1, deleted >= 2),
+        false => (deleted > 0, false),
+    };
+    let released = match held {
+        true => Released::Freed,
+        false => Released::NotHeld,
+    };
+    (released, marked)
 }
 
 /// The release notice, as `release.lua` sends it: `'0'` is also Redisson's unlock message.
@@ -1485,19 +1555,28 @@ mod tests {
         let mut calls = Vec::new();
         for how in hows {
             for (fresh, fenced) in [(true, true), (true, false), (false, true), (false, false)] {
-                let ask = Acquire {
-                    key: &key,
-                    holder: &holder,
-                    lease,
-                    how,
-                    fresh,
-                    fenced,
-                };
-                calls.push(acquire(&ask, variant));
+                for waiting in [false, true] {
+                    let ask = Acquire {
+                        key: &key,
+                        holder: &holder,
+                        lease,
+                        how,
+                        fresh,
+                        fenced,
+                        waiting,
+                    };
+                    calls.push(acquire(&ask, variant));
+                }
             }
         }
         let keys = [key.clone(), key.clone()];
-        calls.push(acquire_all(keys.iter(), &holder, lease, true, variant));
+        calls.push(acquire_all(
+            keys.iter(),
+            &holder,
+            lease,
+            (true, true),
+            variant,
+        ));
         let outcome = Outcome {
             bytes: b"done",
             keep: lease,
@@ -1674,17 +1753,36 @@ mod tests {
         }
         let source = |lua: &Lua| lua.script.source.to_string();
         let acquire = source(&ACQUIRE);
-        for (lua, fenced, fresh, first) in [
-            (&*ACQUIRE_UNFENCED, UNFENCED, FRESH, FIRST),
-            (&*ACQUIRE_AGAIN, FENCED, FRESH, AGAIN),
-            (&*ACQUIRE_AGAIN_UNFENCED, UNFENCED, FRESH, AGAIN),
-            (&*ACQUIRE_GIVEN, FENCED, GIVEN, AGAIN),
-            (&*ACQUIRE_GIVEN_UNFENCED, UNFENCED, GIVEN, AGAIN),
+        for (lua, fenced, fresh, first, waiting) in [
+            (&*ACQUIRE_UNFENCED, UNFENCED, FRESH, FIRST, ALONE),
+            (&*ACQUIRE_AGAIN, FENCED, FRESH, AGAIN, ALONE),
+            (&*ACQUIRE_AGAIN_UNFENCED, UNFENCED, FRESH, AGAIN, ALONE),
+            (&*ACQUIRE_GIVEN, FENCED, GIVEN, AGAIN, ALONE),
+            (&*ACQUIRE_GIVEN_UNFENCED, UNFENCED, GIVEN, AGAIN, ALONE),
+            (&*ACQUIRE_WAITING, FENCED, FRESH, FIRST, WAITING),
+            (&*ACQUIRE_WAITING_UNFENCED, UNFENCED, FRESH, FIRST, WAITING),
+            (&*ACQUIRE_AGAIN_WAITING, FENCED, FRESH, AGAIN, WAITING),
+            (
+                &*ACQUIRE_AGAIN_WAITING_UNFENCED,
+                UNFENCED,
+                FRESH,
+                AGAIN,
+                WAITING,
+            ),
+            (&*ACQUIRE_GIVEN_WAITING, FENCED, GIVEN, AGAIN, WAITING),
+            (
+                &*ACQUIRE_GIVEN_WAITING_UNFENCED,
+                UNFENCED,
+                GIVEN,
+                AGAIN,
+                WAITING,
+            ),
         ] {
             let picked = acquire
                 .replace(FENCED, fenced)
                 .replace(FRESH, fresh)
-                .replace(FIRST, first);
+                .replace(FIRST, first)
+                .replace(ALONE, waiting);
             assert_eq!(source(lua), picked);
             assert_ne!(source(lua), acquire);
         }
@@ -1725,6 +1823,7 @@ mod tests {
             how: How::Plain,
             fresh,
             fenced: true,
+            waiting: false,
         };
         let variant = |cluster| Variant {
             notices: Notices::Classic,
@@ -1745,6 +1844,71 @@ mod tests {
         assert_eq!(words(&given)[0], ACQUIRE_GIVEN.get_hash());
     }
 
+    /// An attempt after a refusal runs the variant whose refusal marks the lock, and keeps
+    /// to it when sent again; in Redisson's layout, whose waiters leave no mark, it runs
+    /// the plain one. A release sent as plain commands deletes the mark with the holder,
+    /// and its count tells which it found.
+    #[test]
+    fn a_waiting_attempt_marks_the_lock_and_a_release_deletes_the_mark() {
+        let space = |layout| crate::key::KeySpace {
+            layout,
+            ..Default::default()
+        };
+        let key = space(crate::KeyLayout::Tagged).key("marked").unwrap();
+        let redisson = space(crate::KeyLayout::Redisson).key("marked").unwrap();
+        let holder = Holder::new("client", 1);
+        let ask = |key, fresh| Acquire {
+            key,
+            holder: &holder,
+            lease: Duration::from_secs(30),
+            how: How::Plain,
+            fresh,
+            fenced: true,
+            waiting: true,
+        };
+        let variant = Variant {
+            notices: Notices::Classic,
+            cluster: false,
+            functions: false,
+        };
+        let mut waiting = acquire(&ask(&key, true), variant);
+        assert_eq!(words(&waiting)[0], ACQUIRE_WAITING.get_hash());
+        waiting.again(variant);
+        assert_eq!(words(&waiting)[0], ACQUIRE_AGAIN_WAITING.get_hash());
+        let given = acquire(&ask(&key, false), variant);
+        assert_eq!(words(&given)[0], ACQUIRE_GIVEN_WAITING.get_hash());
+        let unmarked = acquire(&ask(&redisson, true), variant);
+        assert_eq!(words(&unmarked)[0], ACQUIRE.get_hash());
+        let lease = Duration::from_secs(30);
+        let all = |key: &Key, waiting| {
+            let keys = [key.clone()];
+            acquire_all(keys.iter(), &holder, lease, (true, waiting), variant)
+        };
+        assert_eq!(words(&all(&key, true))[0], MULTI_ACQUIRE_WAITING.get_hash());
+        assert_eq!(words(&all(&key, false))[0], MULTI_ACQUIRE.get_hash());
+        assert_eq!(words(&all(&redisson, true))[0], MULTI_ACQUIRE.get_hash());
+
+        let hold = |key: &Key| Hold {
+            kind: HoldKind::PLAIN,
+            key: key.clone(),
+            holder: holder.clone(),
+        };
+        let release = release_alone(&hold(&key), Reentries::None, false, variant);
+        assert_eq!(words(&release)[1..], [holder.id(), MARKS[0], MARKS[1]]);
+        assert!(release.then.is_none(), "the notice follows only a mark");
+        let release = release_alone(&hold(&redisson), Reentries::None, false, variant);
+        assert_eq!(words(&release)[1..], [holder.id()]);
+        for (deleted, answer) in [
+            (0, (Released::NotHeld, false)),
+            (1, (Released::Freed, false)),
+            (2, (Released::NotHeld, true)),
+            (3, (Released::Freed, true)),
+        ] {
+            assert_eq!(released_alone(deleted, &key), answer, "{deleted}");
+        }
+        assert_eq!(released_alone(2, &redisson), (Released::Freed, false));
+    }
+
     /// Where the server has functions the plain take goes as `FCALL` of the function
     /// named by its variant's digest, with the keys and arguments of its `EVALSHA`; a
     /// send again keeps to functions; every other script stays a script. Its library's
@@ -1760,6 +1924,7 @@ mod tests {
             how: How::Plain,
             fresh: true,
             fenced: true,
+            waiting: false,
         };
         let variant = |functions| Variant {
             notices: Notices::Classic,
