@@ -31,11 +31,9 @@ under two policies) beside a minimal GCRA script, redis-cell's algorithm written
 for this comparison only, on the same keys in the same states, and prints their ratios.
 The group `floor` (run only when asked for) measures prototypes that are not the
 library's, to show where a target's floor lies: the plain take written first (`HSETNX`,
-then `PEXPIRE .. NX`, Redis 7), a release that publishes only when a waiter's refused
-attempt marked the hold (two fields, so that the count `HDEL` answers tells held from
-marked), the same with one mark named by the holder it waits on (found with
-`HRANDFIELD`), and a semaphore whose holds live in its leases only (released with `ZREM`
-and `EXISTS`).
+then `PEXPIRE .. NX`, Redis 7), a waiter's mark named by the holder it waits on (one
+field found with `HRANDFIELD`, where the library writes two), and a semaphore whose holds
+live in its leases only (released with `ZREM` and `EXISTS`).
 Needs valgrind and callgrind_annotate (apt-get install valgrind). A full run takes a few
 minutes.
 """
@@ -304,6 +302,15 @@ def unfenced(text):
     return replaced(text, "\nlocal fenced = true\n", "\nlocal fenced = false\n")
 
 
+def waiting(text):
+    """The take of an attempt that waits (an earlier one was refused): a refusal marks."""
+    return replaced(text, "\nlocal waiting = false\n", "\nlocal waiting = true\n")
+
+
+# How acquire.lua marks a lock a waiter is refused (`~w1`, `~w2`).
+MARK = "redis.call('HSET', KEYS[1], '~w1', '1', '~w2', '1')"
+
+
 def function_library(text):
     """A script as scripts.rs makes it a Redis function: a library of its own, named (as
     its one function) by the script's digest. Returns (name, library)."""
@@ -322,7 +329,8 @@ class Lockwarden:
         self.sha = {name: server.load(source(name)) for name in SCRIPTS}
         # The plain take's variants, each with its command and what names it: (FCALL,
         # function) or (EVALSHA, digest).
-        takes = {"acquire": source("acquire"), "unfenced": unfenced(source("acquire"))}
+        takes = {"acquire": source("acquire"), "unfenced": unfenced(source("acquire")),
+                 "waiting": waiting(source("acquire"))}
         self.take = {}
         for name, text in takes.items():
             self.take[name] = ("EVALSHA", server.load(text))
@@ -349,8 +357,10 @@ class Lockwarden:
                 "waiting_until": k + ":waiting-until", "granted": k + ":granted"}
 
     # The plain lock and claims
-    def acquire(self, k, holder, fenced=True, expect=None):
-        command, name = self.take["acquire" if fenced else "unfenced"]
+    def acquire(self, k, holder, fenced=True, expect=None, waits=False):
+        """An attempt; `waits`: one after a refusal, whose refusal marks the lock."""
+        variant = "waiting" if waits else ("acquire" if fenced else "unfenced")
+        command, name = self.take[variant]
         return Step([command, name, 2, k["lock"], k["fence"], holder, LEASE], expect)
 
     def claim(self, k, holder, expect=None):
@@ -358,9 +368,13 @@ class Lockwarden:
         return Step([command, name, 3, k["lock"], k["fence"], k["done"], holder, LEASE],
                     expect)
 
-    def release_alone(self, k, holder):
-        """A fresh holder's release: HDEL of its field, and the notice."""
-        return [Step(["HDEL", k["lock"], holder], 1), Step(["PUBLISH", k["channel"], "0"])]
+    def release_alone(self, k, holder, marked=False):
+        """A fresh holder's release: HDEL of its field and of a waiter's mark, and the
+        notice only if it deleted a mark (`marked`: HDEL then answers 3)."""
+        if not marked:
+            return [Step(["HDEL", k["lock"], holder, "~w1", "~w2"], 1)]
+        return [Step(["HDEL", k["lock"], holder, "~w1", "~w2"], 3),
+                Step(["PUBLISH", k["channel"], "0"])]
 
     def release(self, k, holder, expect=0):
         return [Step(["EVALSHA", self.sha["release"], 2, k["lock"], k["fence"], holder,
@@ -580,8 +594,9 @@ def rows(server, n):
         def steps(i, rnd):
             k = keys(prefix, i)
             old, new = handoff(prefix, i, via.holder)
-            return [via.acquire(k, new, True, refused), *via.release_alone(k, old),
-                    via.acquire(k, new, True, is_token)]
+            return [via.acquire(k, new, True, refused, waits=True),
+                    *via.release_alone(k, old, marked=True),
+                    via.acquire(k, new, True, is_token, waits=True)]
 
         def before(i, rnd):
             if rnd:
@@ -740,24 +755,15 @@ def floors(server, n):
     held = {}
     write_first = server.load(WRITE_FIRST)
     leases_only = server.load(LEASES_ONLY)
-    # A waiter's mark, written by its refused attempts (a client with a waiter on the lock
-    # would send this variant), where acquire.lua answers busy: two fields `w1`, `w2`, so
-    # that the release `HDEL lock <holder> w1 w2` answers 1 held, 2 not held but marked
-    # (the mark on another's hold went: publish anyway), 3 held and marked...
-    def marking(mark):
-        text = source("acquire")
-        for busy in ("if first then\n  return -2 - ttl\nend", "\nreturn -2 - ttl"):
-            text = replaced(text, busy, busy.replace(
-                "return -2 - ttl", f"if ttl >= 0 then {mark} end\n  return -2 - ttl"))
-        name, library = function_library(text)
-        server.call("FUNCTION", "LOAD", "REPLACE", library)
-        return name
-    two_fields = marking("redis.call('HSET', KEYS[1], 'w1', '', 'w2', '')")
-    # ...or one field named by the holder it waits on, found with HRANDFIELD (the hash
-    # holds the holder's field, or that and its mark): `HDEL lock <holder> <holder>:w`.
-    by_holder = marking("local field = redis.call('HRANDFIELD', KEYS[1]) "
-                        "if string.sub(field, -2) ~= ':w' then "
-                        "redis.call('HSET', KEYS[1], field .. ':w', '1') end")
+    # A mark named by the holder it waits on, found with HRANDFIELD (the hash holds the
+    # holder's field, or that and its mark), in place of the library's two fields:
+    # `HDEL lock <holder> <holder>:w`.
+    text = replaced(waiting(source("acquire")), MARK,
+                    "local field = redis.call('HRANDFIELD', KEYS[1]) "
+                    "if string.sub(field, -2) ~= ':w' then "
+                    "redis.call('HSET', KEYS[1], field .. ':w', '1') end")
+    by_holder, library = function_library(text)
+    server.call("FUNCTION", "LOAD", "REPLACE", library)
 
     def take(sha, k, holder, expect):
         return Step(["EVALSHA", sha, 2, k["lock"], k["fence"], holder, LEASE], expect)
@@ -785,8 +791,12 @@ def floors(server, n):
                 lambda: run(server, handoff, n, before=before,
                             subscribe=lambda i: lw.key(f"{prefix}h{i}")["channel"]))
 
+    def notifying(k, h):
+        """`HDEL` then the notice, whoever waits (the library's release before marks)."""
+        return [Step(["HDEL", k["lock"], h], 1), Step(["PUBLISH", k["channel"], "0"])]
+
     cycle, handoff = prototype("fw", lambda k, h, e: take(write_first, k, h, e),
-                               lw.release_alone, lw.release_alone)
+                               notifying, notifying)
     yield ("floor: a take written first (HSETNX, PEXPIRE NX): cycle", "floor", cycle)
     yield ("floor: a take written first (HSETNX, PEXPIRE NX): handoff", "floor", handoff)
 
@@ -801,10 +811,6 @@ def floors(server, n):
                 lambda k, h: [Step(["HDEL", k["lock"], h, *fields(h)], waited),
                               Step(["PUBLISH", k["channel"], "0"])])
 
-    cycle, handoff = prototype("wm", *marked(two_fields, lambda h: ("w1", "w2"), 3))
-    yield ("floor: a waiter's mark (w1 w2), the notice only then (FCALL): cycle", "floor", cycle)
-    yield ("floor: a waiter's mark (w1 w2), the notice only then (FCALL): handoff", "floor",
-           handoff)
     cycle, handoff = prototype("bh", *marked(by_holder, lambda h: (h + ":w",), 2))
     yield ("floor: a mark named by its holder (HRANDFIELD, <holder>:w; FCALL): cycle", "floor",
            cycle)
