@@ -82,12 +82,12 @@ pub enum Kind {
     RslockFast,
     SetNx,
     /// lockwarden's commands for a plain lock sent raw, with no client: the take as a
-    /// Redis function, the release `HDEL` + the notice, pipelined.
+    /// Redis function, the release `HDEL <lock> <holder> ~w1 ~w2` (a waiter's mark with
+    /// the hold), the notice only if it deleted a mark (never here).
     OwnRaw,
-    /// A prototype, raw: the same take, and a release that publishes only when a waiter
-    /// left a mark (`HDEL <lock> <holder> ~w1 ~w2`, the notice only if it deleted a mark;
-    /// never here): the cheapest cycle that keeps lockwarden's promises.
-    MarkRaw,
+    /// The same take, and the release lockwarden sent before waiters marked the lock:
+    /// `HDEL` and the notice, pipelined, every time.
+    NoticeRaw,
 }
 
 impl Kind {
@@ -111,7 +111,7 @@ impl Kind {
         Kind::RslockDefault,
         Kind::SetNx,
         Kind::OwnRaw,
-        Kind::MarkRaw,
+        Kind::NoticeRaw,
     ];
 
     pub fn name(self) -> &'static str {
@@ -123,8 +123,8 @@ impl Kind {
             Kind::RslockDefault => "rslock 0.10 (defaults)",
             Kind::RslockFast => "rslock 0.10 (retry 1 ms)",
             Kind::SetNx => "SET NX + 1 ms poll",
-            Kind::OwnRaw => "lockwarden's commands, raw (FCALL take, HDEL + PUBLISH)",
-            Kind::MarkRaw => "prototype, raw: the same take, HDEL with a waiter's mark, no notice",
+            Kind::OwnRaw => "lockwarden's commands, raw (FCALL take, HDEL of holder and mark)",
+            Kind::NoticeRaw => "the same take, HDEL + PUBLISH every time (before marks), raw",
         }
     }
 
@@ -139,7 +139,7 @@ impl Kind {
             Kind::RslockFast => "rsf",
             Kind::SetNx => "setnx",
             Kind::OwnRaw => "own",
-            Kind::MarkRaw => "mark",
+            Kind::NoticeRaw => "notice",
         }
     }
 }
@@ -204,7 +204,7 @@ impl Locker {
             }
             Kind::SetNx => Self::SetNx(connection_manager(url).await?),
             Kind::OwnRaw => Self::Raw(connection_manager(url).await?, RawRelease::Commands),
-            Kind::MarkRaw => Self::Raw(connection_manager(url).await?, RawRelease::Marked),
+            Kind::NoticeRaw => Self::Raw(connection_manager(url).await?, RawRelease::Notified),
         })
     }
 
@@ -355,16 +355,17 @@ pub async fn evalsha_pair(conn: &mut ConnectionManager) -> Result<(), BoxError> 
 }
 
 /// How the raw floor releases: as the client releases a plain hold whose holder was made
-/// for it and never handed out (`HDEL` + the notice, pipelined), or as any other hold
-/// (`release.lua`: the HTTP layer's, whose request holder the handler may use).
+/// for it and never handed out (`HDEL` of the holder and a waiter's two mark fields, the
+/// notice only if it deleted a mark: `HDEL`'s count says 1 held, 2 marked, 3 both), or as
+/// any other hold (`release.lua`: the HTTP layer's, whose request holder the handler may
+/// use).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RawRelease {
     Commands,
     Script,
-    /// The prototype of [`Kind::MarkRaw`]: `HDEL` of the holder and a waiter's two mark
-    /// fields; the notice only if it deleted a mark (`HDEL`'s count: 1 held, 2 marked,
-    /// 3 both).
-    Marked,
+    /// As the client released a plain hold before waiters marked the lock: `HDEL` and
+    /// the notice, pipelined, every time ([`Kind::NoticeRaw`]).
+    Notified,
 }
 
 /// lockwarden's take of the plain lock `lock` (its fencing key after it) for a fresh
@@ -418,10 +419,10 @@ async fn give_back(
     let channel = format!("{lock}:released");
     let mut pipe = redis::pipe();
     pipe.cmd("HDEL").arg(lock).arg(holder);
-    if release == RawRelease::Marked {
-        pipe.arg("~w1").arg("~w2");
-    } else {
+    if release == RawRelease::Notified {
         pipe.cmd(notice).arg(&channel).arg("0").ignore();
+    } else {
+        pipe.arg("~w1").arg("~w2");
     }
     let (deleted,): (i64,) = pipe.query_async(conn).await?;
     if deleted >= 2 {
@@ -470,7 +471,7 @@ pub async fn own_scripts_pair(
     let token: i64 = take.invoke_async(conn).await?;
     let left: i64 = match release_by {
         RawRelease::Script => give.invoke_async(conn).await?,
-        RawRelease::Commands | RawRelease::Marked => {
+        RawRelease::Commands | RawRelease::Notified => {
             usize::from(!give_back(conn, &lock, holder, release_by, true).await?) as i64
         }
     };

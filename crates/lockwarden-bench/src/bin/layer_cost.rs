@@ -16,8 +16,8 @@
 //! library but redis-rs: `raw-rate` (the rate script sent raw from the handler) and
 //! `raw-rate-mw` (the same from an axum middleware: the thinnest rate-limit layer), and
 //! `raw-lock`: the plain lock's commands sent raw from the handler as `lock-handler`'s
-//! client sends them (the take as the Redis function the client loaded, then `HDEL` and
-//! the notice, pipelined).
+//! client sends them (the take as the Redis function the client loaded, then `HDEL` of
+//! the holder and a waiter's mark; nobody waits, so no notice).
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -109,15 +109,10 @@ async fn raw_lock(State(mut redis): State<ConnectionManager>, headers: HeaderMap
     let Ok(token) = take.query_async::<i64>(&mut redis).await else {
         return answer(false);
     };
-    let mut release = redis::pipe();
-    release.cmd("HDEL").arg(&lock).arg(holder);
-    release
-        .cmd("PUBLISH")
-        .arg(format!("{lock}:released"))
-        .arg("0")
-        .ignore();
-    let deleted = release.query_async::<(i64,)>(&mut redis).await;
-    answer(token > 0 && deleted.is_ok_and(|(d,)| d == 1))
+    let mut release = redis::cmd("HDEL");
+    release.arg(&lock).arg(holder).arg("~w1").arg("~w2");
+    let deleted = release.query_async::<i64>(&mut redis).await;
+    answer(token > 0 && deleted.is_ok_and(|d| d == 1))
 }
 
 async fn rate_layer(decision: Option<Extension<RateDecision>>) -> Response {

@@ -252,7 +252,7 @@ async fn uncontended(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
         Row::new(
             NAME,
             "raw ConnectionManager",
-            "lockwarden's acquire.lua + HDEL + PUBLISH, called directly",
+            "lockwarden's take + HDEL of holder and mark, called directly",
             "µs",
         )
         .summary(raw_plain)

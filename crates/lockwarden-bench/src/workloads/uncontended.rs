@@ -153,12 +153,12 @@ async fn clustered(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
         Row::new(
             NAME,
             "raw cluster connection",
-            "lockwarden's acquire.lua + HDEL + SPUBLISH, called directly, 3-master cluster",
+            "lockwarden's acquire.lua + HDEL of holder and mark, called directly, 3-master cluster",
             "µs",
         )
         .summary(Summary::micros(&own_samples))
         .ratio_to(raw.median, "÷ 2×EVALSHA median (cluster)")
-        .note("as the default cluster client sends them: call ids, SPUBLISH"),
+        .note("as the default cluster client sends them: call ids, SPUBLISH when marked"),
     );
     for (implementation, samples, relayed) in [
         (

@@ -39,7 +39,7 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
             )
             .value(per_handoff)
             .ratio_to(first, &format!("÷ N={} figure", sizes[0]))
-            .note("1 acquire is 1.0: a fresh holder's release is HDEL + PUBLISH, no script"),
+            .note("1 acquire is 1.0: a fresh holder's release is HDEL (and PUBLISH when someone waits), no script"),
         );
     }
     Ok(())
