@@ -31,9 +31,10 @@ under two policies) beside a minimal GCRA script, redis-cell's algorithm written
 for this comparison only, on the same keys in the same states, and prints their ratios.
 The group `floor` (run only when asked for) measures prototypes that are not the
 library's, to show where a target's floor lies: the plain take written first (`HSETNX`,
-then `PEXPIRE .. NX`, Redis 7), a waiter's mark named by the holder it waits on (one
-field found with `HRANDFIELD`, where the library writes two), and a semaphore whose holds
-live in its leases only (released with `ZREM` and `EXISTS`).
+then `PEXPIRE .. NX`, Redis 7), a waiter's mark of one field (which a release's count
+cannot tell from its own hold), one named by the holder it waits on (found with
+`HRANDFIELD`; the library writes two fields), and a semaphore whose holds live in its
+leases only (released with `ZREM` and `EXISTS`).
 Needs valgrind and callgrind_annotate (apt-get install valgrind). A full run takes a few
 minutes.
 """
@@ -811,6 +812,14 @@ def floors(server, n):
                 lambda k, h: [Step(["HDEL", k["lock"], h, *fields(h)], waited),
                               Step(["PUBLISH", k["channel"], "0"])])
 
+    # A mark of one field: cheaper, but a release's count (1) cannot tell its own hold
+    # from another's mark, so the library writes two.
+    one_field, library = function_library(
+        replaced(waiting(source("acquire")), MARK, "redis.call('HSET', KEYS[1], '~w', '1')"))
+    server.call("FUNCTION", "LOAD", "REPLACE", library)
+    cycle, handoff = prototype("of", *marked(one_field, lambda h: ("~w",), 2))
+    yield ("floor: a waiter's mark of one field (ambiguous; FCALL): cycle", "floor", cycle)
+    yield ("floor: a waiter's mark of one field (ambiguous; FCALL): handoff", "floor", handoff)
     cycle, handoff = prototype("bh", *marked(by_holder, lambda h: (h + ":w",), 2))
     yield ("floor: a mark named by its holder (HRANDFIELD, <holder>:w; FCALL): cycle", "floor",
            cycle)
