@@ -193,7 +193,7 @@ async fn a_killed_holders_permit_comes_back_within_a_lease_without_polling() {
         .parse()
         .unwrap();
     let waiter = LockClient::connect(&server.url()).await.unwrap();
-    let before = server.command_calls("evalsha");
+    let before = server.script_calls();
     let task = spawn_timed({
         let waiter = waiter.clone();
         async move {
@@ -206,7 +206,7 @@ async fn a_killed_holders_permit_comes_back_within_a_lease_without_polling() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(!task.is_finished(), "the waiter got a held permit");
     // The holder's renewals (6 in 3 s) and the waiter's attempts: each a lease apart.
-    let calls = server.command_calls("evalsha") - before;
+    let calls = server.script_calls() - before;
     assert!(calls <= 16, "{calls} script calls in 3 s: the waiter polls");
 
     // The held permits are the semaphore's members scored by their lease's deadline
@@ -285,14 +285,14 @@ async fn a_release_wakes_only_the_waiter_it_grants_to() {
     .await;
     // Let every waiter's first retry (after it subscribed) pass.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let before = server.command_calls("evalsha");
+    let before = server.script_calls();
     held.release().await.unwrap();
     eventually(Duration::from_secs(5), "one granted", || async {
         granted.load(Ordering::SeqCst) == 1
     })
     .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let calls = server.command_calls("evalsha") - before;
+    let calls = server.script_calls() - before;
     assert_eq!(granted.load(Ordering::SeqCst), 1);
     assert_eq!(calls, 1, "script calls for one handoff (the release alone)");
     for waiter in waiters {

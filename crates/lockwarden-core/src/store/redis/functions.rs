@@ -1,5 +1,6 @@
-//! Whether a client calls the plain take as a Redis function (`FCALL`) or as a script
-//! (`EVALSHA`), found once at connect by loading it.
+//! Whether a client calls the plain take and a semaphore's acquire and release as Redis
+//! functions (`FCALL`) or as scripts (`EVALSHA`), found once at connect by loading the
+//! plain take.
 //!
 //! A function costs Redis ~4,000 instructions less a call (Redis 7 finds it by name once,
 //! where it looks a script's digest up twice): a twelfth of a plain lock cycle, a tenth of

@@ -12,7 +12,7 @@
 //! | `permissions.rs` | the check at connect that the user may run every command needed |
 //! | `rate.rs` | a rate decision: its call and its reply |
 //! | `explain.rs` | what a Redis error means: a TLS failure, an ACL refusal naming its command |
-//! | `functions.rs` | whether the plain take goes as a Redis function, found at connect |
+//! | `functions.rs` | whether the plain take and a semaphore's acquire and release go as Redis functions, found at connect |
 //! | `conn.rs` | where commands go: one server, a cluster, or the primary Sentinel names |
 //! | `sentinel.rs` | following the primary across failovers |
 //! | `pubsub.rs` | the client's one pub/sub connection, which wakes waiters |

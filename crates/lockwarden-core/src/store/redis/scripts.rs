@@ -260,7 +260,8 @@ impl std::ops::Deref for Lua {
 /// handoff); `permits: f` a semaphore's after its prelude alone (the clock, the take of an
 /// idle semaphore, tokens and grants: its holders are made for each acquisition, so it
 /// needs no count-once helpers, and each piece is written for the semaphore's few calls);
-/// `function: f` one called as a Redis function where the server has them.
+/// `function: f` (or `function: permits: f`) one called as a Redis function where the
+/// server has them.
 macro_rules! script {
     (permits: $file:literal) => {
         script!("permits_prelude.lua", $file)
@@ -273,6 +274,9 @@ macro_rules! script {
     };
     (function: $file:literal) => {
         LazyLock::new(|| script!(@lua $file).called_as_function())
+    };
+    (function: permits: $file:literal) => {
+        LazyLock::new(|| script!(@lua "permits_prelude.lua", $file).called_as_function())
     };
     ($($file:literal),+) => {
         LazyLock::new(|| script!(@lua $($file),+))
@@ -348,7 +352,7 @@ static RW_WITHDRAW: LazyLock<Lua> = script!(rw: "rw_withdraw.lua");
 static RW_COUNT: LazyLock<Lua> = script!(rw: "rw_count.lua");
 /// `permits_acquire.lua` as written, which no call sends: every acquire runs the
 /// prelude's take of an idle semaphore first (`TAKING`).
-static PERMITS_ACQUIRE_WRITTEN: LazyLock<Lua> = script!(permits: "permits_acquire.lua");
+static PERMITS_ACQUIRE_WRITTEN: LazyLock<Lua> = script!(function: permits: "permits_acquire.lua");
 /// The first attempt of an acquisition of one permit, on one server: it neither holds nor
 /// waits yet, and does not look.
 static PERMITS_ACQUIRE: LazyLock<Lua> =
@@ -363,7 +367,7 @@ static PERMITS_ACQUIRE_MANY_AGAIN: LazyLock<Lua> =
     LazyLock::new(|| PERMITS_ACQUIRE_AGAIN.replaced(ONE, MANY));
 /// A release of one permit (or a waiter leaving the line), which grants what it frees; also
 /// the grant alone, after a release sent as plain commands found waiters.
-static PERMITS_RELEASE: LazyLock<Lua> = script!(permits: "permits_release.lua");
+static PERMITS_RELEASE: LazyLock<Lua> = script!(function: permits: "permits_release.lua");
 static PERMITS_RELEASE_MANY: LazyLock<Lua> = LazyLock::new(|| PERMITS_RELEASE.replaced(ONE, MANY));
 static PERMITS_RENEW: LazyLock<Lua> = script!(permits: "permits_renew.lua");
 static PERMITS_RENEW_MANY: LazyLock<Lua> = LazyLock::new(|| PERMITS_RENEW.replaced(ONE, MANY));
@@ -1909,10 +1913,10 @@ mod tests {
         assert_eq!(released_alone(2, &redisson), (Released::Freed, false));
     }
 
-    /// Where the server has functions the plain take goes as `FCALL` of the function
-    /// named by its variant's digest, with the keys and arguments of its `EVALSHA`; a
-    /// send again keeps to functions; every other script stays a script. Its library's
-    /// third line is the script's first, as errors are read.
+    /// Where the server has functions the plain take (and a semaphore's acquire) goes as
+    /// `FCALL` of the function named by its variant's digest, with the keys and arguments
+    /// of its `EVALSHA`; a send again keeps to functions; every other script stays a
+    /// script. Its library's third line is the script's first, as errors are read.
     #[test]
     fn the_plain_take_is_a_function_where_the_server_has_them() {
         let key = crate::key::KeySpace::default().key("function").unwrap();
@@ -1953,6 +1957,30 @@ mod tests {
             holder: holder.clone(),
         };
         assert_eq!(command(&release(&hold, Some(7), variant(true))), "EVALSHA");
+        // A semaphore's acquire goes as a function too, and its send again keeps to one.
+        let asked = PermitsAsked {
+            permits: 1,
+            capacity: 5,
+            fifo: false,
+            register: Duration::from_secs(30),
+            queued: false,
+        };
+        let permits = Acquire {
+            how: How::Permits(asked),
+            ..ask
+        };
+        assert_eq!(command(&acquire(&permits, variant(false))), "EVALSHA");
+        let mut function = acquire(&permits, variant(true));
+        assert_eq!(command(&function), "FCALL");
+        assert_eq!(
+            words(&function)[0],
+            format!("lockwarden_{}", PERMITS_ACQUIRE.get_hash())
+        );
+        function.again(variant(true));
+        assert_eq!(
+            words(&function)[0],
+            format!("lockwarden_{}", PERMITS_ACQUIRE_AGAIN.get_hash())
+        );
 
         let load = ACQUIRE.load(variant(true));
         let texts: Vec<String> = load
