@@ -15,8 +15,9 @@ warm-up pass of the same cycles. Commands per cycle count every command Redis ra
 
 Each row sends what a client sends to one server (no call ids), with the scripts of
 `lua/` joined as `crates/lockwarden-core/src/store/redis/scripts.rs` joins them: where the
-server has functions (Redis 7), the plain take as a function (`FCALL`), and two rows send
-it as a script (`EVALSHA`), as to Redis 6.2 or a user without `FUNCTION LOAD`. A row
+server has functions (Redis 7), the plain take and a semaphore's acquire and release as
+functions (`FCALL`), and two rows send the take as a script (`EVALSHA`), as to Redis 6.2
+or a user without `FUNCTION LOAD`. A row
 whose cycle wakes a waiter has a subscriber connection on the channels it publishes to,
 as a waiting client has. The peers are written as their public projects send them, for
 this measurement only: `hexcowboy/rslock` (`SET key value NX PX ttl`, its
@@ -322,16 +323,17 @@ def function_library(text):
 
 class Lockwarden:
     """The calls of a lockwarden client to one server, by kind. Where the server has
-    functions (Redis 7) the plain take goes as one (`FCALL`), as the client sends it;
-    `scripts=True` sends it as a script (`EVALSHA`), as to Redis 6.2 or a user without
-    `FUNCTION LOAD`."""
+    functions (Redis 7) the plain take and a semaphore's acquire and release go as ones
+    (`FCALL`), as the client sends them; `scripts=True` sends them as scripts (`EVALSHA`), as to Redis
+    6.2 or a user without `FUNCTION LOAD`."""
 
     def __init__(self, server, scripts=False):
         self.sha = {name: server.load(source(name)) for name in SCRIPTS}
         # The plain take's variants, each with its command and what names it: (FCALL,
         # function) or (EVALSHA, digest).
         takes = {"acquire": source("acquire"), "unfenced": unfenced(source("acquire")),
-                 "waiting": waiting(source("acquire"))}
+                 "waiting": waiting(source("acquire")), "permits": source("permits_acquire"),
+                 "permits_release": source("permits_release")}
         self.take = {}
         for name, text in takes.items():
             self.take[name] = ("EVALSHA", server.load(text))
@@ -434,7 +436,8 @@ class Lockwarden:
         return f"1:{LEASE}:{holder}"
 
     def permit(self, k, holder, capacity, register=0, expect=None):
-        return Step(["EVALSHA", self.sha["permits_acquire"], *self.permits_keys(k),
+        command, name = self.take["permits"]
+        return Step([command, name, *self.permits_keys(k),
                      self.permit_member(holder), LEASE, f"-{capacity}", register,
                      k["granted"]], expect)
 
@@ -445,15 +448,17 @@ class Lockwarden:
                  Step(["ZREMRANGEBYRANK", k["lock"], -1, 0]),
                  Step(["ZCOUNT", k["lock"], "1e15", "+inf"], waiting)]
         if waiting:
-            steps.append(Step(["EVALSHA", self.sha["permits_release"], *self.permits_keys(k),
-                               "", k["granted"]], released))
+            command, name = self.take["permits_release"]
+            steps.append(Step([command, name, *self.permits_keys(k), "", k["granted"]],
+                              released))
         return steps
 
     def permit_release_script(self, k, holder):
         """A release of a contended semaphore (the client has waiters of its own in line,
         or its last release of it left waiters): the script that grants."""
-        return [Step(["EVALSHA", self.sha["permits_release"], *self.permits_keys(k),
-                      self.permit_member(holder), k["granted"]], released)]
+        command, name = self.take["permits_release"]
+        return [Step([command, name, *self.permits_keys(k), self.permit_member(holder),
+                      k["granted"]], released)]
 
 
 def is_token(reply):

@@ -41,20 +41,60 @@ const RELEASE_SOURCE: &str = concat!(
     include_str!("../../../lua/release.lua")
 );
 // A semaphore's acquire, as the client sends it for the first attempt of one permit: its
-// prelude (the take of an idle semaphore switched on), then the script. A release nobody
-// of the client waits for is plain commands (see `own_permits_pair`).
-static PERMITS_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+// prelude (the take of an idle semaphore switched on), then the script, as a Redis
+// function. A release nobody of the client waits for is plain commands (see
+// `own_permits_pair`).
+static PERMITS_ACQUIRE: LazyLock<Function> = LazyLock::new(|| {
     let source = concat!(
         include_str!("../../../lua/permits_prelude.lua"),
         include_str!("../../../lua/permits_acquire.lua")
     );
-    Script::new(&source.replace("\nlocal taking = false\n", "\nlocal taking = true\n"))
+    Function::new(&source.replace("\nlocal taking = false\n", "\nlocal taking = true\n"))
 });
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_SOURCE));
-/// The take's name as a Redis function, as the client names it: its prefix, then the
-/// digest of its text (the client loads it there, and so does [`take`] if it is missing).
-static TAKE_FUNCTION: LazyLock<String> =
-    LazyLock::new(|| format!("lockwarden_{}", ACQUIRE.get_hash()));
+/// The plain take as a Redis function, as the client calls it.
+static TAKE: LazyLock<Function> = LazyLock::new(|| Function::new(ACQUIRE_SOURCE));
+
+/// A script as the client calls it where the server has functions: `FCALL` of a library
+/// of its own, named as the client names it (its prefix, then the digest of its text),
+/// loaded first if the server lacks it (the client loads the take at connect, the others
+/// on first use).
+struct Function {
+    name: String,
+    library: String,
+}
+
+impl Function {
+    fn new(source: &str) -> Self {
+        let name = format!("lockwarden_{}", Script::new(source).get_hash());
+        let library = format!(
+            "#!lua name={name}\nredis.register_function('{name}', function(KEYS, ARGV)\n{source}end)\n"
+        );
+        Self { name, library }
+    }
+
+    /// `FCALL` with `keys` and `args`, answered as `T`.
+    async fn call<T: redis::FromRedisValue>(
+        &self,
+        conn: &mut impl redis::aio::ConnectionLike,
+        keys: &[&str],
+        args: &[&str],
+    ) -> Result<T, BoxError> {
+        let mut call = redis::cmd("FCALL");
+        call.arg(&self.name).arg(keys.len()).arg(keys).arg(args);
+        match call.query_async(conn).await {
+            Err(e) if e.code() == Some("ERR") && e.to_string().contains("not found") => {
+                redis::cmd("FUNCTION")
+                    .arg("LOAD")
+                    .arg(&self.library)
+                    .query_async::<redis::Value>(conn)
+                    .await?;
+                Ok(call.query_async(conn).await?)
+            }
+            answer => Ok(answer?),
+        }
+    }
+}
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_SOURCE));
 // As a cluster client sends them by default (the core's `Lua::with`): the call's id read
 // from the last argument, and notices sharded.
@@ -377,28 +417,8 @@ pub async fn take(
     holder: &str,
 ) -> Result<u64, BoxError> {
     let fence = format!("{lock}:fence");
-    let mut call = redis::cmd("FCALL");
-    call.arg(&*TAKE_FUNCTION)
-        .arg(2)
-        .arg(lock)
-        .arg(&fence)
-        .arg(holder)
-        .arg(TTL.as_millis() as u64);
-    let token: i64 = match call.query_async(conn).await {
-        Err(e) if e.code() == Some("ERR") && e.to_string().contains("not found") => {
-            let name = &*TAKE_FUNCTION;
-            let library = format!(
-                "#!lua name={name}\nredis.register_function('{name}', function(KEYS, ARGV)\n{ACQUIRE_SOURCE}end)\n"
-            );
-            redis::cmd("FUNCTION")
-                .arg("LOAD")
-                .arg(library)
-                .query_async::<redis::Value>(conn)
-                .await?;
-            call.query_async(conn).await?
-        }
-        answer => answer?,
-    };
+    let lease = TTL.as_millis().to_string();
+    let token: i64 = TAKE.call(conn, &[lock, &fence], &[holder, &lease]).await?;
     // A fresh take answers its bare token (see lua/acquire.lua).
     u64::try_from(token)
         .ok()
@@ -496,16 +516,9 @@ pub async fn own_permits_pair(
     // The hold's first member: `<permits>:<lease ms>:<holder id>`.
     let member = "1:30000:bench-holder";
     // Member, lease, capacity as stored (`-<capacity>`), registration (ms), channel.
-    let token: i64 = PERMITS_ACQUIRE
-        .key(&set)
-        .key(&fence)
-        .arg(member)
-        .arg(30_000)
-        .arg(format!("-{capacity}"))
-        .arg(30_000)
-        .arg(&channel)
-        .invoke_async(conn)
-        .await?;
+    let capacity = format!("-{capacity}");
+    let args = [member, "30000", &capacity, "30000", &channel];
+    let token: i64 = PERMITS_ACQUIRE.call(conn, &[&set, &fence], &args).await?;
     // The release nobody of this client waits for: ZREM, the capacity with the last hold,
     // the waiters in line (none here: no grant follows).
     let (removed, _, waiting): (i64, i64, i64) = redis::pipe()

@@ -129,15 +129,16 @@ impl Counted {
     }
 }
 
-/// `calls` per command and the `usec` of `EVALSHA` (which includes its inner calls), from
-/// `INFO commandstats`.
+/// `calls` per command and the `usec` of the scripts (`EVALSHA` and `FCALL`, which include
+/// their inner calls), from `INFO commandstats`.
 fn command_stats(ctx: &Ctx) -> Result<(BTreeMap<String, u64>, u64), BoxError> {
     let info: String = ctx.admin(&["INFO", "commandstats"])?;
-    let usec = info
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:"))
-        .and_then(|stats| stats.split(',').find_map(|kv| kv.strip_prefix("usec=")))
-        .map_or(Ok(0), str::parse)?;
+    let mut usec = 0;
+    for script in ["cmdstat_evalsha:", "cmdstat_fcall:"] {
+        let stats = info.lines().find_map(|l| l.strip_prefix(script));
+        let took = stats.and_then(|s| s.split(',').find_map(|kv| kv.strip_prefix("usec=")));
+        usec += took.map_or(Ok(0), str::parse::<u64>)?;
+    }
     Ok((ctx.command_counts()?, usec))
 }
 
@@ -231,8 +232,8 @@ async fn uncontended(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
     };
     let commands_note = |c: &Counted| {
         format!(
-            "per cycle: {:.2} EVALSHA, script time {:.1} µs (Redis's clock); {}",
-            c.of("evalsha"),
+            "per cycle: {:.2} scripts, script time {:.1} µs (Redis's clock); {}",
+            c.of("evalsha") + c.of("fcall"),
             c.script_us,
             c.breakdown()
         )
