@@ -552,7 +552,8 @@ async fn release_dropped(commands: Commands, mut queue: mpsc::UnboundedReceiver<
                 |Dropped {
                      hold, reentries, ..
                  }| match alone(hold, *reentries, commands.variant()) {
-                    // The notice always goes with the delete: nobody waits for these.
+                    // The notice always goes with the delete: a batch has no second round
+                    // trip to send it after a mark.
                     true => scripts::release_alone(hold, *reentries, true, commands.variant()),
                     false => scripts::release(hold, None, commands.variant()),
                 },
