@@ -369,11 +369,13 @@ async fn every_kind(url: &str) {
     // A semaphore: 2 permits held by one acquisition, 1 by another, one waiting in line.
     let permits = long_lease(url).await;
     let sem = permits.semaphore(SEMAPHORE, SEMAPHORE_CAPACITY);
+    let two = sem.acquire_many(2).await.unwrap();
+    // Leases end in the server's milliseconds: taken in the same one, the holds would
+    // tie and be listed by name instead of oldest first.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let one = sem.acquire().await.unwrap();
     let mut holds = Vec::new();
-    for (permits, g) in [
-        (2, sem.acquire_many(2).await.unwrap()),
-        (1, sem.acquire().await.unwrap()),
-    ] {
+    for (permits, g) in [(2, two), (1, one)] {
         holds.push(format!(
             "{}={permits}:{}",
             g.holder().id(),
