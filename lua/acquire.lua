@@ -68,9 +68,9 @@ if ttl == -2 then
     return token
   end
   local clock = redis.call('TIME')
-  local text = clock[1] .. string.sub('000000', #clock[2] + 1) .. clock[2]
-  redis.call('SET', KEYS[2], text, 'PX', ARGV[2])
-  return tonumber(text)
+  token = redis.call('INCRBY', KEYS[2], clock[1] .. string.sub('000000', #clock[2] + 1) .. clock[2])
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+  return token
 end
 if not first then
   -- The holder's count, and on a cluster the id of the last call that changed it.

@@ -26,7 +26,7 @@ end
 local function take(holder, until_ms, call)
   set_count(KEYS[1], holder, '1', call)
   redis.call('PEXPIREAT', KEYS[1], until_ms)
-  local token = issue_token(KEYS[2], 'PXAT', until_ms)
+  local token = issue_token(KEYS[2])
   redis.call('PEXPIREAT', KEYS[2], until_ms)
   return token
 end

@@ -44,7 +44,7 @@ for i = 1, n do
     end
   end
   if count == 1 then
-    out[i + 1] = issue_token(fence, 'PX', ARGV[2])
+    out[i + 1] = issue_token(fence, ARGV[2])
     redis.call('PEXPIRE', lock, ARGV[2])
   else
     -- A re-entry (or a hold taken again) never shortens the hold (see acquire.lua).

@@ -66,9 +66,9 @@ if taking then
     if token ~= 1 then
       return token
     end
-    local text = clock[1] .. string.sub('000000', #clock[2] + 1) .. clock[2]
-    redis.call('SET', KEYS[2], text, 'PXAT', deadline)
-    return tonumber(text)
+    token = redis.call('INCRBY', KEYS[2], clock[1] .. string.sub('000000', #clock[2] + 1) .. clock[2])
+    redis.call('PEXPIREAT', KEYS[2], deadline)
+    return token
   end
 end
 
@@ -138,13 +138,9 @@ local function issue(n, until_text)
   if last ~= n then
     return last - n + 1
   end
-  local text = clock[1] .. string.sub('000000', #clock[2] + 1) .. clock[2]
-  local first = tonumber(text)
-  if n > 1 then
-    text = string.format('%d', first + n - 1)
-  end
-  redis.call('SET', KEYS[2], text, 'PXAT', until_text)
-  return first
+  last = redis.call('INCRBY', KEYS[2], clock[1] .. string.sub('000000', #clock[2] + 1) .. clock[2])
+  redis.call('PEXPIREAT', KEYS[2], until_text)
+  return last - n + 1
 end
 
 -- Grants free permits to waiters in arrival order, each a hold of its own with its own

@@ -67,7 +67,7 @@ end
 -- expiring at its deadline. Returns the token.
 local function take_free(field, mode, ms)
   local deadline = int(now + tonumber(ms))
-  local token = issue_token(KEYS[3], 'PXAT', deadline)
+  local token = issue_token(KEYS[3])
   set_count(KEYS[1], field, '1', call, 'mode', mode, 'token', int(token))
   redis.call('ZADD', KEYS[2], deadline, field)
   redis.call('PEXPIREAT', KEYS[1], deadline)
@@ -191,7 +191,7 @@ local function admit_readers(channel, free)
     end
     redis.call('COPY', KEYS[5], KEYS[2], 'REPLACE')
     local last = latest()
-    text = int(issue_token(KEYS[3], 'PXAT', last))
+    text = int(issue_token(KEYS[3]))
     in_batches('HSET', KEYS[1], read_counts(fields, text))
     redis.call('PEXPIREAT', KEYS[1], last)
     redis.call('PEXPIREAT', KEYS[2], last)

@@ -717,8 +717,8 @@ async fn a_client_without_fencing_tokens_reads_no_clock_and_writes_no_fence() {
     let fenced = LockClient::connect(&server.url()).await.unwrap();
     let unfenced = connect_with(&server.url(), |b| b.without_fencing_tokens()).await;
     let calls = || {
-        let [time, set] = ["time", "set"].map(|c| server.command_calls(c));
-        [server.script_calls(), time, set]
+        let [time, incrby] = ["time", "incrby"].map(|c| server.command_calls(c));
+        [server.script_calls(), time, incrby]
     };
     // Loads the variants of acquire.lua each client sends (a holder made for the take, and
     // the given holder of a re-entry), so the counted calls are single EVALSHAs.
@@ -736,7 +736,7 @@ async fn a_client_without_fencing_tokens_reads_no_clock_and_writes_no_fence() {
     assert_eq!(
         [0, 1, 2].map(|i| after[i] - before[i]),
         [1, 1, 1],
-        "a script (FCALL or EVALSHA), TIME, SET of a take with a token"
+        "a script (FCALL or EVALSHA), TIME, INCRBY of a take with a token"
     );
     first.release().await.unwrap();
     let stored: String = server.query(&["GET", FENCE]).unwrap();
@@ -755,7 +755,7 @@ async fn a_client_without_fencing_tokens_reads_no_clock_and_writes_no_fence() {
     assert_eq!(
         [0, 1, 2].map(|i| after[i] - before[i]),
         [2, 0, 0],
-        "scripts, TIME, SET of a take and a re-entry without tokens"
+        "scripts, TIME, INCRBY of a take and a re-entry without tokens"
     );
     assert!(matches!(
         fenced.try_acquire("mixed", Duration::ZERO).await,

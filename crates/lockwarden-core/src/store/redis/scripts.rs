@@ -1484,16 +1484,17 @@ mod tests {
             .iter()
             .position(|l| l.starts_with("local token"))
             .unwrap();
-        let end = body
-            .iter()
-            .rposition(|l| l.starts_with("return tonumber"))
-            .unwrap();
+        let end = body.iter().rposition(|l| l == "return token").unwrap();
+        // For its own key, with its lease's expiry.
         let written: Vec<String> = body[start..=end]
-            .iter()
-            .map(|line| {
-                line.replace("fence, text, ...", "KEYS[2], text, 'PX', ARGV[2]")
-                    .replace("'INCR', fence", "'INCR', KEYS[2]")
-            })
+            .join("\n")
+            .replace(
+                "if ms then\nredis.call('PEXPIRE', fence, ms)\nend",
+                "redis.call('PEXPIRE', fence, ARGV[2])",
+            )
+            .replace("', fence", "', KEYS[2]")
+            .lines()
+            .map(str::to_owned)
             .collect();
         let acquire = code(acquire);
         assert!(
