@@ -1,8 +1,8 @@
 //! Workload 1: one task, acquire + release on fresh keys. The physical limit is two
 //! script round trips (acquire, release), measured here as well. The implementations
-//! take turns cycle by cycle, so machine noise hits them all alike, and each cycle starts
-//! the turns one further along: none always runs right after another, whose code and
-//! data it would find in the CPU's caches or not.
+//! take turns cycle by cycle, so machine noise hits them all alike, in a new shuffled
+//! order each cycle: none always runs right after another, whose code and data it would
+//! find in the CPU's caches or not.
 
 use std::time::{Duration, Instant};
 
@@ -30,12 +30,17 @@ pub async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
 
     let mut raw_samples = Vec::with_capacity(cycles);
     let mut samples = vec![Vec::<Duration>::with_capacity(cycles); lockers.len()];
+    // A new shuffled order each cycle (seeded: every run alike). Rotating where the turns
+    // start left each one right after the same other one in all but one turn of every
+    // cycle (the hand-rolled `SET NX` after rslock, whose commands it sends).
+    let mut rng = fastrand::Rng::with_seed(1);
+    let mut turns: Vec<usize> = (0..lockers.len()).collect();
     for i in 0..cycles {
         let t = Instant::now();
         evalsha_pair(&mut raw).await?;
         raw_samples.push(t.elapsed());
-        for turn in 0..lockers.len() {
-            let at = (i + turn) % lockers.len();
+        rng.shuffle(&mut turns);
+        for &at in &turns {
             let (kind, locker) = &lockers[at];
             let key = format!("{}:w1:{i}", kind.slug());
             let t = Instant::now();
