@@ -2,9 +2,9 @@
 //! plain lock in the same run.
 //!
 //! * **Uncontended**: one task, on fresh keys, a permit cycle (a semaphore of 10, one
-//!   permit taken and given back) and a plain lock cycle, taking turns cycle by cycle
-//!   (in a new shuffled order each cycle) with two trivial scripts and each kind's scripts sent raw (the
-//!   Redis side of a cycle, with no client work). Then the Redis commands of a cycle of
+//!   permit taken and given back) and a plain lock cycle, taking turns cycle by cycle (in
+//!   a new shuffled order each cycle) with two trivial scripts and each kind's scripts sent
+//!   raw (the Redis side of a cycle, with no client work). Then the Redis commands of a cycle of
 //!   each, script-inner calls included, counted over cycles of their own.
 //! * **Handoff**: a semaphore of 1 permit held by one client while a task of another
 //!   waits for it; the holder releases once Redis shows the waiter in line, listening, its
@@ -903,15 +903,8 @@ async fn contended(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
     let short = contended_run(ctx, "w9:contended-short", TASKS, PERMITS, rounds).await?;
     let long = contended_run(ctx, "w9:contended", TASKS, PERMITS, 2 * rounds).await?;
     let cycles = (TASKS * rounds) as f64;
-    let steady: BTreeMap<String, u64> = long
-        .calls
-        .iter()
-        .map(|(command, &calls)| {
-            let was = short.calls.get(command).copied().unwrap_or(0);
-            (command.clone(), calls.saturating_sub(was))
-        })
-        .collect();
     let whole = long.calls.values().sum::<u64>() as f64 / (2.0 * cycles);
+    let steady = since(&short.calls, long.calls);
     let implementation = format!("lockwarden semaphore({PERMITS}), {TASKS} tasks");
     report.push(
         Row::new(
@@ -920,10 +913,7 @@ async fn contended(ctx: &Ctx, report: &mut Report) -> Result<(), BoxError> {
             "Redis commands per contended cycle",
             "",
         )
-        .value(
-            (long.calls.values().sum::<u64>() as f64 - short.calls.values().sum::<u64>() as f64)
-                / cycles,
-        )
+        .value(steady.values().sum::<u64>() as f64 / cycles)
         .note(format!(
             "the {cycles} cycles between a run of {} and one of {} cycles, holding {} ms \
              each ({:.0} and {:.0} ms, at most {} inside): {}; over the whole longer run, \
