@@ -333,6 +333,67 @@ async fn every_kind_issues_its_tokens_above_a_last_token_ahead_of_the_clock() {
     }
 }
 
+/// Promise: a lock's first token (its fencing key missing) is above the server's clock
+/// when the acquisition began, for every kind that issues tokens (a semaphore's hold, of
+/// one permit or several, takes one), and the fencing key it leaves runs out: idempotency
+/// keys used once leave nothing for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_kinds_first_token_is_above_the_clock_and_its_fencing_key_runs_out() {
+    let server = RedisServer::start().unwrap();
+    let client = LockClient::connect(&server.url()).await.unwrap();
+    let check = |what: &str, before: u64, tokens: &[u64], fences: &[String]| {
+        let after = server_micros(&server);
+        for &token in tokens {
+            assert!(
+                token > before && token <= after + 1,
+                "{what}: token {token} not above the clock's {before} (read {after} after)"
+            );
+        }
+        for fence in fences {
+            let ttl = server.pttl(fence);
+            assert!(ttl > 0, "{what}: {fence} never runs out (PTTL {ttl})");
+        }
+    };
+    for kind in [
+        Kind::Plain,
+        Kind::Fair,
+        Kind::Read,
+        Kind::Write,
+        Kind::Multi,
+    ] {
+        let name = format!("first:{kind:?}");
+        let fences: Vec<String> = kind
+            .redis_keys(&client, &name)
+            .into_iter()
+            .map(|key| format!("{key}:fence"))
+            .collect();
+        let before = server_micros(&server);
+        let held = kind
+            .acquire(&client, &name, &Opts::default())
+            .await
+            .unwrap();
+        check(&format!("{kind:?}"), before, &held.tokens(), &fences);
+        held.release().await.unwrap();
+    }
+    for permits in [1, 3] {
+        let name = format!("first:permits:{permits}");
+        let fence = format!("{}:fence", client.key(&name).unwrap().redis_key());
+        let before = server_micros(&server);
+        let guard = client
+            .semaphore(&name, 5)
+            .acquire_many(permits)
+            .await
+            .unwrap();
+        let token = guard.fencing_token();
+        check(&name, before, &[token], std::slice::from_ref(&fence));
+        // The next hold's token follows the last one the first hold took.
+        let next = client.semaphore(&name, 5).acquire().await.unwrap();
+        assert_eq!(next.fencing_token(), token + 1, "{name}");
+        next.release().await.unwrap();
+        guard.release().await.unwrap();
+    }
+}
+
 /// The server's clock in µs, as `TIME` tells it.
 fn server_micros(server: &RedisServer) -> u64 {
     let time: Vec<String> = server.query(&["TIME"]).unwrap();
