@@ -394,6 +394,60 @@ async fn every_kinds_first_token_is_above_the_clock_and_its_fencing_key_runs_out
     }
 }
 
+/// Promise: a release that grants several waiters of a semaphore at once gives each its
+/// own token, all above the clock and every earlier one, even when the fencing key went
+/// missing meanwhile (the grant then seeds it from the clock, and it runs out again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_of_several_waiters_seeds_a_missing_fencing_key() {
+    let server = RedisServer::start().unwrap();
+    let client = LockClient::connect(&server.url()).await.unwrap();
+    let semaphore = client.semaphore("granted", 3);
+    let fence = format!("{}:fence", client.key("granted").unwrap().redis_key());
+    let all = semaphore.acquire_many(3).await.unwrap();
+    let mut waiters = tokio::task::JoinSet::new();
+    for _ in 0..3 {
+        let semaphore = semaphore.clone();
+        waiters.spawn(async move {
+            let guard = semaphore.try_acquire(Duration::from_secs(10)).await?;
+            let token = guard.fencing_token();
+            guard.release().await?;
+            Ok::<_, LockError>(token)
+        });
+    }
+    eventually(Duration::from_secs(10), "three waiters in line", || async {
+        semaphore
+            .state()
+            .await
+            .unwrap()
+            .is_some_and(|s| s.waiting == 3)
+    })
+    .await;
+    let _: i64 = server.query(&["DEL", &fence]).unwrap();
+    let before = server_micros(&server);
+    all.release().await.unwrap();
+    let mut tokens = Vec::new();
+    while let Some(token) = waiters.join_next().await {
+        tokens.push(token.unwrap().unwrap());
+    }
+    tokens.sort_unstable();
+    assert!(
+        tokens[0] > before,
+        "{tokens:?} not above the clock's {before}"
+    );
+    assert_eq!(
+        tokens,
+        [tokens[0], tokens[0] + 1, tokens[0] + 2],
+        "one token each, in a row"
+    );
+    let last: String = server.query(&["GET", &fence]).unwrap();
+    assert_eq!(
+        last,
+        tokens[2].to_string(),
+        "the fencing key keeps the last token"
+    );
+    assert!(server.pttl(&fence) > 0, "{fence} never runs out");
+}
+
 /// The server's clock in µs, as `TIME` tells it.
 fn server_micros(server: &RedisServer) -> u64 {
     let time: Vec<String> = server.query(&["TIME"]).unwrap();
