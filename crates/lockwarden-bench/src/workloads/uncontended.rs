@@ -1,10 +1,10 @@
 //! Workload 1: one task, acquire + release on fresh keys (and, for lockwarden and its raw
 //! commands, on 64 keys taken before in turn: a fresh key's first fencing token reads
 //! the server's clock). The physical limit is two script round trips (acquire,
-//! release), measured here as well. The implementations
-//! take turns cycle by cycle, so machine noise hits them all alike, in a new shuffled
-//! order each cycle: none always runs right after another, whose code and data it would
-//! find in the CPU's caches or not.
+//! release), measured here as well. The implementations take turns cycle by cycle, so
+//! machine noise hits them all alike, in a new shuffled order each cycle: none always
+//! runs right after another, whose code and data it would find in the CPU's caches or
+//! not.
 
 use std::time::{Duration, Instant};
 
